@@ -1,0 +1,11 @@
+"""circuitc: a compiler for probabilistic circuits.
+
+Pipeline (one module per stage): `.pc` text --syntax--> syntax tree --elaborate--> RegionGraph
+--check--> valid RegionGraph --plan--> Plan --runtime--> CompiledCircuit (log_prob, marginals,
+prefix marginals, sampling, MAP).
+"""
+
+from .errors import CircuitError, Diagnostic, SourceSpan
+from .graph import Partition, Region, RegionGraph
+
+__all__ = ["CircuitError", "Diagnostic", "SourceSpan", "Partition", "Region", "RegionGraph"]

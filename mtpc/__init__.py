@@ -1,0 +1,1 @@
+"""mtpc: multi-token prediction with probabilistic circuits, and lossless self-speculative decoding."""
