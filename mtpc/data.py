@@ -1,0 +1,303 @@
+"""Datasets from local files: documents, a deterministic split, and packing into fixed-length sequences.
+
+Sources (`load_documents`):
+- a file, a folder (searched recursively) or a glob pattern (`src/**/*.py`);
+- plain files become one document each: `<bos> bytes <eos>`;
+- `.jsonl` files hold one record per line: `{"messages": [{"role": ..., "content": ...}, ...]}`
+  (chat, rendered with `chat_template`) or `{"text": ...}` (plain).
+
+A document is token ids plus a *loss mask*: `mask[i]` is True when token `i` may be a prediction
+target. Plain text masks only the leading `<bos>`; chat masks everything except the assistant's
+answers and their end-of-turn tokens. Corrupt records (bad JSON, wrong shape, unknown roles),
+binary files and empty documents are counted in `DataStats` and skipped with a warning.
+
+`PackedDataset` concatenates documents into one stream and cuts it into sequences of `seq_len`
+tokens (the last one padded). Each item carries `doc_ids`, the global index of the document of
+every position (-1 for padding), so a loss knows where documents end: a target `t + j` belongs to
+the window at `t` only when `doc_ids[t + j] == doc_ids[t]` (`target_validity`).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import logging
+import sysconfig
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .tokenizer import ROLES, ByteTokenizer, to_bytes
+
+log = logging.getLogger(__name__)
+
+BINARY_SNIFF_BYTES = 8192
+MAX_LOGGED_PROBLEMS = 10
+SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", ".hg", ".svn", "node_modules"})
+
+
+@dataclass
+class Document:
+    name: str
+    tokens: np.ndarray  # [len] int16 token ids
+    mask: np.ndarray  # [len] bool, True = may be a target
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class DataStats:
+    files: int = 0
+    documents: int = 0
+    tokens: int = 0
+    skipped_empty: int = 0
+    skipped_corrupt: int = 0
+    skipped_binary: int = 0
+    problems: list[str] = field(default_factory=list)  # the first few, for the warning
+
+    def note(self, kind: str, where: str, why: str) -> None:
+        setattr(self, f"skipped_{kind}", getattr(self, f"skipped_{kind}") + 1)
+        if len(self.problems) < MAX_LOGGED_PROBLEMS:
+            self.problems.append(f"{where}: {why}")
+            log.warning("skipping %s record %s: %s", kind, where, why)
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_empty + self.skipped_corrupt + self.skipped_binary
+
+    def summary(self) -> str:
+        return (f"{self.documents} documents, {self.tokens} tokens from {self.files} files; skipped "
+                f"{self.skipped_empty} empty, {self.skipped_corrupt} corrupt, {self.skipped_binary} binary")
+
+
+# ------------------------------------------------------------------ finding files
+
+def default_corpus() -> Path:
+    """The Python standard library's source folder (present on every machine with Python)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def find_files(source: str | Path, suffixes: Sequence[str] | None = None) -> list[Path]:
+    """Files named by `source`: a file, a folder (recursive; hidden and package folders such as
+    site-packages skipped) or a glob pattern. Sorted, so the order is the same on every machine."""
+    text = str(source)
+    path = Path(text).expanduser()
+    if any(ch in text for ch in "*?["):
+        files = [Path(p) for p in globlib.glob(str(path), recursive=True)]
+    elif path.is_dir():
+        files = [p for p in path.rglob("*") if not _skipped_dir(p.relative_to(path))]
+    elif path.exists():
+        return [path]
+    else:
+        raise FileNotFoundError(f"data source {text!r} does not exist")
+    files = [p for p in files if p.is_file() and (suffixes is None or p.suffix in suffixes)]
+    return sorted(files)
+
+
+def _skipped_dir(relative: Path) -> bool:
+    return any(part in SKIP_DIRS or part.startswith(".") for part in relative.parts[:-1])
+
+
+# ------------------------------------------------------------------ documents
+
+def text_document(name: str, data: bytes, tok: ByteTokenizer) -> Document:
+    """`<bos> data <eos>`; every token but the `<bos>` may be a target."""
+    tokens = np.empty(len(data) + 2, dtype=np.int16)
+    tokens[0], tokens[-1] = tok.bos_id, tok.eos_id
+    tokens[1:-1] = np.frombuffer(data, dtype=np.uint8)
+    mask = np.ones(len(tokens), dtype=bool)
+    mask[0] = False
+    return Document(name, tokens, mask)
+
+
+def chat_template(messages: Sequence[dict], tok: ByteTokenizer) -> tuple[list[int], list[bool]]:
+    """`<bos>` then `<|role|> content <|end|>` per message, then `<eos>`. The mask covers only the
+    assistant's content and its `<|end|>` (what a chat model must learn to write)."""
+    tokens, mask = [tok.bos_id], [False]
+    for m in messages:
+        body = tok.encode(m["content"]) + [tok.end_of_turn_id]
+        answer = m["role"] == "assistant"
+        tokens += [tok.role_id(m["role"])] + body
+        mask += [False] + [answer] * len(body)
+    tokens.append(tok.eos_id)
+    mask.append(False)
+    return tokens, mask
+
+
+def chat_document(name: str, record: object, tok: ByteTokenizer) -> Document:
+    """A chat record as a document; raises ValueError (corrupt) or EmptyRecord."""
+    messages = validate_messages(record)
+    tokens, mask = chat_template(messages, tok)
+    if not any(mask):
+        raise EmptyRecord("no assistant answer to learn from")
+    return Document(name, np.asarray(tokens, dtype=np.int16), np.asarray(mask, dtype=bool))
+
+
+class EmptyRecord(ValueError):
+    pass
+
+
+def validate_messages(record: object) -> list[dict]:
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+        raise ValueError('expected an object with a "messages" list')
+    for i, m in enumerate(record["messages"]):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(f'message {i} is not an object with a string "content"')
+        if m.get("role") not in ROLES:
+            raise ValueError(f"message {i} has role {m.get('role')!r}, expected one of {', '.join(ROLES)}")
+    return record["messages"]
+
+
+def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStats) -> Iterator[Document]:
+    for lineno, line in enumerate(data.splitlines(), 1):
+        where = f"{path}:{lineno}"
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if isinstance(record, dict) and "messages" in record:
+                yield chat_document(where, record, tok)
+            elif isinstance(record, dict) and isinstance(record.get("text"), str):
+                if not record["text"]:
+                    raise EmptyRecord("empty text")
+                yield text_document(where, to_bytes(record["text"]), tok)
+            else:
+                raise ValueError('expected {"messages": [...]} or {"text": "..."}')
+        except EmptyRecord as e:
+            stats.note("empty", where, str(e))
+        except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+            stats.note("corrupt", where, str(e))
+
+
+def file_documents(path: Path, tok: ByteTokenizer, stats: DataStats) -> Iterator[Document]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        stats.note("corrupt", str(path), f"unreadable: {e}")
+        return
+    stats.files += 1
+    if path.suffix == ".jsonl":
+        yield from jsonl_documents(path, data, tok, stats)
+    elif not data.strip():
+        stats.note("empty", str(path), "empty file")
+    elif b"\0" in data[:BINARY_SNIFF_BYTES]:
+        stats.note("binary", str(path), "contains NUL bytes")
+    else:
+        yield text_document(str(path), data, tok)
+
+
+def load_documents(source: str | Path | None, tok: ByteTokenizer, *,
+                   suffixes: Sequence[str] | None = None) -> tuple[list[Document], DataStats]:
+    """All documents of `source` (default: the Python standard library's `.py` files)."""
+    if source is None:
+        source, suffixes = default_corpus(), suffixes or (".py",)
+    stats = DataStats()
+    docs: list[Document] = []
+    for path in find_files(source, suffixes):
+        for doc in file_documents(path, tok, stats):
+            docs.append(doc)
+            stats.documents += 1
+            stats.tokens += len(doc)
+    if stats.skipped:
+        log.warning("data %s: %s", source, stats.summary())
+    if not docs:
+        raise ValueError(f"no usable documents in {source}: {stats.summary()}")
+    return docs, stats
+
+
+# ------------------------------------------------------------------ split
+
+def split_documents(docs: Sequence[Document], val_fraction: float = 0.01
+                    ) -> tuple[list[Document], list[Document]]:
+    """Deterministic train/validation split by a hash of each document's name, so a document's side
+    does not depend on which other documents exist. If a side would be empty, the last document is
+    cut in two (its tail becomes validation)."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    train, val = [], []
+    for d in docs:
+        (val if _unit_hash(d.name) < val_fraction else train).append(d)
+    if train and val:
+        return train, val
+    pool = train or val
+    head, tail = _cut(pool[-1], 1 - val_fraction)
+    return pool[:-1] + [head], [tail]
+
+
+def _unit_hash(name: str) -> float:
+    return zlib.crc32(name.encode("utf-8", "surrogateescape")) / 2**32
+
+
+def _cut(doc: Document, fraction: float) -> tuple[Document, Document]:
+    if len(doc) < 4:
+        raise ValueError(f"cannot split a corpus of one {len(doc)}-token document into train and validation")
+    k = min(max(int(len(doc) * fraction), 2), len(doc) - 2)
+    return (Document(doc.name + "#train", doc.tokens[:k], doc.mask[:k]),
+            Document(doc.name + "#val", doc.tokens[k:], doc.mask[k:]))
+
+
+# ------------------------------------------------------------------ packing
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Documents concatenated and cut into `seq_len`-token sequences; item `i` is a dict of
+    `tokens [L]` long, `loss_mask [L]` bool and `doc_ids [L]` long (-1 marks padding)."""
+
+    def __init__(self, docs: Sequence[Document], seq_len: int, pad_id: int):
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+        if not docs:
+            raise ValueError("cannot pack an empty list of documents")
+        self.seq_len, self.pad_id = seq_len, pad_id
+        self.tokens = torch.from_numpy(np.concatenate([d.tokens for d in docs]))  # [N] int16
+        self.mask = torch.from_numpy(np.concatenate([d.mask for d in docs]))  # [N] bool
+        lengths = torch.tensor([len(d) for d in docs], dtype=torch.long)
+        self.doc_starts = torch.cumsum(lengths, 0) - lengths  # [D]
+        self.names = [d.name for d in docs]
+
+    def __len__(self) -> int:
+        return -(-len(self.tokens) // self.seq_len)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sequence {i} out of range 0..{len(self) - 1}")
+        lo, L = i * self.seq_len, self.seq_len
+        hi = min(lo + L, len(self.tokens))
+        tokens = torch.full((L,), self.pad_id, dtype=torch.long)  # [L]
+        mask = torch.zeros(L, dtype=torch.bool)  # [L]
+        doc_ids = torch.full((L,), -1, dtype=torch.long)  # [L]
+        tokens[: hi - lo] = self.tokens[lo:hi].long()
+        mask[: hi - lo] = self.mask[lo:hi]
+        doc_ids[: hi - lo] = torch.searchsorted(self.doc_starts, torch.arange(lo, hi), right=True) - 1
+        return {"tokens": tokens, "loss_mask": mask, "doc_ids": doc_ids}
+
+
+def collate(items: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    items = list(items)
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+def target_validity(doc_ids: torch.Tensor, loss_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """`valid[b, t, j-1]`: target `t + j` (j = 1..n) is in the sequence, in the same document as `t`,
+    and inside the loss mask. `doc_ids`, `loss_mask`: [B, T] -> [B, T, n] bool."""
+    B, T = doc_ids.shape
+    pad_ids = torch.cat([doc_ids, doc_ids.new_full((B, n), -2)], 1)  # [B, T + n]
+    pad_mask = torch.cat([loss_mask, loss_mask.new_zeros((B, n))], 1)  # [B, T + n]
+    ahead_ids = pad_ids.unfold(1, n, 1)[:, 1:]  # [B, T, n]: doc_ids[t + j]
+    ahead_mask = pad_mask.unfold(1, n, 1)[:, 1:]  # [B, T, n]
+    return (ahead_ids == doc_ids.unsqueeze(-1)) & ahead_mask & (doc_ids >= 0).unsqueeze(-1)
+
+
+def window_targets(tokens: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
+    """`x[b, t, j-1] = tokens[b, t + j]` (j = 1..n), `fill` past the end. [B, T] -> [B, T, n]."""
+    B, _ = tokens.shape
+    padded = torch.cat([tokens, tokens.new_full((B, n), fill)], 1)  # [B, T + n]
+    return padded.unfold(1, n, 1)[:, 1:].contiguous()
