@@ -1,0 +1,138 @@
+"""The split backbone reproduces the unsplit model, keeps both caches consistent through crops, and
+rejects configurations it cannot run exactly."""
+
+import pytest
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mtpc.backbone import LlamaFamily, SplitBackbone, attach_draft_lora
+
+
+def tiny_llama(vocab=40, hidden=32, layers=3, seed=0, dtype=torch.float64, config_cls=LlamaConfig, **extra):
+    torch.manual_seed(seed)
+    config = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra)
+    return LlamaForCausalLM(config).to(dtype).eval() if config_cls is LlamaConfig else \
+        transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
+def with_lora(model, k, seed=1):
+    peft_model = attach_draft_lora(model, k, rank=4)
+    torch.manual_seed(seed)
+    with torch.no_grad():  # LoRA B starts at zero; make the adapters change the outputs
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return peft_model.eval()
+
+
+def run_in_chunks(backbone, ids, chunks):
+    """Feed `ids` `[1, T]` in pieces; returns logits and hidden `[1, T, .]`."""
+    state, logits, hidden, start = backbone.new_state(), [], [], 0
+    for size in chunks:
+        out = backbone(ids[:, start:start + size], state)
+        logits.append(out.logits)
+        hidden.append(out.hidden)
+        start += size
+    assert state.length == ids.shape[1]
+    return torch.cat(logits, 1), torch.cat(hidden, 1)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_split_reproduces_unsplit_logits(k):
+    model = tiny_llama()
+    ids = torch.randint(0, 40, (1, 12), generator=torch.Generator().manual_seed(0))
+    expected = model(ids).logits  # [1, 12, V]
+    logits, hidden = run_in_chunks(SplitBackbone(model, lora_layers=k), ids, [5, 1, 4, 2])
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    # without adapters the draft path computes the same function as the verifier
+    torch.testing.assert_close(model.lm_head(hidden), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_split_with_lora_verifier_is_base_and_draft_is_adapted(k):
+    model = tiny_llama(layers=3)
+    ids = torch.randint(0, 40, (1, 10), generator=torch.Generator().manual_seed(1))
+    base_logits = model(ids).logits
+    peft_model = with_lora(model, k)
+    adapted_logits = peft_model(input_ids=ids).logits
+    assert (adapted_logits - base_logits).abs().max() > 1e-2  # the adapters really change the model
+    logits, hidden = run_in_chunks(SplitBackbone(peft_model, lora_layers=k), ids, [4, 3, 3])
+    torch.testing.assert_close(logits, base_logits, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(model.lm_head(hidden), adapted_logits, rtol=1e-10, atol=1e-10)
+    # the adapters are enabled again after the verifier pass
+    torch.testing.assert_close(peft_model(input_ids=ids).logits, adapted_logits)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_caches_stay_consistent_across_accept_and_reject(k):
+    """Speculative-style use: feed a window, keep a random prefix of it, crop, continue. The final
+    outputs must equal a fresh pass over the committed sequence, on both paths."""
+    model = tiny_llama(layers=3)
+    peft_model = with_lora(model, k) if k else model
+    backbone = SplitBackbone(peft_model, lora_layers=k)
+    gen = torch.Generator().manual_seed(2)
+    committed = torch.randint(0, 40, (1, 5), generator=gen)
+    state = backbone.new_state()
+    backbone(committed, state)
+    for _ in range(8):
+        window = torch.randint(0, 40, (1, 4), generator=gen)
+        backbone(window, state)
+        keep = int(torch.randint(1, 5, (1,), generator=gen))
+        backbone.crop(state, committed.shape[1] + keep)
+        committed = torch.cat([committed, window[:, :keep]], 1)
+    probe = torch.randint(0, 40, (1, 3), generator=gen)
+    out = backbone(probe, state)
+    full = torch.cat([committed, probe], 1)
+    fresh_logits, fresh_hidden = run_in_chunks(SplitBackbone(peft_model, lora_layers=k), full, [full.shape[1]])
+    torch.testing.assert_close(out.logits, fresh_logits[:, -3:], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out.hidden, fresh_hidden[:, -3:], rtol=1e-9, atol=1e-9)
+    assert state.verifier.get_seq_length() == full.shape[1]
+    if k:
+        assert state.draft.get_seq_length(backbone.shared_layers) == full.shape[1]
+
+
+def test_keep_returns_only_the_last_positions():
+    model = tiny_llama()
+    backbone = SplitBackbone(model)
+    ids = torch.randint(0, 40, (1, 7), generator=torch.Generator().manual_seed(3))
+    out = backbone(ids, backbone.new_state(), keep=1)
+    assert out.logits.shape == (1, 1, 40) and out.hidden.shape == (1, 1, 32)
+    torch.testing.assert_close(out.logits, model(ids).logits[:, -1:], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("config_cls", ["MistralConfig", "Qwen2Config"])
+def test_other_llama_layout_families(config_cls):
+    extra = {"sliding_window": None} if config_cls == "MistralConfig" else {}
+    model = tiny_llama(config_cls=getattr(transformers, config_cls), **extra)
+    ids = torch.randint(0, 40, (1, 9), generator=torch.Generator().manual_seed(4))
+    logits, _ = run_in_chunks(SplitBackbone(model, lora_layers=1), ids, [6, 3])
+    torch.testing.assert_close(logits, model(ids).logits, rtol=1e-10, atol=1e-10)
+
+
+def test_errors_are_helpful():
+    model = tiny_llama(layers=2)
+    with pytest.raises(ValueError, match="larger than the model's 2 decoder layers"):
+        SplitBackbone(model, lora_layers=3)
+    with pytest.raises(ValueError, match="integer >= 0"):
+        SplitBackbone(model, lora_layers=-1)
+    peft_model = with_lora(model, 2)
+    with pytest.raises(ValueError, match=r"adapters on layer\(s\) \[0, 1\].*use lora_layers=2"):
+        SplitBackbone(peft_model, lora_layers=0)
+    with pytest.raises(ValueError, match=r"adapters on layer\(s\) \[0\].*use lora_layers=2"):
+        SplitBackbone(peft_model, lora_layers=1)
+    backbone = SplitBackbone(peft_model, lora_layers=2)
+    with pytest.raises(ValueError, match="cannot crop"):
+        backbone.crop(backbone.new_state(), 1)
+
+
+def test_unsupported_family_and_sliding_window():
+    mistral = tiny_llama(config_cls=transformers.MistralConfig, sliding_window=8)
+    with pytest.raises(ValueError, match="sliding"):
+        SplitBackbone(mistral)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2))
+    with pytest.raises(ValueError, match="no split-backbone adapter for model_type 'gpt2'"):
+        SplitBackbone(gpt2)
+    with pytest.raises(ValueError, match="does not have the Llama layout"):
+        SplitBackbone(gpt2, family=LlamaFamily())
