@@ -1,0 +1,30 @@
+"""`compile(source, **bindings)`: any circuit source to an executable `CompiledCircuit`.
+
+A `RegionGraph` is checked and lowered as is; anything else (a path to a `.pc` or `.json` file,
+`.pc` text, a graph-spec dict) goes through `circuitc.load.load_graph` first, which parses,
+elaborates with the bindings, and checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .graph import RegionGraph
+from .plan import lower
+from .runtime import CompiledCircuit
+
+
+def compile(source: RegionGraph | dict[str, Any] | str | Path, **bindings: Any) -> CompiledCircuit:  # noqa: A001
+    """Check and lower `source` and return the compiled circuit (a `torch.nn.Module`)."""
+    if isinstance(source, RegionGraph):
+        if bindings:
+            raise TypeError(f"bindings {sorted(bindings)} only apply to .pc sources, not to a RegionGraph")
+        from .check import check_graph  # imported here: the front end is independent of the back end
+
+        graph = check_graph(source)
+    else:
+        from .load import load_graph
+
+        graph = load_graph(source, **bindings)
+    return CompiledCircuit(lower(graph))
