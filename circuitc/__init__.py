@@ -7,5 +7,6 @@ prefix marginals, sampling, MAP).
 
 from .errors import CircuitError, Diagnostic, SourceSpan
 from .graph import Partition, Region, RegionGraph
+from .compile import compile  # noqa: A004  circuitc.compile(source, **bindings) -> CompiledCircuit
 
 __all__ = ["CircuitError", "Diagnostic", "SourceSpan", "Partition", "Region", "RegionGraph"]
