@@ -1,0 +1,109 @@
+"""`load_graph`: any structure source -> a checked `RegionGraph`.
+
+A source is a path to a `.pc` or `.json` (graph spec) file, `.pc` text, JSON text, a graph-spec
+dict or a `RegionGraph`. `.pc` sources are parsed and elaborated with the given parameter bindings;
+JSON sources keep their region ids unchanged, and their regions and partitions are located in the
+file so structural errors point at the offending lines. Every graph is checked before it is returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .check import check_graph
+from .elaborate import elaborate
+from .errors import CircuitError, Diagnostic, SourceSpan
+from .graph import RegionGraph
+from .syntax import parse
+
+
+def load_graph(source: str | Path | dict | RegionGraph, **bindings: Any) -> RegionGraph:
+    """Load, elaborate (`.pc`, with `bindings` such as `n=16`) and check a structure.
+
+    Raises `CircuitError` carrying every diagnostic when the source is invalid."""
+    return check_graph(_unchecked_graph(source, bindings))
+
+
+def _unchecked_graph(source: Any, bindings: dict[str, Any]) -> RegionGraph:
+    if isinstance(source, RegionGraph):
+        _no_bindings(bindings, "a RegionGraph")
+        return source
+    if isinstance(source, dict):
+        _no_bindings(bindings, "a graph-spec dict")
+        return RegionGraph.from_json(source)
+    if isinstance(source, Path) or (isinstance(source, str) and _looks_like_path(source)):
+        return _graph_from_file(Path(source), bindings)
+    if isinstance(source, str):
+        if source.lstrip().startswith("{"):
+            _no_bindings(bindings, "a graph spec")
+            return _graph_from_json_text(source, None)
+        return elaborate(parse(source), **bindings)
+    raise CircuitError(f"cannot load a structure from {type(source).__name__}: pass a path, .pc text, "
+                       f"a graph-spec dict or a RegionGraph")
+
+
+def _looks_like_path(text: str) -> bool:
+    return "\n" not in text and text.strip().endswith((".pc", ".json"))
+
+
+def _no_bindings(bindings: dict[str, Any], what: str) -> None:
+    if bindings:
+        raise CircuitError(f"parameters ({', '.join(bindings)}) apply to .pc sources, not to {what}")
+
+
+def _graph_from_file(path: Path, bindings: dict[str, Any]) -> RegionGraph:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CircuitError(f"cannot read {path}: {reason}") from None
+    if path.suffix == ".json":
+        _no_bindings(bindings, f"the graph spec {path}")
+        return _graph_from_json_text(text, str(path))
+    return elaborate(parse(text, file=str(path)), **bindings)
+
+
+def _graph_from_json_text(text: str, file: str | None) -> RegionGraph:
+    lines = text.splitlines()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        span = SourceSpan(file, e.lineno, e.colno, source_line=lines[e.lineno - 1] if e.lineno <= len(lines) else None)
+        raise CircuitError(Diagnostic(f"invalid JSON: {e.msg}", span)) from None
+    graph = RegionGraph.from_json(data, source_name=file)
+    _locate_json(graph, text, file, lines)
+    return graph
+
+
+# A key opening an object (`"x[0:4]": {`) and a partition's parent key, found in one pass each.
+_OBJECT_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*\{')
+_PARENT_KEY = re.compile(r'"parent"\s*:')
+_ROOT_KEY = re.compile(r'"root"\s*:')
+
+
+def _locate_json(graph: RegionGraph, text: str, file: str | None, lines: list[str]) -> None:
+    """Give regions and partitions the span of their entry in the JSON text, for messages."""
+    line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def span_at(pos: int) -> SourceSpan:
+        line = bisect.bisect_right(line_starts, pos)
+        return SourceSpan(file, line, pos - line_starts[line - 1] + 1, source_line=lines[line - 1])
+
+    for m in _OBJECT_KEY.finditer(text):
+        try:
+            key = json.loads(f'"{m.group(1)}"')
+        except json.JSONDecodeError:
+            continue
+        region = graph.regions.get(key)
+        if region is not None and region.span is None:
+            region.span = span_at(m.start())
+    for partition, m in zip(graph.partitions, _PARENT_KEY.finditer(text)):
+        partition.span = span_at(m.start())
+    root = _ROOT_KEY.search(text)
+    if root:
+        graph.span = span_at(root.start())
+
