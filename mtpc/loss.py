@@ -1,0 +1,172 @@
+"""The windowed composite log-likelihood of the MtPC paper (Section 4.1, Eq. 5), memory-efficiently.
+
+At every position `t` the head turns the hidden state `h_t` into a circuit `q_t` over the next `n`
+bytes. Term `j` (1..n) is the conditional
+
+    log q_t(x_{t+j} | x_{t+1..t+j-1})  =  log q_t(x_{t+1..t+j}) - log q_t(x_{t+1..t+j-1}),
+
+read off the circuit's prefix marginals (one pass gives all `n`). Targets that are invalid (past the
+end of the document or the sequence, outside the loss mask, or not a circuit state, e.g. a special
+token) are *summed out exactly*: their leaves get the value 0 (= log 1), so every prefix marginal
+marginalises them, later terms condition only on the valid bytes, and an invalid term itself is 0.
+The loss is
+
+    L = - sum_j gamma^(j-1) * (sum_t valid[t, j] * term[t, j]) / N_j,
+
+with `N_j` the number of valid targets at window position `j` (so each term is a mean over the
+positions where it exists, and short windows at document ends are not under-weighted).
+
+Memory: the naive way materialises the leaves' logits `[tokens, Q, v]` (`Q = n*r` input units)
+before reading one entry per row. `chunked_leaf_log_probs` computes them a block of leaves (and, for
+long batches, a block of tokens) at a time, keeps only the observed entry `[tokens, Q]`, and
+recomputes each block in the backward pass (`torch.utils.checkpoint`), so peak memory grows with
+`tokens * Q` instead of `tokens * Q * v`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .data import target_validity, window_targets
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 22  # logits materialised at once by the chunked leaves (16 MiB in float32)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar: -sum_j gamma^(j-1) S_j / N_j
+    term_sums: torch.Tensor  # [n] S_j = sum over valid (t, j) of the conditional log-likelihood (detached)
+    counts: torch.Tensor  # [n] N_j, valid targets per window position (the local batch's)
+
+
+# ------------------------------------------------------------------ leaves
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float32 unless it is already float32 or float64 (bf16/fp16 logits from autocast)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def naive_leaf_log_probs(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`[N, Q]` leaf values, materialising all `[N, Q, v]` logits. `h` [N, d], `x`/`valid` [N, n]."""
+    var = head.circ.leaf_variable  # [Q]
+    logp = at_least_float32(head.input_logits(h)).log_softmax(-1)  # [N, Q, v]
+    picked = logp.gather(-1, x.index_select(1, var).unsqueeze(-1)).squeeze(-1)  # [N, Q]
+    return picked.masked_fill(~valid.index_select(1, var), 0.0)
+
+
+def chunked_leaf_log_probs(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor,
+                           chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """`[N, Q]`, the same values as `naive_leaf_log_probs`, computed in blocks of at most about
+    `chunk_elements` logits, each recomputed in the backward pass instead of being stored."""
+    N, Q, v = h.shape[0], head.num_leaves, head.num_states
+    var = head.circ.leaf_variable  # [Q]
+    states = x.index_select(1, var)  # [N, Q] observed state of each leaf's variable
+    kept = valid.index_select(1, var)  # [N, Q]
+    leaves_per_block = max(1, min(Q, chunk_elements // max(1, N * v)))
+    tokens_per_block = N if leaves_per_block > 1 or N * v <= chunk_elements else max(1, chunk_elements // v)
+    rows = []
+    for t0 in range(0, N, tokens_per_block):
+        t1 = min(N, t0 + tokens_per_block)
+        cols = []
+        for q0 in range(0, Q, leaves_per_block):
+            q1 = min(Q, q0 + leaves_per_block)
+            block = _LeafBlock(head, slice(q0, q1))
+            cols.append(checkpoint(block, h[t0:t1], states[t0:t1, q0:q1], use_reentrant=False))  # [Nb, Qb]
+        rows.append(torch.cat(cols, 1))
+    return torch.cat(rows, 0).masked_fill(~kept, 0.0)  # [N, Q]
+
+
+class _LeafBlock:
+    """log softmax(input logits of leaves `leaves`)[observed state], without keeping the logits."""
+
+    def __init__(self, head, leaves: slice):
+        self.head, self.leaves = head, leaves
+
+    def __call__(self, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        logits = at_least_float32(self.head.input_logits(h, leaves=self.leaves))  # [Nb, Qb, v]
+        picked = logits.gather(-1, states.unsqueeze(-1)).squeeze(-1)  # [Nb, Qb]
+        return picked - torch.logsumexp(logits, -1)
+
+
+# ------------------------------------------------------------------ the loss
+
+
+def gamma_weights(n: int, gamma: float, dtype=torch.float32, device=None) -> torch.Tensor:
+    return gamma ** torch.arange(n, dtype=dtype, device=device)  # [n]
+
+
+def window_terms(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor, *, fused: bool = True,
+                 chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """`[N, n]` conditional log-likelihoods `term[t, j]` (0 where invalid) for windows `x` [N, n]
+    given hidden states `h` [N, d]; `valid` [N, n] bool."""
+    v = head.num_states
+    valid = valid & (x >= 0) & (x < v)
+    x = torch.where(valid, x, torch.zeros_like(x))
+    leaves_fn: Callable = chunked_leaf_log_probs if fused else naive_leaf_log_probs
+    extra = {"chunk_elements": chunk_elements} if fused else {}
+    leaves = leaves_fn(head, h, x, valid, **extra)  # [N, Q]
+    sums = head.sum_logits(h)  # [N, S]
+    with torch.autocast(h.device.type, enabled=False):
+        prefix = head.circ.prefix_log_marginals_from_leaves(leaves, at_least_float32(sums))  # [N, n]
+    previous = torch.nn.functional.pad(prefix[:, :-1], (1, 0))  # [N, n]: log q of the prefix before j
+    return torch.where(valid, prefix - previous, torch.zeros_like(prefix))
+
+
+def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Tensor, loss_mask: torch.Tensor, *,
+             gamma: float = 0.9, fused: bool = True, normalizer: torch.Tensor | None = None,
+             chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
+    """The composite loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `tokens`,
+    `doc_ids` [B, T] long, `loss_mask` [B, T] bool (see `mtpc.data`).
+
+    `normalizer` ([n], optional) replaces the batch's own `N_j`: pass the counts of the whole
+    (global, accumulated) batch so that micro-batches and data-parallel ranks add up exactly."""
+    n = head.num_variables
+    valid = target_validity(doc_ids, loss_mask, n)  # [B, T, n]
+    valid = valid & (window_targets(tokens, n, fill=-1) < head.num_states)
+    rows = valid.any(-1).flatten()  # [B*T] positions with at least one target
+    h = hidden.flatten(0, 1)[rows]  # [N, d]
+    x = window_targets(tokens, n).flatten(0, 1)[rows]  # [N, n]
+    valid = valid.flatten(0, 1)[rows]  # [N, n]
+    counts = valid.sum(0)  # [n]
+    terms = window_terms(head, h, x, valid, fused=fused, chunk_elements=chunk_elements)  # [N, n]
+    sums = terms.sum(0)  # [n]
+    denom = (counts if normalizer is None else normalizer).to(sums).clamp(min=1)
+    loss = -(gamma_weights(n, gamma, sums.dtype, sums.device) * sums / denom).sum()
+    return LossOutput(loss, sums.detach(), counts)
+
+
+def valid_counts(doc_ids: torch.Tensor, loss_mask: torch.Tensor, tokens: torch.Tensor, n: int, v: int) -> torch.Tensor:
+    """`[n]` N_j of a batch without running anything (to build a global `normalizer`)."""
+    valid = target_validity(doc_ids, loss_mask, n) & (window_targets(tokens, n, fill=-1) < v)
+    return valid.flatten(0, 1).sum(0)
+
+
+# ------------------------------------------------------------------ teacher-forced acceptance
+
+
+@torch.no_grad()
+def teacher_forced_accepted(head, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`[N]` accepted draft length per window under greedy verification with the actual next bytes
+    `x` [N, n] standing in for the verifier's greedy choices: the number of leading `j` at which the
+    circuit's greedy draft (the sequential argmax of its exact conditionals) equals `x_{t+j}`. While
+    the draft matches, its prefix *is* `x`, so term `j` only needs `argmax_s q(s | x_{<j}) == x_j`."""
+    N, n = x.shape
+    accepted = torch.zeros(N, dtype=torch.long, device=x.device)
+    alive = torch.arange(N, device=x.device)  # windows whose draft matched so far
+    theta = at_least_float32(head(h))  # [N, P]
+    circ = head.circ
+    for j in range(n):
+        if alive.numel() == 0:
+            break
+        keep = torch.zeros(alive.numel(), n, dtype=torch.bool, device=x.device)
+        keep[:, :j] = True
+        dist = circ.conditional_log_distribution(x[alive], keep, theta[alive], j)  # [A, v]
+        hit = dist.argmax(-1) == x[alive, j]
+        accepted[alive[hit]] += 1
+        alive = alive[hit]
+    return accepted
