@@ -203,12 +203,13 @@ class BackboneState:
     verifier: DynamicCache
     draft: DynamicCache | None
     length: int = 0
+    draft_path: bool = True  # False: verifier only, no draft hidden states
 
 
 @dataclass
 class BackboneOutput:
     logits: torch.Tensor  # [B, T', V] verifier (base model) logits for the kept positions
-    hidden: torch.Tensor  # [B, T', d] draft-path hidden states after the final norm (the head's input)
+    hidden: torch.Tensor | None  # [B, T', d] draft-path hidden states after the final norm (the head's input)
 
 
 class SplitBackbone:
@@ -263,8 +264,11 @@ class SplitBackbone:
 
     # ----------------------------------------------------------------- caches
 
-    def new_state(self) -> BackboneState:
-        return BackboneState(DynamicCache(config=self.config), DynamicCache(config=self.config) if self.k else None)
+    def new_state(self, draft: bool = True) -> BackboneState:
+        """Empty caches. `draft=False`: verifier only (plain decoding); `forward` then returns no hidden."""
+        with_draft = draft and self.k > 0
+        return BackboneState(DynamicCache(config=self.config), DynamicCache(config=self.config) if with_draft else None,
+                             draft_path=draft)
 
     def crop(self, state: BackboneState, length: int) -> None:
         """Forget every cached token after the first `length` (both paths)."""
@@ -308,6 +312,8 @@ class SplitBackbone:
         start = 0 if keep is None else T - keep
         verifier_hidden = parts.norm(verifier[:, start:])  # [B, T', d]
         logits = parts.lm_head(verifier_hidden)  # [B, T', V]
+        if not state.draft_path:
+            return BackboneOutput(logits, None)
         if not self.k:
             return BackboneOutput(logits, verifier_hidden)
         draft = run(shared, tail, state.draft)

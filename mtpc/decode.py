@@ -1,0 +1,521 @@
+"""Lossless self-speculative decoding with a circuit draft head (MtPC, Algorithm 2), and plain decoding.
+
+One cycle, with the verifier's next-token target `p_0` carried over from the previous cycle (the
+"re-used verifier state") and the draft hidden state `h` at the last committed token:
+
+1. `theta = head(h)`; the circuit drafts a window `d_0 .. d_{n-1}`.
+2. Position 0 is decided *before* any backbone call, against `p_0`: greedy takes `argmax p_0`;
+   sampling accepts `d_0` with probability `min(1, p_0(d_0) / q(d_0))`, else draws the bonus token from
+   `norm(max(0, p_0 - q_0))`. Either way one token `x_0` is committed; the bonus is kept only when
+   the draft's first token was not accepted.
+3. One backbone call on `[x_0, d_1 .. d_{w-1}]` (`w = min(n, tokens left)`) gives the verifier's
+   targets `p_1 .. p_w` and the draft path's hidden states. Drafts `d_1 ..` are accepted left to
+   right (greedy: equal to `argmax p_j`; sampling: the Leviathan/Chen rule against the proposal's
+   exact conditionals `r_j`, from ratios of prefix marginals).
+4. The caches are cropped to the committed tokens. The next cycle re-uses `p_a` at the last committed
+   position and `h` there. After a rejection at position `j` the token there is *not* drawn now: the
+   next cycle's target for that position is the residual `norm(max(0, p_j - r_j))`, so the
+   deferred token is still exactly distributed (dropping the residual and re-drafting against `p_j`
+   would bias the output towards the draft).
+
+So every cycle makes exactly one backbone call and commits 1 .. n tokens; greedy output equals plain
+greedy decoding, sampled output is exactly distributed as the verifier's (shaped) target.
+
+`bonus=True` (bonus-conditioned drafting): `x_0` is taken from `p_0` directly (argmax or a sample)
+and the circuit drafts `d_1 ..` conditioned on it (exact conditionals of the same circuit), which
+never accepts fewer tokens in greedy mode.
+
+Greedy draft strategies (`draft=`): `"conditional"` (sequential argmax of the circuit's exact
+conditionals; default: it accepted most in our measurements), `"marginal"` (per-position marginal
+argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample). Sampling mode always
+drafts circuit samples.
+
+Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
+(transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from .backbone import BackboneState, SplitBackbone
+from .head import MTPHead
+
+__all__ = [
+    "AcceptanceRule",
+    "DecodeStats",
+    "GenerateOutput",
+    "SpeculativeDecoder",
+    "Target",
+    "generate_autoregressive",
+    "DRAFT_STRATEGIES",
+]
+
+DRAFT_STRATEGIES = ("conditional", "marginal", "map", "sample")
+
+
+# --------------------------------------------------------------------------- outputs
+
+@dataclass
+class DecodeStats:
+    """Per-generation measurements. `accepted_per_cycle[c]` = tokens committed by cycle `c` (1..n;
+    the paper's accepted length), `draft_accepted_per_cycle[c]` = how many of them were the circuit's
+    drafted tokens. Times exclude the prefill."""
+
+    prefill_seconds: float = 0.0
+    cycle_seconds: list[float] = field(default_factory=list)
+    accepted_per_cycle: list[int] = field(default_factory=list)
+    draft_accepted_per_cycle: list[int] = field(default_factory=list)
+
+    @property
+    def cycles(self) -> int:
+        return len(self.cycle_seconds)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(self.accepted_per_cycle)
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.new_tokens / self.cycles if self.cycles else 0.0
+
+    @property
+    def mean_cycle_latency(self) -> float:
+        return sum(self.cycle_seconds) / self.cycles if self.cycles else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        total = sum(self.cycle_seconds)
+        return self.new_tokens / total if total > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
+                "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
+                "prefill_seconds": self.prefill_seconds, "accepted_per_cycle": list(self.accepted_per_cycle),
+                "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle)}
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.Tensor  # [1, prompt + new] long
+    stats: DecodeStats
+
+
+# --------------------------------------------------------------------------- the verifier's target
+
+@dataclass(frozen=True)
+class Target:
+    """The distribution tokens must follow: greedy (argmax of the logits) or the softmax of the logits
+    shaped by temperature, then top-k, then top-p (the order and rules of transformers' warpers)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not self.do_sample:
+            return
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k must be a positive integer (or None/0 for no top-k), got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`[..., V]` logits -> `[..., V]` float64 probabilities of the shaped target."""
+        scores = logits.double() / self.temperature
+        if self.top_k:
+            k = min(self.top_k, scores.shape[-1])
+            kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, -torch.inf)
+        if self.top_p is not None and self.top_p < 1:
+            sorted_scores, order = torch.sort(scores, dim=-1)  # ascending
+            cumulative = sorted_scores.softmax(-1).cumsum(-1)
+            remove = cumulative <= 1 - self.top_p
+            remove[..., -1] = False  # keep at least the most likely token
+            scores = scores.masked_fill(remove.scatter(-1, order, remove), -torch.inf)
+        return scores.softmax(-1)
+
+    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        """One token from the target at a single position (`logits` `[V]`)."""
+        if not self.do_sample:
+            return int(logits.argmax())
+        return _draw(self.probs(logits), generator)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- acceptance rule
+
+class AcceptanceRule:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): a token `x ~ q` is kept with
+    probability `min(1, p(x) / q(x))`; after a rejection the token is drawn from the residual
+    `norm(max(0, p - q))`. Together: exactly `p`. Subclass to study other rules (the tests show that
+    wrong ones are caught)."""
+
+    def accept(self, p_x: float, q_x: float, u: float) -> bool:
+        """`u ~ U[0, 1)`; True with probability `min(1, p_x / q_x)`."""
+        return u * q_x < p_x
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """`[V]`, `[V]` -> `[V]`: the distribution of the token after a rejection."""
+        r = (p - q).clamp_min(0)
+        total = r.sum()
+        return r / total if total > 0 else p  # total = 0 only when p = q, where nothing is ever rejected
+
+
+# --------------------------------------------------------------------------- drafting
+
+@dataclass
+class Draft:
+    """One window: `window[0]` is the committed token `x_0`, `window[1:]` the drafted tokens.
+
+    The proposal for `window[j]` (j >= 1) is `q(x_j | cond[:j])` where position 0 of `cond` is
+    observed only if `keep0` (it is unobserved when the verifier's token lies outside the circuit's
+    states). `log_r[j]` = log of that conditional at `window[j]` (sampling only)."""
+
+    window: torch.Tensor  # [n] long
+    cond: torch.Tensor  # [n] long, entries < v
+    keep0: bool
+    from_draft: bool  # window[0] is the circuit's own (accepted) token
+    log_r: torch.Tensor | None = None  # [n] (entry 0 unused)
+
+
+class _Circuit:
+    """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`)."""
+
+    def __init__(self, head: MTPHead):
+        self.head, self.circ = head, head.circ
+        self.n, self.v = head.num_variables, head.num_states
+
+    def keep(self, upto: int, keep0: bool) -> torch.Tensor:
+        """[n] bool: positions `< upto` observed, position 0 only if `keep0`."""
+        mask = torch.arange(self.n, device=self.circ.leaf_variable.device) < upto
+        if not keep0:
+            mask[0] = False
+        return mask
+
+    def conditional(self, theta, cond, upto: int, keep0: bool, variable: int) -> torch.Tensor:
+        """`[v]` log q(x_variable | cond[:upto])."""
+        return self.circ.conditional_log_distribution(cond[None], self.keep(upto, keep0), theta, variable)[0]
+
+    def log_r(self, theta, cond, keep0: bool) -> torch.Tensor:
+        """`[n]`: entry j >= 1 = log q(cond[j] | cond[:j]) (position 0 observed iff keep0)."""
+        if keep0:
+            prefix = self.circ.prefix_log_marginals(cond[None], theta)[0]  # [n] log q(cond[:j+1])
+            return torch.cat([prefix[:1], prefix[1:] - prefix[:-1]])
+        keep = torch.stack([self.keep(j + 1, False) for j in range(self.n)])  # [n, n]
+        joint = self.circ.log_marginal(cond[None].expand(self.n, -1), keep, theta.expand(self.n, -1))  # [n]
+        return torch.cat([joint[:1], joint[1:] - joint[:-1]])
+
+    def sample(self, theta, generator, given: int | None) -> torch.Tensor:
+        """`[n]` a circuit sample, conditioned on x_0 = given when given."""
+        if given is None:
+            return self.circ.sample(theta, num_samples=1, generator=generator)[0, 0]
+        evidence = torch.full((1, self.n), given, dtype=torch.long, device=theta.device)
+        return self.circ.sample(theta, num_samples=1, generator=generator, evidence=evidence,
+                                keep=self.keep(1, True))[0, 0]
+
+    def greedy(self, theta, strategy: str, generator, given: int | None) -> torch.Tensor:
+        """`[n]` a deterministic (or sampled, for "sample") draft, conditioned on x_0 = given when given."""
+        if strategy == "sample":
+            return self.sample(theta, generator, given)
+        if strategy == "map":
+            if given is None:
+                return self.circ.map(theta)[0]
+            evidence = torch.full((1, self.n), given, dtype=torch.long, device=theta.device)
+            return self.circ.map(theta, evidence=evidence, keep=self.keep(1, True))[0]
+        x = torch.zeros(self.n, dtype=torch.long, device=theta.device)
+        start = 0
+        if given is not None:
+            x[0], start = given, 1
+        for j in range(start, self.n):
+            upto = j if strategy == "conditional" else start
+            x[j] = self.conditional(theta, x, upto, True, j).argmax()
+        return x
+
+
+# --------------------------------------------------------------------------- the decoder
+
+class SpeculativeDecoder:
+    """Self-speculative decoding of `model` (verifier) with `head` drafting from the draft path.
+
+    `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `draft`: greedy draft strategy
+    (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting. `acceptance`: the speculative-sampling
+    rule (an `AcceptanceRule`; replace it only to study wrong rules).
+    """
+
+    def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
+                 bonus: bool = False, acceptance: AcceptanceRule | None = None, family=None):
+        if draft not in DRAFT_STRATEGIES:
+            raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
+        self.backbone = SplitBackbone(model, lora_layers, family=family)
+        if head.hidden_size != self.backbone.hidden_size:
+            raise ValueError(f"the head was built for hidden size {head.hidden_size}, the model's is "
+                             f"{self.backbone.hidden_size}")
+        if head.num_states > self.backbone.vocab_size:
+            raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
+                             f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
+        self.head = head
+        self.circuit = _Circuit(head)
+        self.draft, self.bonus = draft, bonus
+        self.acceptance = acceptance or AcceptanceRule()
+
+    # ----------------------------------------------------------------- public API
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 eos_token_id: int | Iterable[int] | None = None,
+                 generator: torch.Generator | None = None) -> GenerateOutput:
+        """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
+        first EOS. Greedy by default; `do_sample` samples the shaped target exactly."""
+        prompt = _check_prompt(input_ids, self.backbone.vocab_size)
+        _check_budget(max_new_tokens)
+        _check_eval(self.backbone.model)
+        target = Target(do_sample, temperature, top_k, top_p)
+        eos = _eos_set(eos_token_id)
+        stats = DecodeStats()
+        tokens = prompt[0].tolist()
+        if max_new_tokens == 0:
+            return GenerateOutput(prompt.clone(), stats)
+
+        start = time.perf_counter()
+        state = self.backbone.new_state()
+        out = self.backbone(prompt, state, keep=1)
+        nxt = self._carry(target, out.logits[0, -1])
+        h = out.hidden[0, -1]  # [d]
+        stats.prefill_seconds = time.perf_counter() - start
+
+        left = max_new_tokens
+        while left > 0:
+            start = time.perf_counter()
+            committed, from_draft, h, nxt = self._cycle(h, nxt, state, left, target, eos, generator)
+            stats.cycle_seconds.append(time.perf_counter() - start)
+            stats.accepted_per_cycle.append(len(committed))
+            stats.draft_accepted_per_cycle.append(from_draft)
+            tokens += committed
+            left -= len(committed)
+            if committed[-1] in eos:
+                break
+        return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+
+    # ----------------------------------------------------------------- one cycle
+
+    @staticmethod
+    def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:
+        """What the next cycle verifies its first token against: logits (greedy) or probabilities."""
+        return target.probs(logits) if target.do_sample else logits
+
+    def _cycle(self, h, first, state: BackboneState, left: int, target: Target, eos: set[int], generator):
+        """Draft, decide x_0, one backbone call, accept. Returns (committed ids, how many came from the
+        draft, next h `[d]`, next target `[V]`)."""
+        theta = self.head(h.to(self.head.weight.dtype))[None]  # [1, P]
+        draft = self._draft(theta, first, target, generator)
+        x0 = int(draft.window[0])
+        if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
+            return [x0], int(draft.from_draft), h, first
+        w = min(self.circuit.n, left)
+        base = state.length
+        out = self.backbone(draft.window[None, :w], state)  # logits [1, w, V], hidden [1, w, d]
+        logits = out.logits[0]
+        a, carried = 1, None
+        while a < w and int(draft.window[a - 1]) not in eos:
+            ok, carried = self._verify(theta, draft, a, logits[a - 1], target, generator)
+            if not ok:
+                break
+            a += 1
+        self.backbone.crop(state, base + a)
+        nxt = carried if carried is not None else self._carry(target, logits[a - 1])
+        committed = draft.window[:a].tolist()
+        return committed, int(draft.from_draft) + a - 1, out.hidden[0, a - 1], nxt
+
+    def _draft(self, theta, first, target: Target, generator) -> Draft:
+        """The window and its proposal; decides x_0 against `first` (see the module docstring)."""
+        c = self.circuit
+        if not target.do_sample:
+            x0 = int(first.argmax())
+            given = x0 if self.bonus and x0 < c.v else None
+            d = c.greedy(theta, self.draft, generator, given)
+            window = torch.cat([d.new_tensor([x0]), d[1:]])
+            return Draft(window, d, True, from_draft=not self.bonus and int(d[0]) == x0)
+        if self.bonus:
+            x0 = _draw(first, generator)
+            keep0 = x0 < c.v
+            d = c.sample(theta, generator, x0 if keep0 else None)
+            window = torch.cat([d.new_tensor([x0]), d[1:]])
+            cond = window if keep0 else d
+            return Draft(window, cond, keep0, False, c.log_r(theta, cond, keep0))
+        d = c.sample(theta, generator, None)
+        log_r = c.log_r(theta, d, True)
+        d0 = int(d[0])
+        if self.acceptance.accept(float(first[d0]), float(log_r[0].exp()), _uniform(generator)):
+            return Draft(d, d, True, True, log_r)
+        q0 = self._padded(c.conditional(theta, d, 0, True, 0), first)
+        x0 = _draw(self.acceptance.residual(first, q0), generator)
+        window = torch.cat([d.new_tensor([x0]), d[1:]])
+        return Draft(window, d, True, False, log_r)
+
+    def _verify(self, theta, draft: Draft, j: int, logits_j, target: Target, generator):
+        """Accept draft.window[j] against the verifier's logits for that position.
+        Returns (accepted, the carried target after a rejection or None)."""
+        token = int(draft.window[j])
+        if not target.do_sample:
+            return token == int(logits_j.argmax()), None
+        p = target.probs(logits_j)  # [V]
+        if self.acceptance.accept(float(p[token]), float(draft.log_r[j].exp()), _uniform(generator)):
+            return True, None
+        r = self._padded(self.circuit.conditional(theta, draft.cond, j, draft.keep0, j), p)
+        return False, self.acceptance.residual(p, r)
+
+    @staticmethod
+    def _padded(log_q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """`[v]` log-probabilities over circuit states -> `[V]` probabilities (0 beyond v)."""
+        q = torch.zeros_like(like)
+        q[: log_q.shape[0]] = log_q.exp().to(like.dtype)
+        return q
+
+    # ----------------------------------------------------------------- transformers integration
+
+    def custom_generate(self, model, input_ids, logits_processor=None, stopping_criteria=None,
+                        generation_config=None, **model_kwargs):
+        """`model.generate(input_ids, custom_generate=decoder.custom_generate, max_new_tokens=..., ...)`.
+
+        transformers 5.x prepares the generation config (max length, do_sample, temperature, top_k,
+        top_p, eos) and calls this as the decoding loop; we read those settings and run `generate`.
+        Other logits processors or stopping criteria are refused (they would change the target). Returns
+        the sequences `[1, prompt + new]` (a `GenerateDecoderOnlyOutput` with `return_dict_in_generate`);
+        use `decoder.generate` for the stats.
+        """
+        if model is not self.backbone.base and model is not self.backbone.model:
+            raise ValueError("custom_generate belongs to a SpeculativeDecoder built for another model")
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None and not bool((mask == 1).all()):
+            raise ValueError("padded input is not supported: speculative decoding runs at batch size 1")
+        _check_processors(logits_processor, stopping_criteria)
+        cfg = generation_config
+        top_k = cfg.top_k if cfg.do_sample else None
+        top_p = cfg.top_p if cfg.do_sample else None
+        out = self.generate(input_ids, max_new_tokens=cfg.max_length - input_ids.shape[-1], do_sample=bool(cfg.do_sample),
+                            temperature=cfg.temperature if cfg.do_sample and cfg.temperature is not None else 1.0,
+                            top_k=top_k, top_p=top_p, eos_token_id=cfg.eos_token_id)
+        if cfg.return_dict_in_generate:
+            from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+            return GenerateDecoderOnlyOutput(sequences=out.sequences)
+        return out.sequences
+
+
+# --------------------------------------------------------------------------- plain decoding
+
+@torch.no_grad()
+def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
+                            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                            eos_token_id: int | Iterable[int] | None = None,
+                            generator: torch.Generator | None = None) -> GenerateOutput:
+    """Plain one-token-per-step decoding of the verifier (a PeftModel runs with adapters disabled), for
+    comparison; same targets, same stats (one token per cycle)."""
+    backbone = SplitBackbone(model, _lora_depth(model))
+    prompt = _check_prompt(input_ids, backbone.vocab_size)
+    _check_budget(max_new_tokens)
+    target = Target(do_sample, temperature, top_k, top_p)
+    eos = _eos_set(eos_token_id)
+    _check_eval(backbone.model)
+    stats, tokens = DecodeStats(), prompt[0].tolist()
+    state = backbone.new_state(draft=False)
+    start = time.perf_counter()
+    logits = backbone(prompt, state, keep=1).logits[0, -1]  # [V]
+    stats.prefill_seconds = time.perf_counter() - start
+    for step in range(max_new_tokens):
+        start = time.perf_counter()
+        token = target.pick(logits, generator)
+        tokens.append(token)
+        done = token in eos or step == max_new_tokens - 1
+        if not done:
+            logits = backbone(prompt.new_tensor([[token]]), state).logits[0, -1]
+        stats.cycle_seconds.append(time.perf_counter() - start)
+        stats.accepted_per_cycle.append(1)
+        stats.draft_accepted_per_cycle.append(0)
+        if done:
+            break
+    return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+
+
+def _lora_depth(model: nn.Module) -> int:
+    """For a PeftModel: the number of trailing layers that carry adapters (so the split accepts it)."""
+    from .backbone import _is_peft, _lora_layer_indices, family_for
+
+    if not _is_peft(model):
+        return 0
+    base = model.get_base_model()
+    layers = family_for(base.config).parts(base).layers
+    inside, _ = _lora_layer_indices(base, layers)
+    return len(layers) - min(inside) if inside else 0
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_prompt(input_ids, vocab_size: int) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [1, T] (or [T]), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"speculative decoding runs at batch size 1; got a batch of {input_ids.shape[0]} "
+                         "prompts (call generate once per prompt)")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token (e.g. a BOS token)")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+        raise ValueError(f"input_ids must lie in 0..{vocab_size - 1} (the model's vocabulary)")
+    return input_ids.long()
+
+
+def _check_budget(max_new_tokens) -> None:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+
+
+def _eos_set(eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, torch.Tensor):
+        return set(eos_token_id.flatten().tolist())
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return set(int(e) for e in eos_token_id)
+
+
+def _check_eval(model: nn.Module) -> None:
+    """Dropout in training mode would make verification random: refuse instead of silently diverging."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Dropout) and module.training and module.p > 0:
+            raise ValueError(f"{name} is a dropout layer in training mode; call model.eval() before decoding")
+
+
+_SUPPORTED_PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
+_SUPPORTED_CRITERIA = {"MaxLengthCriteria", "EosTokenCriteria"}
+
+
+def _check_processors(logits_processor, stopping_criteria) -> None:
+    unknown = [type(p).__name__ for p in (logits_processor or []) if type(p).__name__ not in _SUPPORTED_PROCESSORS]
+    unknown += [type(c).__name__ for c in (stopping_criteria or []) if type(c).__name__ not in _SUPPORTED_CRITERIA]
+    if unknown:
+        raise ValueError(f"speculative decoding supports max_new_tokens/max_length, do_sample, temperature, top_k, "
+                         f"top_p and eos_token_id; not {unknown}")
