@@ -328,10 +328,34 @@ def lower(graph: RegionGraph) -> Plan:
 
 
 def _depths(graph: RegionGraph) -> dict[str, int]:
+    """Depth of every region (0 for inputs), by an iterative post-order walk (no recursion limit,
+    no networkx: lowering big graphs stays fast). Raises on a cycle."""
+    children: dict[str, list[str]] = defaultdict(list)
+    for p in graph.partitions:
+        children[p.parent].extend(p.children)
     depth: dict[str, int] = {}
-    for rid in graph.bottom_up():
-        parts = graph.partitions_of(rid)
-        depth[rid] = 0 if not parts else 1 + max(depth[c] for p in parts for c in p.children)
+    for top in graph.regions:
+        if top in depth:
+            continue
+        stack, on_path = [(top, False)], set()
+        while stack:
+            rid, expanded = stack.pop()
+            if expanded:
+                on_path.discard(rid)
+                kids = children.get(rid, [])
+                depth[rid] = 1 + max(depth[c] for c in kids) if kids else 0
+                continue
+            if rid in depth:
+                continue
+            if rid in on_path:
+                raise CircuitError(f"cannot lower: the region graph has a cycle through {graph.describe(rid)}")
+            on_path.add(rid)
+            stack.append((rid, True))
+            for c in children.get(rid, []):
+                if c not in graph.regions:
+                    raise CircuitError(f"cannot lower: partition of {graph.describe(rid)} names unknown region {c!r}")
+                if c not in depth:
+                    stack.append((c, False))
     return depth
 
 

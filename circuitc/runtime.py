@@ -114,7 +114,7 @@ class CompiledCircuit(nn.Module):
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
             return None
-        self.register_buffer(name, tensor.clone(), persistent=False)
+        self.register_buffer(name, tensor, persistent=False)  # shared with the plan; .to() copies
         return name
 
     def extra_repr(self) -> str:
