@@ -1,0 +1,242 @@
+"""The `circuitc` command: check, export, show, fmt and compile `.pc` (or graph-spec `.json`) files.
+
+Bad input never ends in a traceback: every command prints located diagnostics on stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import CircuitError
+from .graph import RegionGraph
+from .load import load_graph
+
+EXIT_OK, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 invalid input, 2 internal error)."""
+    out, err = sys.stdout, sys.stderr
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed its usage message
+        return int(e.code or 0)
+    try:
+        return args.run(args, out, err)
+    except CircuitError as e:
+        print(e.render(), file=err)
+        return EXIT_INVALID
+    except Exception as e:  # a bug in circuitc, not in the input: say so plainly
+        print(f"circuitc: internal error ({type(e).__name__}: {e}); please report it with the input file",
+              file=err)
+        return EXIT_INTERNAL
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="circuitc", description="A compiler for probabilistic circuits.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run, help: str, bindings: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("file", metavar="FILE", help=".pc structure file or graph-spec .json")
+        if bindings:
+            sub.add_argument("-D", dest="bindings", action="append", default=[], type=_binding,
+                             metavar="NAME=VALUE", help="set a parameter of the file, e.g. -D n=16 (repeatable)")
+        sub.set_defaults(run=run)
+        return sub
+
+    command("check", _check, "check a structure; print a one-line summary")
+    export = command("export", _export, "write the graph-spec JSON of the elaborated structure")
+    export.add_argument("-o", "--output", metavar="OUT", help="output file (default: standard output)")
+    show = command("show", _show, "show the region graph as a text tree, graphviz DOT or PNG")
+    show.add_argument("--format", choices=("text", "dot", "png"), default="text")
+    show.add_argument("-o", "--output", metavar="OUT", help="output file (PNG default: <stem>.png)")
+    fmt = command("fmt", _fmt, "print a .pc file in canonical form", bindings=False)
+    fmt.add_argument("--in-place", action="store_true", help="rewrite the file instead of printing it")
+    compile_ = command("compile", _compile, "check and lower a structure; write the plan JSON, print a summary")
+    compile_.add_argument("-o", "--output", metavar="OUT", help="plan JSON file (default: <stem>.plan.json)")
+    return parser
+
+
+def _binding(text: str) -> tuple[str, Any]:
+    """`n=16` -> ("n", 16); `true`/`false` are booleans, anything else not a number is a string."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    value = value.strip()
+    if value.lstrip("-").isdigit():
+        return name.strip(), int(value)
+    if value in ("true", "false"):
+        return name.strip(), value == "true"
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return name.strip(), value
+
+
+def _load(args) -> RegionGraph:
+    return load_graph(Path(args.file), **dict(args.bindings))
+
+
+def _write(text: str, output: str | None, out: TextIO) -> None:
+    if output is None:
+        out.write(text)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise CircuitError(f"cannot write {output}: {e.strerror or e}") from None
+
+
+# ----------------------------------------------------------------------------- commands
+
+def _check(args, out: TextIO, err: TextIO) -> int:
+    graph = _load(args)
+    print(f"{args.file}: ok: {summary(graph)}", file=out)
+    return EXIT_OK
+
+
+def summary(graph: RegionGraph) -> str:
+    inputs = len(graph.input_regions())
+    return (f"{_count(graph.variables, 'variable')}, {_count(graph.states, 'state')}, "
+            f"{_count(len(graph.regions), 'region')} ({inputs} input, {len(graph.regions) - inputs} inner), "
+            f"{_count(len(graph.partitions), 'partition')}, root {graph.root}")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _export(args, out: TextIO, err: TextIO) -> int:
+    _write(spec_text(_load(args)), args.output, out)
+    return EXIT_OK
+
+
+def spec_text(graph: RegionGraph) -> str:
+    """The graph-spec JSON laid out for people: one line per region and per partition."""
+    spec = graph.to_json()
+    head = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in spec.items() if k not in ("regions", "partitions")]
+    regions = [f"  {json.dumps(rid)}: {json.dumps(entry)}" for rid, entry in spec["regions"].items()]
+    partitions = [f"  {json.dumps(entry)}" for entry in spec["partitions"]]
+    return "\n".join(["{", *head, ' "regions": {', ",\n".join(regions), " },", ' "partitions": [',
+                      ",\n".join(partitions), " ]", "}"]) + "\n"
+
+
+def _show(args, out: TextIO, err: TextIO) -> int:
+    graph = _load(args)
+    if args.format == "text":
+        _write(text_tree(graph), args.output, out)
+    elif args.format == "dot":
+        _write(dot(graph), args.output, out)
+    else:
+        output = args.output or Path(args.file).stem + ".png"
+        _render_png(dot(graph), output)
+        print(f"wrote {output}", file=out)
+    return EXIT_OK
+
+
+def _fmt(args, out: TextIO, err: TextIO) -> int:
+    from .format import format_module
+    from .syntax import parse
+
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CircuitError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    formatted = format_module(parse(text, file=str(path)))
+    if args.in_place:
+        if formatted != text:
+            _write(formatted, str(path), out)
+    else:
+        out.write(formatted)
+    return EXIT_OK
+
+
+def _compile(args, out: TextIO, err: TextIO) -> int:
+    from .plan import lower  # the back end pulls in torch; only this command needs it
+
+    graph = _load(args)
+    plan = lower(graph)
+    output = args.output or Path(args.file).stem + ".plan.json"
+    _write(json.dumps(plan.to_json(), indent=1) + "\n", output, out)
+    print(plan.summary(), file=out)
+    print(f"wrote {output}", file=out)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- pictures
+
+def text_tree(graph: RegionGraph) -> str:
+    """The region graph top-down, one line per region, children indented below their parent:
+    `x[0:4] (1 unit) = x[0:2] * x[2:4]`. A region reached again is listed once, then marked `^`."""
+    lines = [f"{summary(graph)}"]
+    seen: set[str] = set()
+    stack: list[tuple[str, int]] = [(graph.root, 0)]
+    while stack:  # iterative depth-first walk: chains thousands of regions deep are fine
+        rid, depth = stack.pop()
+        indent = "  " * depth
+        if rid in seen:
+            lines.append(f"{indent}{rid} ^")
+            continue
+        seen.add(rid)
+        lines.append(f"{indent}{_region_line(graph, rid)}")
+        children = [c for p in graph.partitions_of(rid) for c in p.children]
+        stack.extend((c, depth + 1) for c in reversed(children))
+    return "\n".join(lines) + "\n"
+
+
+def _region_line(graph: RegionGraph, rid: str) -> str:
+    region = graph.regions[rid]
+    units = f"{region.units} unit{'s' if region.units != 1 else ''}"
+    if graph.is_input(rid):
+        return f"{rid} ({units}, input)"
+    return f"{rid} ({units}) = " + " | ".join(_product_text(p) for p in graph.partitions_of(rid))
+
+
+def _product_text(partition) -> str:
+    return (" ** " if partition.product == "kronecker" else " * ").join(partition.children)
+
+
+def dot(graph: RegionGraph) -> str:
+    """Graphviz DOT: regions as boxes (inputs shaded), each partition as a small product node
+    (x hadamard, (x) kronecker) between its parent and its children."""
+    lines = ["digraph circuit {", "  rankdir=TB;", '  node [shape=box, fontname="Helvetica"];']
+    for region in graph.regions.values():
+        label = f"{region.id}\\n{region.units} unit{'s' if region.units != 1 else ''}"
+        style = ', style=filled, fillcolor="#e8eef7"' if graph.is_input(region.id) else ""
+        lines.append(f"  {_quote(region.id)} [label={_quote(label, escape=False)}{style}];")
+    for k, p in enumerate(graph.partitions):
+        node = f"p{k}"
+        symbol = "⊗" if p.product == "kronecker" else "×"
+        lines.append(f'  {node} [shape=circle, label="{symbol}", width=0.3, fixedsize=true];')
+        lines.append(f"  {_quote(p.parent)} -> {node};")
+        lines.extend(f"  {node} -> {_quote(c)};" for c in p.children)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(text: str, escape: bool = True) -> str:
+    if escape:
+        text = text.replace("\\", "\\\\")
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def _render_png(dot_text: str, output: str) -> None:
+    program = shutil.which("dot")
+    if program is None:
+        raise CircuitError("cannot draw a PNG: the graphviz program `dot` is not installed; "
+                           "install graphviz, or use `--format dot` and render the DOT text elsewhere")
+    result = subprocess.run([program, "-Tpng", "-o", output], input=dot_text, text=True, capture_output=True)
+    if result.returncode != 0:
+        raise CircuitError(f"graphviz `dot` failed: {result.stderr.strip()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
