@@ -646,7 +646,12 @@ class _Elaborator:
                     sub.span)
 
     def _eval_tagged(self, node: Tagged, env: dict) -> RegionRef:
-        region = self._region(node.base, env, "a tagged expression")
+        base = self._eval(node.base, env)
+        if isinstance(base, VarSet):  # `x@a`: the region over all variables, tagged
+            base = self._region_ref(tuple(range(base.count)), None, node.span)
+        if not isinstance(base, RegionRef):
+            raise _fail(f"only regions take a tag, got {describe_value(base)}", node.base.span)
+        region = base
         if region.tag is not None:
             raise _fail(f"region {region.id} already has a tag", node.span)
         tag = self._eval(node.tag, env)
