@@ -48,6 +48,14 @@ def _region_span(graph: RegionGraph, region_id: str) -> SourceSpan | None:
     return region.span if region else None
 
 
+def _name(graph: RegionGraph, region_id: str) -> str:
+    """A region in a message: its id, plus its scope when the id does not start with it."""
+    region = graph.regions.get(region_id)
+    if region is not None and region_id.split("@")[0] == scope_name(region.scope):
+        return region_id
+    return graph.describe(region_id)
+
+
 def _vars(scope) -> str:
     """Variables in a message: `x4`, or `x4, x7` (each named, since they are the point)."""
     return ", ".join(f"x{i}" for i in sorted(scope))
@@ -80,7 +88,7 @@ def _cycles(graph: RegionGraph) -> Iterator[Diagnostic]:
         if len(component) == 1 and not graph.digraph.has_edge(first, first):
             continue
         cycle = [u for u, _ in nx.find_cycle(graph.digraph.subgraph(component), first)] + [first]
-        yield _error(graph, "regions form a cycle: " + " -> ".join(graph.describe(r) for r in cycle),
+        yield _error(graph, "regions form a cycle: " + " -> ".join(_name(graph, r) for r in cycle),
                      _region_span(graph, first))
 
 
@@ -89,7 +97,7 @@ def _unreachable(graph: RegionGraph) -> Iterator[Diagnostic]:
     reachable = nx.descendants(graph.digraph, graph.root) | {graph.root}
     for rid in graph.regions:
         if rid not in reachable:
-            yield _error(graph, f"region {graph.describe(rid)} is not reachable from the root {graph.root}",
+            yield _error(graph, f"region {_name(graph, rid)} is not reachable from the root {graph.root}",
                          _region_span(graph, rid))
 
 
@@ -99,10 +107,10 @@ def _root_rules(graph: RegionGraph) -> Iterator[Diagnostic]:
     span = root.span or graph.span
     missing = set(range(graph.variables)) - set(root.scope)
     if missing:
-        yield _error(graph, f"the root {graph.describe(root.id)} does not cover all {graph.variables} variables: "
+        yield _error(graph, f"the root {_name(graph, root.id)} does not cover all {graph.variables} variables: "
                             f"{_vars(missing)} {'is' if len(missing) == 1 else 'are'} missing", span)
     if root.units != 1:
-        yield _error(graph, f"the root {graph.describe(root.id)} has {root.units} units; "
+        yield _error(graph, f"the root {_name(graph, root.id)} has {root.units} units; "
                             f"the root must have exactly 1", span)
 
 
@@ -121,14 +129,14 @@ def _input_scopes(graph: RegionGraph) -> Iterator[Diagnostic]:
     """An input region (one without partitions) has exactly one variable."""
     for region in graph.input_regions():
         if len(region.scope) > 1:
-            yield _error(graph, f"input region {graph.describe(region.id)} has {len(region.scope)} variables; "
+            yield _error(graph, f"input region {_name(graph, region.id)} has {len(region.scope)} variables; "
                                 f"a region without partitions must have exactly one (give it a partition)",
                          region.span)
 
 
 def _partition_rules(graph: RegionGraph, p: Partition) -> Iterator[Diagnostic]:
     parent = graph.regions[p.parent]
-    name = f"partition of {graph.describe(p.parent)}"
+    name = f"partition of {_name(graph, p.parent)}"
     span = p.span or parent.span
     if not p.children:
         yield _error(graph, f"{name} has no children; a partition has at least one", span)
@@ -144,7 +152,7 @@ def _smooth(graph: RegionGraph, p: Partition, name: str, span) -> Iterator[Diagn
     covered = {i for c in p.children for i in graph.regions[c].scope}
     if covered - parent:
         extra = covered - parent
-        culprits = ", ".join(graph.describe(c) for c in p.children if extra & set(graph.regions[c].scope))
+        culprits = ", ".join(_name(graph, c) for c in p.children if extra & set(graph.regions[c].scope))
         yield _error(graph, f"{name} is not smooth: children {culprits} cover {_vars(extra)}, "
                             f"outside {scope_name(parent)}", span)
     if parent - covered:
@@ -156,8 +164,8 @@ def _decomposable(graph: RegionGraph, p: Partition, name: str, span) -> Iterator
     for a, b in combinations(p.children, 2):
         shared = set(graph.regions[a].scope) & set(graph.regions[b].scope)
         if shared:
-            pair = f"child {graph.describe(a)} appears twice" if a == b else \
-                f"children {graph.describe(a)} and {graph.describe(b)} share {_vars(shared)}"
+            pair = f"child {_name(graph, a)} appears twice" if a == b else \
+                f"children {_name(graph, a)} and {_name(graph, b)} share {_vars(shared)}"
             yield _error(graph, f"{name} is not decomposable: {pair}", span)
 
 
@@ -165,7 +173,7 @@ def _hadamard_units(graph: RegionGraph, p: Partition, name: str, span) -> Iterat
     """A hadamard product multiplies unit j of every child, so all children have equal units."""
     by_units: dict[int, list[str]] = {}
     for c in p.children:
-        by_units.setdefault(graph.regions[c].units, []).append(graph.describe(c))
+        by_units.setdefault(graph.regions[c].units, []).append(_name(graph, c))
     if p.product == "hadamard" and len(by_units) > 1:
         listed = "; ".join(f"{_few(names)} {'has' if len(names) == 1 else 'have'} {u} unit{'s' if u != 1 else ''}"
                            for u, names in by_units.items())

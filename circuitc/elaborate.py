@@ -380,6 +380,9 @@ class _Elaborator:
             raise _fail("only a name or a region like x[0:4] can be assigned to", stmt.target.span)
         target = self._region(stmt.target, env, "the left side of a definition")
         value = self._eval(stmt.value, env)
+        if value == target:  # `R = cp(R)`: the built-in has defined R already
+            self._materialize(target)
+            return
         self._define(target, self._as_partitions(value, stmt.value.span), stmt.span)
 
     def _exec_set_units(self, stmt: SetUnits, env: dict) -> None:

@@ -224,6 +224,7 @@ def test_builtin_generators_with_tags_and_options():
     assert graph.regions["x[1:4]@h"].units == 3  # hmm's default units are the declared 3
     assert "x0@b" in graph.regions and "x0@h" in graph.regions
     assert graph_of("root ff(x)").regions["x0"].units == 1
+    assert structure(graph_of("x[0:4] = hmm(x[0:4])\nroot x[0:4]")) == structure(graph_of("root hmm(x)"))
     rat = graph_of("root random_tree(x, units=2, depth=1, repetitions=2, seed=5)")
     assert len(rat.partitions_of(rat.root)) == 2
 
