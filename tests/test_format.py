@@ -94,7 +94,7 @@ def test_parentheses_only_where_needed():
     assert fmt("y = (a ** b) ** c | a ** (b ** c)") == "y = (a ** b) ** c | a ** b ** c\n"
     assert fmt("y = not (a or b) and (c == d) or (0..2 == e)") == "y = not (a or b) and c == d or 0..2 == e\n"
     assert fmt('y = x[0]@"a b" * x[1]@left * x[2]@(t + 1) * x[3]@"if"') == \
-        'y = x[0]@"a b" * x[1]@left * x[2]@(t+1) * x[3]@"if"\n'
+        'y = x[0]@"a b" * x[1]@left * x[2]@(t + 1) * x[3]@"if"\n'
 
 
 # ----------------------------------------------------------------------------- any expression round-trips
