@@ -473,10 +473,10 @@ class _Elaborator:
         raise _fail(f"unknown name {node.id}" + self._name_hint(node.id), node.span)
 
     def _name_hint(self, name: str) -> str:
-        if name in self.params or any(isinstance(s, Param) and s.name == name for s in self.main.body):
-            return " (a parameter is usable only after its declaration)"
-        if self.varset is None:
-            return " (declare the variables first, e.g. `vars x[16] states 256`)"
+        for module in self.modules.values():
+            for stmt in module.body:
+                if isinstance(stmt, (Param, Vars)) and stmt.name == name:
+                    return f" yet (it is declared at {stmt.span}; declarations run in order)"
         return ""
 
     def _condition(self, node, env: dict) -> bool:

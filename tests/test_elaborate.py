@@ -281,6 +281,7 @@ def test_errors_in_included_files_point_into_them(tmp_path):
 
 @pytest.mark.parametrize("body, line, column, message", [
     ("y = z + 1", 2, 5, "unknown name z"),
+    ("y = q\nparam q = 1", 2, 5, "unknown name q yet (it is declared at t.pc:3:1; declarations run in order)"),
     ("y = 1 // (2 - 2)", 2, 11, "division by zero"),
     ("y = 5 % 0", 2, 9, "division by zero"),
     ("y = 2 ** 1000", 2, 5, "2 ** 1000 is too large"),
