@@ -494,6 +494,9 @@ class _ToAst(Transformer):
     def keyword_arg(self, meta, c):
         return KeywordArg(str(c[0]), c[1], span=self._span(meta))
 
+    def units_keyword_arg(self, meta, c):
+        return KeywordArg("units", c[0], span=self._span(meta))
+
     def index(self, meta, c):
         return Index(c[0], tuple(c[1:]), span=self._span(meta))
 

@@ -1,6 +1,7 @@
 """The parser: every construct of the grammar becomes the right dataclass, spans locate it, and
 syntax errors are located diagnostics saying what was expected."""
 
+import re
 from importlib import resources
 
 import pytest
@@ -26,6 +27,15 @@ def syntax_error(text, file="f.pc"):
 
 def test_grammar_ships_inside_the_package():
     assert resources.files("circuitc").joinpath("grammars/pc.lark").is_file()
+
+
+def test_keywords_are_reserved_everywhere_but_units_is_an_argument_name():
+    from circuitc.syntax import KEYWORDS, _parser
+    reserved = re.search(r"\(\?!\((.*?)\)", _parser().get_terminal("NAME").pattern.value).group(1).split("|")
+    assert sorted(reserved) == sorted(KEYWORDS)
+    assert parse("rooty = iff").body == (Assign(Name("rooty"), Name("iff")),)
+    assert "unexpected keyword 'root'" in syntax_error("y = 1 + root").message
+    assert expr("btree(x, units=2)") == Call(Name("btree"), (Name("x"),), (KeywordArg("units", Int(2)),))
 
 
 def test_declarations():
