@@ -9,10 +9,11 @@ operation:
 - a `ProductFold` holds partitions with the same product kind and the same children's unit counts;
 - a `SumFold` holds regions with the same unit count `U` and the same number of inputs `K`.
 
-Values live in flat *stores*, one per layer: store 0 holds the leaves (the input units, `[B, Q]`),
-store `d` the sum units of layer `d`, each region's units contiguous. Every read between layers is a
-precomputed flat index (a `torch.index_select`), or nothing at all when the index is a contiguous
-range (regions are ordered by their first variable so a balanced tree's reads are contiguous).
+Values live in flat *stores*, one per layer, batch last: store 0 holds the leaves (the input units,
+`[Q, B]`), store `d` the sum units of layer `d` (`[F, U, R]` per fold, flattened, then `B`). Every
+read between layers is a precomputed flat index over the first dimension (an `index_select` that
+copies rows of `B` contiguous values), or nothing at all when the index is a contiguous range
+(regions are ordered by their first variable, so a balanced tree's reads are contiguous).
 
 Two *modes* share the folds:
 
@@ -65,8 +66,9 @@ class ParamSlot:
 class ProductFold:
     """Partitions of one layer computed by one batched op.
 
-    `index[mode]` (`[F * R * sum(child_units)]`, flat into the layer's product source) reads, for
-    every partition, row and child, the child's units; `rows[mode]` is `R`."""
+    `index[mode]` (`[F * sum(child_units) * R]`, flat into the layer's product source) reads, for
+    every partition, child unit and row, the child's value; `rows[mode]` is `R`. Its outputs are
+    stored `[F, K_out, R]`."""
 
     product: str  # "hadamard" or "kronecker"
     child_units: tuple[int, ...]
@@ -93,7 +95,7 @@ class ProductFold:
 class SumFold:
     """Regions of one layer whose sum units are computed by one batched matmul.
 
-    `index[mode]` (`[F * R * K]` into the layer's concatenated products) is `None` when the read is
+    `index[mode]` (`[F * K * R]` into the layer's concatenated products) is `None` when the read is
     the contiguous range starting at `start[mode]`. `child_slot` / `child_unit` (`[F, K, A]`) say, for
     every input `k`, which region slots and units the product behind it selects (the top-down
     tables of sampling and MAP); unused entries point at the sink slot."""
@@ -150,6 +152,9 @@ class Plan:
     root_store: int  # 0 when the root is an input region (n = 1)
     root_index: dict[str, torch.Tensor]  # flat index of the root's rows in its store: full [1], prefix [n]
     counts: dict[str, Any]
+    # every region has at most one partition and at most one parent partition (FF, CP, HMM, BTree):
+    # then every region is reached by every top-down pass, and sampling needs no reachability masks
+    always_reached: bool = False
 
     # -------------------------------------------------------------- sizes
 
@@ -324,6 +329,9 @@ def lower(graph: RegionGraph) -> Plan:
         counts={},
     )
     plan.counts = _counts(graph, plan)
+    parents = [c for p in graph.partitions for c in p.children]
+    plan.always_reached = (len(parents) == len(set(parents)) and len(parents) == len(graph.regions) - 1
+                           and all(len(ks) <= 1 for ks in loc.by_parent.values()))
     return plan
 
 
@@ -365,7 +373,7 @@ class _Locations:
     def __init__(self, graph: RegionGraph, num_leaves: int):
         self.graph = graph
         self.store: dict[str, int] = {}
-        self.base: dict[str, dict[str, int]] = {}  # mode -> flat offset of (row 0, unit 0)
+        self.base: dict[str, dict[str, int]] = {}  # mode -> flat offset of (unit 0, row 0); (u, r) at base + u*R + r
         self.rows: dict[str, dict[str, int]] = {}  # mode -> rows allocated (fold R)
         self.slot: dict[str, int] = {}
         self.store_size: dict[int, dict[str, int]] = {0: {m: num_leaves for m in MODES}}
@@ -391,17 +399,10 @@ class _Locations:
     def store_of(self, rid: str) -> tuple[int, int]:
         return self.store[rid], self.graph.regions[rid].units
 
-    def row_units(self, rid: str, row: int, mode: str) -> np.ndarray:
-        """Flat indices (within the region's store) of its units at `row`."""
-        units = self.graph.regions[rid].units
-        start = self.base[rid][mode] + row * units
-        return np.arange(start, start + units)
-
     def rows_index(self, rid: str, mode: str) -> list[int]:
         """The root's rows: unit 0 of every row (the root has one unit)."""
         n = len(self.graph.regions[rid].scope) if mode == "prefix" else 1
-        units = self.graph.regions[rid].units
-        return [self.base[rid][mode] + r * units for r in range(n)]
+        return [self.base[rid][mode] + r for r in range(n)]
 
 
 def _child_rows(parent_scope: tuple[int, ...], child_scopes: list[tuple[int, ...]], mode: str) -> np.ndarray:
@@ -461,7 +462,7 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
         for m in MODES:
             out_offset[m] = prod_total[m]
             # padding rows (parents with fewer variables than the fold's widest) read the zero
-            idx = np.full((len(ks), rows[m], sum(child_units)), zero_index[m] if needs_zero[m] else 0, dtype=np.int64)
+            idx = np.full((len(ks), sum(child_units), rows[m]), zero_index[m] if needs_zero[m] else 0, dtype=np.int64)
             for f, k in enumerate(ks):
                 p = graph.partitions[k]
                 part_out.setdefault(k, {})[m] = prod_total[m] + f * rows[m] * outputs
@@ -470,14 +471,16 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
                 for c, child in enumerate(p.children):
                     units = graph.regions[child].units
                     at = src_offset[m][loc.store[child]] + loc.base[child][m]
-                    read = at + crow[:, c:c + 1] * units + np.arange(units)  # [s, units]
-                    idx[f, :crow.shape[0], col:col + units] = np.where(crow[:, c:c + 1] < 0, zero_index[m], read)
+                    child_rows = loc.rows[child][m]
+                    read = at + np.arange(units)[:, None] * child_rows + crow[:, c]  # [units, s]
+                    idx[f, col:col + units, :crow.shape[0]] = np.where(crow[:, c] < 0, zero_index[m], read)
                     col += units
             index[m], start[m] = _contiguous_or_index(idx)
             prod_total[m] += len(ks) * rows[m] * outputs
         products.append(ProductFold(kind, child_units, ks, rows, index, start,
                                     _product_einsum(kind, len(child_units)), out_offset))
     fold_outputs = {k: pf.outputs for pf in products for k in pf.partitions}
+    fold_rows = {k: pf.rows for pf in products for k in pf.partitions}
 
     # Sum folds read the concatenated products; their params and store entries follow fold order.
     sums: list[SumFold] = []
@@ -487,13 +490,14 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
         index, start, out_offset = {}, {}, {}
         for m in MODES:
             out_offset[m] = store_total[m]
-            idx = np.zeros((len(group), rows[m], inputs), dtype=np.int64)  # padding rows read entry 0
+            idx = np.zeros((len(group), inputs, rows[m]), dtype=np.int64)  # padding rows read entry 0
             for f, rid in enumerate(group):
                 col = 0
                 s = rows_of(rid, m)
                 for k in loc.by_parent[rid]:
                     out = fold_outputs[k]
-                    idx[f, :s, col:col + out] = part_out[k][m] + np.arange(s)[:, None] * out + np.arange(out)
+                    r_p = fold_rows[k][m]
+                    idx[f, col:col + out, :s] = part_out[k][m] + np.arange(out)[:, None] * r_p + np.arange(s)
                     col += out
             index[m], start[m] = _contiguous_or_index(idx)
             store_total[m] += len(group) * rows[m] * units
