@@ -368,6 +368,8 @@ class _Elaborator:
         region = self._region(stmt.region, env, "the root")
         if self.root is not None:
             raise _fail(f"the root is declared twice (first {self.root.id} at {self.root_span})", stmt.span)
+        if stmt.definition is not None:
+            self._define_from(region, stmt.definition, stmt.span, env)
         self._materialize(region)
         self.root, self.root_span = region, stmt.span
 
@@ -379,11 +381,14 @@ class _Elaborator:
         if not isinstance(stmt.target, (Index, Tagged)):
             raise _fail("only a name or a region like x[0:4] can be assigned to", stmt.target.span)
         target = self._region(stmt.target, env, "the left side of a definition")
-        value = self._eval(stmt.value, env)
+        self._define_from(target, stmt.value, stmt.span, env)
+
+    def _define_from(self, target: RegionRef, expression, span: SourceSpan | None, env: dict) -> None:
+        value = self._eval(expression, env)
         if value == target:  # `R = cp(R)`: the built-in has defined R already
             self._materialize(target)
             return
-        self._define(target, self._as_partitions(value, stmt.value.span), stmt.span)
+        self._define(target, self._as_partitions(value, expression.span), span)
 
     def _exec_set_units(self, stmt: SetUnits, env: dict) -> None:
         region = self._region(stmt.target, env, "`.units =`")

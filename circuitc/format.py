@@ -231,6 +231,8 @@ def _simple(stmt) -> str:
     if isinstance(stmt, Return):
         return f"return {format_expr(stmt.value)}"
     if isinstance(stmt, Root):
+        if stmt.definition is not None:
+            return f"root {format_expr(stmt.region, _POSTFIX)} = {format_expr(stmt.definition)}"
         return f"root {format_expr(stmt.region)}"
     if isinstance(stmt, Assign):
         return f"{format_expr(stmt.target, _POSTFIX)} = {format_expr(stmt.value)}"

@@ -193,6 +193,7 @@ class Return:
 @dataclass(frozen=True)
 class Root:
     region: Expr
+    definition: Expr | None = None  # `root R = A * B` is `R = A * B` then `root R`
     span: SourceSpan | None = _span_field()
 
 
@@ -418,7 +419,7 @@ class _ToAst(Transformer):
         return Return(c[0], span=self._span(meta))
 
     def root(self, meta, c):
-        return Root(c[0], span=self._span(meta))
+        return Root(c[0], c[1], span=self._span(meta))
 
     def assign(self, meta, c):
         return Assign(c[0], c[1], span=self._span(meta))

@@ -201,6 +201,12 @@ def test_functions_recursion_defaults_and_keywords():
     assert graph.partitions_of("x[0:4]@t")[0].children == ("x[0:2]@t", "x[2:4]@t")
 
 
+def test_root_with_a_definition():
+    graph = graph_of("root x[0:4] = x[0:2] * x[2:4] | x[0] * x[1:4]\nx[0:2] = cp(x[0:2], top=3)\n"
+                     "x[2:4] = cp(x[2:4], top=3)\nx[1:4] = cp(x[1:4], top=3)")
+    assert graph.root == "x[0:4]" and len(graph.partitions_of("x[0:4]")) == 2
+
+
 def test_functions_may_be_called_before_their_definition():
     graph = graph_of("root f()\ndef f() { x[0:4] = x[0] * x[1] * x[2] * x[3]; return x[0:4] }")
     assert graph.partitions[0].children == ("x0", "x1", "x2", "x3")

@@ -62,6 +62,12 @@ def test_statements():
     )))
 
 
+def test_root_may_define_its_region():
+    assert parse("root x[0:2] = x[0] * x[1]").body == (
+        Root(Index(Name("x"), (Slice(Int(0), Int(2)),)),
+             BinOp("*", Index(Name("x"), (Int(0),)), Index(Name("x"), (Int(1),)))),)
+
+
 def test_statements_may_share_a_line_and_use_semicolons():
     assert parse("a = 1; b = 2 c = 3").body == (Assign(Name("a"), Int(1)), Assign(Name("b"), Int(2)),
                                                 Assign(Name("c"), Int(3)))
