@@ -588,6 +588,8 @@ class _Elaborator:
         self.depth += 1
         try:
             result = self._exec_block(fn.body, env)
+        except CircuitError as e:
+            raise _with_call_note(e, fn, env, node) from None
         finally:
             self.depth -= 1
         return result.value if result is not None else None
@@ -681,6 +683,21 @@ class _Elaborator:
             if node.condition is None or self._condition(node.condition, inner):
                 result.append(self._eval(node.element, inner))
         return tuple(result)
+
+
+def _with_call_note(error: CircuitError, fn: Def, env: dict, node: Call) -> CircuitError:
+    """Add where the innermost failing call came from (`note: in tree(lo=4, hi=4)`), once."""
+    if any(d.severity == "note" for d in error.diagnostics):
+        return error
+    arguments = ", ".join(f"{p.name}={_show_argument(env.get(p.name))}" for p in fn.params)
+    note = Diagnostic(f"in {fn.name}({arguments}), called here", node.span, severity="note")
+    return CircuitError(error.diagnostics + [note])
+
+
+def _show_argument(value: Any) -> str:
+    if isinstance(value, (bool, int, str)):
+        return _show(value)
+    return value.id if isinstance(value, RegionRef) else describe_value(value)
 
 
 def _is_int(value: Any) -> bool:

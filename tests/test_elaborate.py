@@ -33,7 +33,8 @@ def same_structure(a, b):
 def error_of(body, header="vars x[4] states 2 units 3\n", **bindings):
     with pytest.raises(CircuitError) as info:
         graph_of(body, header, **bindings)
-    (d,) = info.value.diagnostics
+    d, *notes = info.value.diagnostics
+    assert all(note.severity == "note" for note in notes)
     return d
 
 
@@ -279,8 +280,18 @@ def test_errors_in_included_files_point_into_them(tmp_path):
     main = write(tmp_path / "main.pc", 'include "lib.pc"\nvars x[1] states 2\ny = f()\nroot x[0]\n')
     with pytest.raises(CircuitError, match="division by zero") as info:
         load_graph(main)
-    (d,) = info.value.diagnostics
+    d, note = info.value.diagnostics
     assert d.file.endswith("lib.pc") and (d.line, d.column) == (2, 15)
+    assert note.render().startswith(f"{main}:3:5: note: in f(), called here")
+
+
+def test_errors_inside_functions_say_which_call_failed():
+    with pytest.raises(CircuitError) as info:
+        graph_of("def t(lo, hi) {\n  if hi - lo > 1 { x[lo:hi] = t(lo, lo + 1) * t(lo + 2, hi) }\n"
+                 "  return x[lo:hi]\n}\nroot t(0, 4)")
+    error, note = info.value.diagnostics
+    assert (error.line, error.message) == (4, "a region needs at least one variable")
+    assert (note.line, note.column, note.message) == (3, 47, "in t(lo=4, hi=4), called here")
 
 
 # ----------------------------------------------------------------------------- semantic errors
