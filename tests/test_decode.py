@@ -1,0 +1,315 @@
+"""The speculative decoder is lossless: greedy output equals plain greedy decoding (float64), sampled
+output follows the verifier's exact joint (chi-square against enumeration, with power shown by wrong
+acceptance rules failing the same test)."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from circuitc import builders
+from mtpc import MTPHead, SpeculativeDecoder
+from mtpc.backbone import attach_draft_lora
+from mtpc.decode import AcceptanceRule, Target, generate_autoregressive
+
+D = 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Batch-1 decoding is many tiny ops: one thread is fastest and immune to other processes' load."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def hf_generate(model, ids, **kwargs):
+    """transformers' generate with an explicit mask (it would otherwise treat the pad id as padding)."""
+    return model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=model.config.vocab_size - 1,
+                          **kwargs)
+
+
+def tiny_lm(vocab, layers=2, seed=0, scale=1.0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)  # larger logits: a more decided (less uniform) verifier
+    return model
+
+
+def cyclic_lm(vocab, noise=0.4, seed=0):
+    """A verifier whose greedy continuation is mostly `t -> t + 1 (mod V)`: the LM head is the
+    embedding table rolled by one, and the decoder layers (scaled by `noise`) perturb it with context."""
+    model = tiny_lm(vocab, seed=seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(noise)
+            layer.mlp.down_proj.weight.mul_(noise)
+        model.lm_head.weight.copy_(4 * model.model.embed_tokens.weight.roll(1, 0))
+    return model
+
+
+def oracle_tables(model, n, wrong_last=False):
+    """Per-position output embeddings that make an FF-initialised head draft t+1, t+2, .. (the last
+    position deliberately off by one when `wrong_last`)."""
+    embed = model.model.embed_tokens.weight
+    return [4 * embed.roll(i + 1 + (wrong_last and i == n - 1), 0) for i in range(n)]
+
+
+def graph(structure, n, v, r=3):
+    return {"ff": lambda: builders.ff_graph(n, v), "cp": lambda: builders.cp_graph(n, r, v),
+            "hmm": lambda: builders.hmm_graph(n, r, v), "btree": lambda: builders.btree_graph(n, r, v)}[structure]()
+
+
+def random_head(structure, n, v, seed, std=1.0, init_from=None):
+    torch.manual_seed(seed)
+    head = MTPHead(graph(structure, n, v), D, init_from=init_from, sum_init_std=std, dtype=torch.float64)
+    if init_from is None:
+        with torch.no_grad():
+            head.weight.mul_(std * 8)  # decided drafts that often disagree with the verifier
+    return head
+
+
+def prompts(vocab, count, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (1, int(torch.randint(1, 7, (1,), generator=gen))), generator=gen)
+            for _ in range(count)]
+
+
+# --------------------------------------------------------------------------- greedy equality
+
+def test_plain_greedy_matches_transformers_generate():
+    model = tiny_lm(16)
+    for ids in prompts(16, 3, seed=5):
+        ours = generate_autoregressive(model, ids, 12).sequences
+        theirs = hf_generate(model, ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
+def test_greedy_speculative_equals_plain_greedy(structure):
+    vocab, n = 12, 3
+    model = cyclic_lm(vocab)
+    heads = [random_head(structure, n, vocab, seed=1),  # a random draft: mostly rejected
+             random_head(structure, n, vocab, seed=2, std=0.3, init_from=oracle_tables(model, n)),  # mostly right
+             random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))]
+    accepted = []
+    for head in heads:
+        for draft in ("conditional", "marginal", "map", "sample"):
+            for bonus in (False, True):
+                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus)
+                for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
+                    budget = (1, 5, 17)[i]
+                    plain = generate_autoregressive(model, ids, budget).sequences
+                    out = decoder.generate(ids, budget, generator=torch.Generator().manual_seed(i))
+                    assert torch.equal(out.sequences, plain), (draft, bonus, ids.tolist(), budget)
+                    assert out.stats.new_tokens == budget and len(out.stats.accepted_per_cycle) == out.stats.cycles
+                    accepted += out.stats.accepted_per_cycle
+    counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
+    assert counts[1] > 20 and counts[2] > 20 and counts[n] > 20, counts  # short, partial and full windows
+
+
+def test_greedy_with_circuit_over_fewer_states_than_the_vocabulary():
+    model = tiny_lm(16, scale=3.0)
+    head = random_head("hmm", 4, 10, seed=3, init_from=model.lm_head.weight)  # drafts token ids 0..9 only
+    for bonus in (False, True):
+        decoder = SpeculativeDecoder(model, head, bonus=bonus)
+        for ids in prompts(16, 4, seed=6):
+            assert torch.equal(decoder.generate(ids, 15).sequences, generate_autoregressive(model, ids, 15).sequences)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_greedy_with_lora_draft_path_equals_base_model_greedy(k):
+    vocab = 12
+    base = tiny_lm(vocab, layers=3, scale=3.0)
+    plain = [generate_autoregressive(base, ids, 12).sequences for ids in prompts(vocab, 4, seed=7)]
+    peft_model = attach_draft_lora(base, k, rank=4)
+    torch.manual_seed(k)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # the draft path now differs from the verifier
+    peft_model.eval()
+    head = random_head("btree", 4, vocab, seed=4, init_from=base.lm_head.weight)
+    for bonus in (False, True):
+        decoder = SpeculativeDecoder(peft_model, head, lora_layers=k, bonus=bonus)
+        for ids, expected in zip(prompts(vocab, 4, seed=7), plain):
+            assert torch.equal(decoder.generate(ids, 12).sequences, expected)
+        assert torch.equal(generate_autoregressive(peft_model, ids, 12).sequences, expected)
+
+
+def test_stops_at_eos_and_exactly_at_max_new_tokens():
+    vocab = 12
+    model = tiny_lm(vocab, scale=3.0)
+    head = random_head("cp", 4, vocab, seed=5, init_from=model.lm_head.weight)
+    decoder = SpeculativeDecoder(model, head)
+    ids = torch.tensor([[3, 1, 4]])
+    full = generate_autoregressive(model, ids, 20).sequences[0, 3:].tolist()
+    for budget in range(0, 9):
+        assert decoder.generate(ids, budget).sequences.shape == (1, 3 + budget)
+    for eos in set(full[2:]):
+        cut = full.index(eos) + 1
+        out = decoder.generate(ids, 20, eos_token_id=[eos, vocab + 5])
+        assert out.sequences[0, 3:].tolist() == full[:cut]
+        assert torch.equal(out.sequences, generate_autoregressive(model, ids, 20, eos_token_id=eos).sequences)
+
+
+def test_stats_are_consistent():
+    model = tiny_lm(12)
+    head = random_head("ff", 3, 12, seed=6, init_from=model.lm_head.weight)
+    out = SpeculativeDecoder(model, head).generate(torch.tensor([[1, 2]]), 10, do_sample=True,
+                                                   generator=torch.Generator().manual_seed(0))
+    s = out.stats
+    assert s.new_tokens == 10 == sum(s.accepted_per_cycle) and s.cycles == len(s.cycle_seconds)
+    assert all(0 <= d <= a <= 3 for d, a in zip(s.draft_accepted_per_cycle, s.accepted_per_cycle))
+    assert s.mean_accepted == 10 / s.cycles and s.tokens_per_second > 0 and s.prefill_seconds > 0
+    assert set(s.as_dict()) >= {"cycles", "mean_accepted", "mean_cycle_latency", "tokens_per_second"}
+
+
+# --------------------------------------------------------------------------- exact in distribution
+
+def exact_joint(model, prompt, target: Target, steps=3):
+    """`[V] * steps` tensor: p(x_1..x_steps | prompt) under the shaped target, by enumeration."""
+    vocab = model.config.vocab_size
+    tails = torch.cartesian_prod(*[torch.arange(vocab)] * steps).view(-1, steps)  # [V^steps, steps]
+    seqs = torch.cat([prompt.expand(tails.shape[0], -1), tails], 1)
+    with torch.no_grad():
+        logits = model(seqs).logits[:, prompt.shape[1] - 1:-1]  # [V^steps, steps, V]
+    probs = target.probs(logits)
+    picked = probs.gather(-1, tails[..., None])[..., 0]  # [V^steps, steps]
+    return picked.prod(-1).view(*[vocab] * steps)
+
+
+def chi_square_pvalue(samples, joint):
+    counts = torch.zeros(joint.numel(), dtype=torch.float64)
+    for s in samples:
+        counts[int(torch.tensor(s) @ torch.tensor([joint.shape[0] ** 2, joint.shape[0], 1]))] += 1
+    expected = joint.flatten() * len(samples)
+    if counts[expected == 0].sum() > 0:
+        return 0.0  # a sample the target gives probability 0 (e.g. outside top-k)
+    counts, expected = counts[expected > 0], expected[expected > 0]
+    small = expected < 5  # pool rare cells so the chi-square approximation holds
+    obs = torch.cat([counts[~small], counts[small].sum()[None]]) if small.any() else counts
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]) if small.any() else expected
+    return chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+
+
+def speculative_samples(decoder, prompt, count, seed, **target):
+    gen = torch.Generator().manual_seed(seed)
+    return [decoder.generate(prompt, 3, do_sample=True, generator=gen, **target).sequences[0, -3:].tolist()
+            for _ in range(count)]
+
+
+class ResidualIsTarget(AcceptanceRule):
+    """Wrong: after a rejection, draw from p instead of norm(max(0, p - q))."""
+
+    def residual(self, p, q):
+        return p
+
+
+class AcceptAlways(AcceptanceRule):
+    """Wrong: keep every drafted token."""
+
+    def accept(self, p_x, q_x, u):
+        return True
+
+
+VOCAB = 5
+PROMPT = torch.tensor([[1, 3]])
+
+
+def sampling_setup(n, v, structure="cp"):
+    model = tiny_lm(VOCAB, scale=4.0, seed=11)
+    return model, random_head(structure, n, v, seed=12, std=0.6)
+
+
+@pytest.mark.parametrize("n, v, bonus, target", [
+    (2, VOCAB, False, {}),
+    (3, 4, True, {"temperature": 0.8, "top_k": 4}),
+])
+def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, bonus, target):
+    model, head = sampling_setup(n, v)
+    joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    count = 600  # enough: the correct rule gives p ~ 0.9, the wrong residual p < 1e-18 (measured)
+    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, count, seed=1, **target)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()),
+                                PROMPT, count, seed=1, **target)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("structure", ["ff", "hmm", "btree"])
+@pytest.mark.parametrize("bonus", [False, True])
+def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(structure, bonus):
+    model, head = sampling_setup(3, VOCAB, structure)
+    joint = exact_joint(model, PROMPT, Target(True, top_p=0.9))
+    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, 4000, seed=2, top_p=0.9)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=AcceptAlways()),
+                                PROMPT, 1500, seed=2, top_p=0.9)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
+def test_plain_sampling_follows_the_target():
+    model, _ = sampling_setup(2, VOCAB)
+    joint = exact_joint(model, PROMPT, Target(True, top_p=0.8))
+    gen = torch.Generator().manual_seed(3)
+    samples = [generate_autoregressive(model, PROMPT, 3, do_sample=True, top_p=0.8, generator=gen)
+               .sequences[0, -3:].tolist() for _ in range(1000)]
+    assert chi_square_pvalue(samples, joint) > 1e-3
+
+
+# --------------------------------------------------------------------------- transformers integration
+
+def test_usable_as_transformers_custom_generate():
+    model = tiny_lm(12, scale=3.0)
+    head = random_head("btree", 4, 12, seed=8, init_from=model.lm_head.weight)
+    decoder = SpeculativeDecoder(model, head)
+    ids = torch.tensor([[2, 7, 1]])
+    ours = hf_generate(model, ids, custom_generate=decoder.custom_generate, max_new_tokens=11, do_sample=False)
+    assert torch.equal(ours, hf_generate(model, ids, max_new_tokens=11, do_sample=False))
+    assert torch.equal(ours, decoder.generate(ids, 11).sequences)
+    eos = int(ours[0, 6])
+    stopped = hf_generate(model, ids, custom_generate=decoder.custom_generate, max_new_tokens=11, eos_token_id=eos)
+    assert torch.equal(stopped, ours[:, :7])
+    sampled = hf_generate(model, ids, custom_generate=decoder.custom_generate, max_new_tokens=6, do_sample=True,
+                          top_k=5, return_dict_in_generate=True)
+    assert sampled.sequences.shape == (1, 9)
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        hf_generate(model, ids, custom_generate=decoder.custom_generate, max_new_tokens=4, repetition_penalty=1.3)
+
+
+# --------------------------------------------------------------------------- errors
+
+def test_bad_input_gets_a_clear_error():
+    model = tiny_lm(12)
+    head = random_head("cp", 3, 12, seed=9)
+    decoder = SpeculativeDecoder(model, head)
+    with pytest.raises(ValueError, match="batch size 1; got a batch of 2"):
+        decoder.generate(torch.zeros(2, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        decoder.generate(torch.zeros(1, 0, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="0..11"):
+        decoder.generate(torch.tensor([[3, 12]]), 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate(torch.tensor([[3]]), -1)
+    with pytest.raises(ValueError, match="temperature"):
+        decoder.generate(torch.tensor([[3]]), 2, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="hidden size 16, the model's is 32"):
+        SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 12), 16))
+    with pytest.raises(ValueError, match="13 states .* only 12 tokens"):
+        SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 13), D))
+    with pytest.raises(ValueError, match="larger than the model's 2 decoder layers"):
+        SpeculativeDecoder(model, head, lora_layers=3)
+    with pytest.raises(ValueError, match="unknown draft strategy"):
+        SpeculativeDecoder(model, head, draft="best")
+    model.train()
+    model.model.layers[0].self_attn.attention_dropout = 0.1  # plain attribute, not a module: no dropout module
+    model.model.embed_dropout = torch.nn.Dropout(0.1)  # a dropout module in training mode
+    with pytest.raises(ValueError, match="model.eval"):
+        SpeculativeDecoder(model, head).generate(torch.tensor([[3]]), 2)
