@@ -8,7 +8,6 @@ Each rule is a small function that reads like its definition in the spec.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import combinations
 
 import networkx as nx
 
@@ -160,13 +159,22 @@ def _smooth(graph: RegionGraph, p: Partition, name: str, span) -> Iterator[Diagn
 
 
 def _decomposable(graph: RegionGraph, p: Partition, name: str, span) -> Iterator[Diagnostic]:
-    """Decomposability: the children's scopes are pairwise disjoint."""
-    for a, b in combinations(p.children, 2):
-        shared = set(graph.regions[a].scope) & set(graph.regions[b].scope)
-        if shared:
-            pair = f"child {_name(graph, a)} appears twice" if a == b else \
-                f"children {_name(graph, a)} and {_name(graph, b)} share {_vars(shared)}"
-            yield _error(graph, f"{name} is not decomposable: {pair}", span)
+    """Decomposability: the children's scopes are pairwise disjoint.
+
+    One pass over the variables (not over pairs of children): a partition may have thousands."""
+    owner: dict[int, int] = {}  # variable -> position of the first child that has it
+    shared: dict[tuple[int, int], list[int]] = {}  # (first child, later child) -> shared variables
+    for k, child in enumerate(p.children):
+        for i in graph.regions[child].scope:
+            if i in owner:
+                shared.setdefault((owner[i], k), []).append(i)
+            else:
+                owner[i] = k
+    for (j, k), variables in sorted(shared.items()):
+        a, b = p.children[j], p.children[k]
+        pair = f"child {_name(graph, a)} appears twice" if a == b else \
+            f"children {_name(graph, a)} and {_name(graph, b)} share {_vars(variables)}"
+        yield _error(graph, f"{name} is not decomposable: {pair}", span)
 
 
 def _hadamard_units(graph: RegionGraph, p: Partition, name: str, span) -> Iterator[Diagnostic]:

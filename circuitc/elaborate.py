@@ -261,7 +261,10 @@ class _Elaborator:
             return
         if isinstance(stmt, Return):
             raise _fail("return outside a function", stmt.span)
-        self._exec(stmt, self.globals)
+        try:
+            self._exec(stmt, self.globals)
+        except RecursionError:  # nesting far beyond anything written by hand
+            raise _fail("this statement nests expressions too deeply to evaluate", stmt.span) from None
 
     def _build(self) -> RegionGraph:
         end = self._end_of_main()
@@ -509,14 +512,23 @@ class _Elaborator:
         return value
 
     def _eval_binop(self, node: BinOp, env: dict) -> Any:
-        op = node.op
-        if op in ("and", "or"):
+        if node.op in ("and", "or"):
             left = self._condition(node.left, env)
-            if left == (op == "or"):  # short-circuit
+            if left == (node.op == "or"):  # short-circuit
                 return left
             return self._condition(node.right, env)
-        left = self._eval(node.left, env)
-        right = self._eval(node.right, env)
+        # Walk a left-leaning chain (`x[0] * x[1] * ... * x[4095]`, as generated files write it)
+        # in a loop rather than by recursion.
+        chain = [node]
+        while isinstance(chain[-1].left, BinOp) and chain[-1].left.op not in ("and", "or"):
+            chain.append(chain[-1].left)
+        value = self._eval(chain[-1].left, env)
+        for link in reversed(chain):
+            value = self._apply(link, value, self._eval(link.right, env))
+        return value
+
+    def _apply(self, node: BinOp, left: Any, right: Any) -> Any:
+        op = node.op
         if _is_int(left) and _is_int(right):
             return self._int_op(op, left, right, node)
         if op in ("*", "**"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from .errors import CircuitError, Diagnostic, SourceSpan
 from .syntax import (KEYWORDS, Assign, BinOp, Block, Bool, Call, Comment, Def, ExprStmt, For, If, Include, Index,
                      Int, ListComp, ListLit, Module, Name, Param, Return, Root, SetUnits, Slice, Str, Tagged,
                      UnaryOp, Vars)
@@ -30,7 +31,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def format_module(module: Module) -> str:
     printer = _Printer(module.comments)
-    printer.statements(module.body, 0)
+    try:
+        printer.statements(module.body, 0)
+    except RecursionError:  # nesting far beyond anything written by hand
+        raise CircuitError(Diagnostic("expressions nest too deeply to format",
+                                      SourceSpan(module.file, 1, 1))) from None
     printer.comments_before(None, 0)
     return "\n".join(printer.lines) + "\n" if printer.lines else ""
 
@@ -54,12 +59,7 @@ def _expr(node, compact: bool = False) -> tuple[str, int]:
     if isinstance(node, Name):
         return node.id, _ATOM
     if isinstance(node, BinOp):
-        strength, left, right = _BINARY[node.op]
-        if node.op == "..":
-            return f"{format_expr(node.left, left, True)}..{format_expr(node.right, right, True)}", strength
-        gap = "" if compact and strength >= _BINARY["+"][0] else " "
-        text = f"{format_expr(node.left, left, compact)}{gap}{node.op}{gap}{format_expr(node.right, right, compact)}"
-        return text, strength
+        return _binary(node, compact)
     if isinstance(node, UnaryOp):
         if node.op == "not":
             return f"not {format_expr(node.operand, _NOT)}", _NOT
@@ -78,6 +78,23 @@ def _expr(node, compact: bool = False) -> tuple[str, int]:
         condition = f" if {format_expr(node.condition)}" if node.condition is not None else ""
         return f"[{format_expr(node.element)} for {node.var} in {format_expr(node.iterable)}{condition}]", _ATOM
     raise TypeError(f"not an expression: {node!r}")
+
+
+def _binary(node: BinOp, compact: bool) -> tuple[str, int]:
+    strength, left, right = _BINARY[node.op]
+    if node.op == "..":
+        return f"{format_expr(node.left, left, True)}..{format_expr(node.right, right, True)}", strength
+    # A left-leaning chain (`x[0] * x[1] * ... * x[4095]`) is printed in a loop, not by recursion.
+    chain = [node]
+    while (isinstance(chain[-1].left, BinOp) and chain[-1].left.op != ".."
+           and _BINARY[chain[-1].left.op][0] >= _BINARY[chain[-1].op][1]):
+        chain.append(chain[-1].left)
+    pieces = [format_expr(chain[-1].left, _BINARY[chain[-1].op][1], compact)]
+    for link in reversed(chain):
+        link_strength, _, link_right = _BINARY[link.op]
+        gap = "" if compact and link_strength >= _BINARY["+"][0] else " "
+        pieces.append(f"{gap}{link.op}{gap}{format_expr(link.right, link_right, compact)}")
+    return "".join(pieces), strength
 
 
 def _subscript(node) -> str:

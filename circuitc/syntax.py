@@ -14,7 +14,8 @@ from importlib import resources
 from typing import Union
 
 import lark
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, v_args
+from lark.visitors import Transformer_NonRecursive
 
 from .errors import CircuitError, Diagnostic, SourceSpan
 
@@ -354,8 +355,9 @@ def _syntax_diagnostic(e: lark.exceptions.UnexpectedInput, text: str, lines: lis
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
-    """lark tree -> dataclasses, one method per grammar rule (same names as in pc.lark)."""
+class _ToAst(Transformer_NonRecursive):
+    """lark tree -> dataclasses, one method per grammar rule (same names as in pc.lark).
+    Non-recursive: generated files hold chains like `x[0] * x[1] * ... * x[4095]`."""
 
     def __init__(self, file: str | None, lines: list[str]):
         super().__init__()

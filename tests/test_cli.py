@@ -181,3 +181,19 @@ def test_internal_errors_are_reported_without_a_traceback(capsys, monkeypatch):
     monkeypatch.setattr("circuitc.cli._check", broken)
     status, _, err = run(capsys, "check", EXAMPLES / "ff.pc")
     assert status == 2 and "internal error (RuntimeError: boom)" in err
+
+
+def test_generated_files_with_long_chains_and_deep_nesting(capsys, tmp_path):
+    n = 1500  # well past Python's recursion limit
+    chain = tmp_path / "chain.pc"
+    chain.write_text(f"vars x[{n}] states 2\nroot x[0:{n}] = " + " * ".join(f"x[{i}]" for i in range(n)) + "\n")
+    status, out, _ = run(capsys, "check", chain)
+    assert status == 0 and "1 partition, root x[0:1500]" in out
+    status, out, _ = run(capsys, "fmt", chain)
+    assert status == 0 and out == chain.read_text()
+    deep = tmp_path / "deep.pc"
+    deep.write_text("vars x[2] states 2\ny = " + "-" * 5000 + "1\nroot x[0:2] = x[0] * x[1]\n")
+    status, _, err = run(capsys, "check", deep)
+    assert status == 1 and err.startswith(f"{deep}:2:1: error: this statement nests expressions too deeply")
+    status, _, err = run(capsys, "fmt", deep)
+    assert status == 1 and err.startswith(f"{deep}:1:1: error: expressions nest too deeply to format")
