@@ -198,7 +198,7 @@ class _Circuit:
     """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`)."""
 
     def __init__(self, head: MTPHead):
-        self.head, self.circ = head, head.circ
+        self.circ = head.circ
         self.n, self.v = head.num_variables, head.num_states
 
     def keep(self, upto: int, keep0: bool) -> torch.Tensor:

@@ -140,6 +140,8 @@ def test_greedy_with_lora_draft_path_equals_base_model_greedy(k):
         for ids, expected in zip(prompts(vocab, 4, seed=7), plain):
             assert torch.equal(decoder.generate(ids, 12).sequences, expected)
         assert torch.equal(generate_autoregressive(peft_model, ids, 12).sequences, expected)
+    via_peft = hf_generate(peft_model, ids, custom_generate=decoder.custom_generate, max_new_tokens=12)
+    assert torch.equal(via_peft, expected)  # PeftModel.generate hands the base model to custom_generate
 
 
 def test_stops_at_eos_and_exactly_at_max_new_tokens():
