@@ -132,6 +132,7 @@ class CompiledCircuit(nn.Module):
                                    tuple(products), tuple(sums)))
         self._layers = tuple(layers)
         self._sum_ops = tuple(op for layer in layers for op in layer.sums)
+        self._sum_sizes = [op.size * op.units * op.inputs for op in self._sum_ops]
 
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
@@ -279,7 +280,7 @@ class CompiledCircuit(nn.Module):
         """Per sum fold, `[F*U, K]` cumulative weights of shared parameters, last column exactly 1."""
         cdfs = []
         for w in self._sum_weights(sum_logits):
-            cdf = w[0].cumsum(-1)
+            cdf = w.cumsum(-1)  # [F, U, K]
             cdfs.append((cdf / cdf[..., -1:]).reshape(-1, cdf.shape[-1]))
         return cdfs
 
@@ -354,17 +355,19 @@ class CompiledCircuit(nn.Module):
         return torch.where(keep.t().index_select(0, self.leaf_variable), observed, best)
 
     def _sum_weights(self, sum_logits: Tensor, log: bool = False) -> list[Tensor]:
-        """Per sum fold, `[Bp, F, U, K]` softmax-normalised weights (log weights if `log`)."""
+        """Per sum fold, softmax-normalised weights (log weights if `log`): `[F, U, K]` when shared
+        (`sum_logits` `[1, P_sum]`), `[B, F, U, K]` per example."""
         bp = sum_logits.shape[0]
         normalise = torch.log_softmax if log else torch.softmax
         folds = self._sum_ops
+        lead = (bp,) if bp > 1 else ()
         if self._uniform_k and folds:  # one op normalises every fold
             k = folds[0].inputs
-            flat = normalise(sum_logits.reshape(bp, -1, k), dim=-1).reshape(bp, -1)
-            return [flat[:, op.param_offset:op.param_offset + op.size * op.units * k]
-                    .view(bp, op.size, op.units, k) for op in folds]
+            flat = normalise(sum_logits.reshape(bp, -1, k), dim=-1).view(bp, -1)
+            pieces = flat[0].split(self._sum_sizes) if bp == 1 else flat.split(self._sum_sizes, dim=1)
+            return [w.view(*lead, op.size, op.units, k) for w, op in zip(pieces, folds)]
         return [normalise(sum_logits[:, op.param_offset:op.param_offset + op.size * op.units * op.inputs]
-                          .view(bp, op.size, op.units, op.inputs), dim=-1) for op in folds]
+                          .reshape(*lead, op.size, op.units, op.inputs), dim=-1) for op in folds]
 
     # ================================================================== passes
 
@@ -373,6 +376,8 @@ class CompiledCircuit(nn.Module):
         """`[length, B]` rows of a flat store: a slice when contiguous, else one index_select."""
         name = names[mode]
         if name is None:
+            if start[mode] == 0 and source.shape[0] == length:
+                return source  # the whole store, in order: nothing to do
             return source.narrow(0, start[mode], length)
         return source.index_select(0, self._buffers[name])
 
@@ -419,9 +424,7 @@ class CompiledCircuit(nn.Module):
         if op.kind == "hadamard":
             if arity == 1:
                 return read
-            parts = read.view(op.size, arity, op.child_units[0], rows * batch)  # [F, A, K, R*B]
-            out = parts[:, 0] + parts[:, 1] if arity == 2 else parts.sum(1)
-            return out.view(-1, batch)
+            return read.view(op.size, arity, -1).sum(1).view(-1, batch)  # [F, A, K*R*B] -> [F*K*R, B]
         parts = read.view(op.size, op.width, rows * batch).split(op.child_units, dim=1)  # [F, K_c, R*B]
         out = parts[0]
         for part in parts[1:]:  # row-major: the first child is the slowest index
@@ -463,7 +466,7 @@ class CompiledCircuit(nn.Module):
         """`[B*S, F, K]`: row `unit` of every region's weights `[Bp, F, U, K]` for each draw."""
         op = self._sum_ops[fold]
         row = unit + self._buffers[op.row_base]  # [B*S, F] = f*U + u
-        if weights.shape[0] > 1:
+        if weights.dim() == 4:  # per example
             row = row + (example * (op.size * op.units)).unsqueeze(1)
         return weights.reshape(-1, op.inputs).index_select(0, row.view(-1)).view(unit.shape[0], op.size, op.inputs)
 
@@ -506,9 +509,9 @@ def _exp(x: Tensor) -> Tensor:
 
 
 def _logsumexp(a: Tensor) -> Tensor:
-    """logsumexp over the last dim with the max shift (the shift is detached: its gradient cancels).
+    """logsumexp over the last dim with the max shift (its gradient cancels exactly).
     For large inputs the shift and the base change to 2 are one fused pass before exp2."""
-    shift = a.amax(-1, keepdim=True).detach()
+    shift = a.amax(-1, keepdim=True)
     if a.numel() >= EXP2_MIN_NUMEL:
         scaled = torch.add(shift * -LOG2E, a, alpha=LOG2E)  # (a - shift) * log2(e)
         return torch.exp2(scaled).sum(-1).log() + shift.squeeze(-1)
@@ -518,25 +521,25 @@ def _logsumexp(a: Tensor) -> Tensor:
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: log sum_k W[u, k] exp(inputs[k]) for `inputs` `[F, K, R*B]` and linear
     weights `[Bp, F, U, K]`, via the max shift and one batched matmul."""
-    shift = inputs.amax(1, keepdim=True).detach()  # [F, 1, R*B]; its gradient cancels exactly
+    shift = inputs.amax(1, keepdim=True)  # [F, 1, R*B]; its gradient cancels exactly
     scaled = _exp(inputs - shift)
-    if weights.shape[0] == 1:  # shared weights: [F, U, K] @ [F, K, R*B]
-        mixed = torch.bmm(weights[0], scaled)
+    if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
+        mixed = torch.bmm(weights, scaled)
     else:  # per-example weights: batch the matmul over (B, F)
         f, k, _ = scaled.shape
         per_example = scaled.view(f, k, rows, batch).permute(3, 0, 1, 2)  # [B, F, K, R]
         mixed = torch.matmul(weights, per_example)  # [B, F, U, R]
-        mixed = mixed.permute(1, 2, 3, 0).reshape(f, -1, rows * batch)
+        mixed = mixed.permute(1, 2, 3, 0).contiguous().view(f, -1, rows * batch)  # batch last again
     return mixed.clamp_min(torch.finfo(mixed.dtype).tiny).log() + shift
 
 
 def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: max_k (log W[u, k] + inputs[k])."""
-    if log_weights.shape[0] == 1:
-        return (inputs.unsqueeze(1) + log_weights[0].unsqueeze(-1)).amax(2)
+    if log_weights.dim() == 3:  # shared
+        return (inputs.unsqueeze(1) + log_weights.unsqueeze(-1)).amax(2)
     f, k, _ = inputs.shape
     per_example = log_weights.permute(1, 2, 3, 0).unsqueeze(3)  # [F, U, K, 1, B]
-    return (inputs.view(f, 1, k, rows, batch) + per_example).amax(2).reshape(f, -1, rows * batch)
+    return (inputs.view(f, 1, k, rows, batch) + per_example).amax(2).contiguous().view(f, -1, rows * batch)
 
 
 def _categorical(logits: Tensor, generator: torch.Generator | None) -> Tensor:
