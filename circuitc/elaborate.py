@@ -156,9 +156,10 @@ class _Elaborator:
         self.root: RegionRef | None = None
         self.root_span: SourceSpan | None = None
         self.depth = 0
+        # Statements inside blocks; declarations are handled by `_exec_top` only.
         self._exec_by_type = {
-            Param: self._exec_param, Vars: self._exec_vars, Include: self._exec_include, Def: self._exec_def,
-            For: self._exec_for, If: self._exec_if, Return: self._exec_return, Root: self._exec_root,
+            Param: self._not_in_block, Vars: self._not_in_block, Include: self._not_in_block,
+            Def: self._not_in_block, For: self._exec_for, If: self._exec_if, Return: self._exec_return, Root: self._exec_root,
             Assign: self._exec_assign, SetUnits: self._exec_set_units, ExprStmt: self._exec_expr_stmt,
         }
         self._eval_by_type = {
@@ -261,8 +262,15 @@ class _Elaborator:
             return
         if isinstance(stmt, Return):
             raise _fail("return outside a function", stmt.span)
+        if isinstance(stmt, Def):  # hoisted already
+            return
         try:
-            self._exec(stmt, self.globals)
+            if isinstance(stmt, Param):
+                self._exec_param(stmt)
+            elif isinstance(stmt, Vars):
+                self._exec_vars(stmt)
+            else:
+                self._exec(stmt, self.globals)
         except RecursionError:  # nesting far beyond anything written by hand
             raise _fail("this statement nests expressions too deeply to evaluate", stmt.span) from None
 
@@ -303,21 +311,21 @@ class _Elaborator:
     def _at_top(self, env: dict) -> bool:
         return env is self.globals
 
-    def _top_level_only(self, stmt, env: dict, what: str) -> None:
-        if not self._at_top(env) or self.depth:
-            raise _fail(f"{what} belongs at the top level of a file, not inside a block", stmt.span)
+    def _not_in_block(self, stmt, env: dict) -> None:
+        what = {Param: "a parameter declaration", Vars: "the vars declaration", Include: "include",
+                Def: "def"}[type(stmt)]
+        raise _fail(f"{what} belongs at the top level of a file, not inside a block", stmt.span)
 
-    def _exec_param(self, stmt: Param, env: dict) -> None:
-        self._top_level_only(stmt, env, "a parameter declaration")
-        default = self._eval(stmt.default, env)
+    def _exec_param(self, stmt: Param) -> None:
+        default = self._eval(stmt.default, self.globals)
         value = self.bindings.get(stmt.name, default)
         if type(value) is not type(default):
             raise _fail(f"parameter {stmt.name} is {_kind(default)} (default {_show(default)}), "
                         f"but it was bound to {_show(value)}", stmt.span)
         self.globals[stmt.name] = value
 
-    def _exec_vars(self, stmt: Vars, env: dict) -> None:
-        self._top_level_only(stmt, env, "the vars declaration")
+    def _exec_vars(self, stmt: Vars) -> None:
+        env = self.globals
         if self.vars_node is not None:
             raise _fail(f"variables are declared twice (first at {self.vars_node.span})", stmt.span)
         count = self._positive_int(stmt.count, env, "the number of variables")
@@ -335,13 +343,6 @@ class _Elaborator:
         self.vars_node = stmt
         self.varset = VarSet(stmt.name, count)
         self.globals[stmt.name] = self.varset
-
-    def _exec_include(self, stmt: Include, env: dict) -> None:
-        raise _fail("include belongs at the top level of a file, not inside a block", stmt.span)
-
-    def _exec_def(self, stmt: Def, env: dict) -> None:
-        if not self._at_top(env) or self.depth:
-            raise _fail("def belongs at the top level of a file, not inside a block", stmt.span)
 
     def _exec_for(self, stmt: For, env: dict) -> _Returned | None:
         items = self._eval(stmt.iterable, env)
