@@ -43,10 +43,84 @@ def run_tiny_lm(args) -> int:
     return 0
 
 
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train an MTP circuit head (and LoRA adapters) on a frozen LM",
+                       description="Train a circuit draft head on a frozen byte-level LM; the same command under "
+                                   "`torchrun --nproc_per_node N` trains data-parallel. Rerunning it resumes from "
+                                   "OUT/checkpoint.pt.")
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--circuit", default=None, help=".pc or graph-spec .json file (optional with --init-head)")
+    p.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
+                   help="bind a .pc parameter, e.g. -D n=16 -D r=32 (repeatable)")
+    p.add_argument("--data", default=None, help="file, folder, glob or .jsonl (default: the Python stdlib)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--lora-layers", type=int, default=0, help="LoRA adapters on the last k decoder layers")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--init-head", default=None, help="continue from a trained head folder (two-stage schedule)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, help="optimizer steps")
+    budget.add_argument("--minutes", type=float, help="time budget (turned into a step count after 2 steps)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step over all ranks")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lora-lr", type=float, default=2e-4)
+    p.add_argument("--gamma", type=float, default=0.9, help="discount of window position j: gamma**(j-1)")
+    p.add_argument("--val-every", type=int, default=50)
+    p.add_argument("--val-sequences", type=int, default=8)
+    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
+    p.add_argument("--stop-after", type=int, default=None, help="leave at this step with a checkpoint (resume later)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_train)
+
+
+def parse_defines(items: list[str]) -> dict:
+    """`["n=16", "name=x"]` -> `{"n": 16, "name": "x"}` (ints and floats parsed)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"mtpc train: -D expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = _number(value.strip())
+    return out
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def run_train(args) -> int:
+    from .train import TrainConfig, train
+
+    cfg = TrainConfig(model=args.model, out=args.out, circuit=args.circuit, bindings=parse_defines(args.defines),
+                      data=args.data, lora_layers=args.lora_layers, lora_rank=args.lora_rank,
+                      init_head=args.init_head, seq_len=args.seq_len, batch_size=args.batch_size,
+                      grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
+                      lora_lr=args.lora_lr, gamma=args.gamma, val_every=args.val_every,
+                      val_sequences=args.val_sequences, save_every=args.save_every, precision=args.precision,
+                      seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
+                      stop_after=args.stop_after)
+    s = train(cfg)
+    if s.get("val_accepted") is not None:
+        print(f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s; "
+              f"held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
+              f"over {s['val_windows']} windows")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     sub = parser.add_subparsers(dest="command", required=True)
     add_tiny_lm(sub)
+    add_train(sub)
     return parser
 
 

@@ -25,7 +25,7 @@ recomputes each block in the backward pass (`torch.utils.checkpoint`), so peak m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass
 
 import torch
@@ -62,23 +62,51 @@ def naive_leaf_log_probs(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Te
 def chunked_leaf_log_probs(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor,
                            chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
     """`[N, Q]`, the same values as `naive_leaf_log_probs`, computed in blocks of at most about
-    `chunk_elements` logits, each recomputed in the backward pass instead of being stored."""
-    N, Q, v = h.shape[0], head.num_leaves, head.num_states
+    `chunk_elements` logits, each recomputed in the backward pass instead of being stored.
+
+    A head with one flat `[P, d]` matrix (`MTPHead`, parameterisation "full") takes a fused path
+    (`_FlatHeadLeaves`) that writes each block's weight gradient straight into its rows; any other
+    head goes through `head.input_logits(h, leaves=block)` under `torch.utils.checkpoint` (correct
+    for every parameterisation, but autograd's slice backward then allocates a full-size gradient of
+    the sliced parameter per block)."""
     var = head.circ.leaf_variable  # [Q]
     states = x.index_select(1, var)  # [N, Q] observed state of each leaf's variable
     kept = valid.index_select(1, var)  # [N, Q]
-    leaves_per_block = max(1, min(Q, chunk_elements // max(1, N * v)))
+    if _has_flat_weight(head):
+        leaves = _FlatHeadLeaves.apply(h, head.weight, head.bias, states, head.num_states,
+                                       _leaves_per_block(h.shape[0], head, chunk_elements), _autocast_dtype(h))
+    else:
+        leaves = _checkpointed_leaves(head, h, states, chunk_elements)
+    return leaves.masked_fill(~kept, 0.0)  # [N, Q]
+
+
+def _leaves_per_block(N: int, head, chunk_elements: int) -> int:
+    return max(1, min(head.num_leaves, chunk_elements // max(1, N * head.num_states)))
+
+
+def _has_flat_weight(head) -> bool:
+    return getattr(head, "parameterisation", None) == "full" and isinstance(getattr(head, "weight", None), torch.Tensor)
+
+
+def _autocast_dtype(h: torch.Tensor) -> torch.dtype | None:
+    kind = h.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+def _checkpointed_leaves(head, h: torch.Tensor, states: torch.Tensor, chunk_elements: int) -> torch.Tensor:
+    N, Q, v = h.shape[0], head.num_leaves, head.num_states
+    leaves_per_block = _leaves_per_block(N, head, chunk_elements)
     tokens_per_block = N if leaves_per_block > 1 or N * v <= chunk_elements else max(1, chunk_elements // v)
     rows = []
     for t0 in range(0, N, tokens_per_block):
         t1 = min(N, t0 + tokens_per_block)
         cols = []
         for q0 in range(0, Q, leaves_per_block):
-            q1 = min(Q, q0 + leaves_per_block)
-            block = _LeafBlock(head, slice(q0, q1))
-            cols.append(checkpoint(block, h[t0:t1], states[t0:t1, q0:q1], use_reentrant=False))  # [Nb, Qb]
+            block = _LeafBlock(head, slice(q0, min(Q, q0 + leaves_per_block)))
+            cols.append(checkpoint(block, h[t0:t1], states[t0:t1, q0:q0 + leaves_per_block],
+                                   use_reentrant=False))  # [Nb, Qb]
         rows.append(torch.cat(cols, 1))
-    return torch.cat(rows, 0).masked_fill(~kept, 0.0)  # [N, Q]
+    return torch.cat(rows, 0)
 
 
 class _LeafBlock:
@@ -91,6 +119,74 @@ class _LeafBlock:
         logits = at_least_float32(self.head.input_logits(h, leaves=self.leaves))  # [Nb, Qb, v]
         picked = logits.gather(-1, states.unsqueeze(-1)).squeeze(-1)  # [Nb, Qb]
         return picked - torch.logsumexp(logits, -1)
+
+
+class _FlatHeadLeaves(torch.autograd.Function):
+    """Leaf log-probs of a head whose leaf `q` has logits `W[q*v:(q+1)*v] @ h + b[q*v:(q+1)*v]`
+    (the first `Q*v` rows of `weight` [P, d]), `block` leaves at a time; the backward recomputes each
+    block's softmax and accumulates its gradients in place. The matmuls run in `mm_dtype` (the
+    autocast dtype, if any); softmax and outputs in float32 (float64 for float64 inputs)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, states, v: int, block: int, mm_dtype):
+        N, Q = states.shape
+        out = torch.empty(N, Q, dtype=_acc_dtype(h, weight), device=h.device)  # [N, Q]
+        with torch.autocast(h.device.type, enabled=False):
+            for q0 in range(0, Q, block):
+                q1 = min(Q, q0 + block)
+                logits = _block_logits(h, weight, bias, q0, q1, v, mm_dtype, out.dtype)  # [N, Qb, v]
+                picked = logits.gather(-1, states[:, q0:q1].unsqueeze(-1)).squeeze(-1)
+                out[:, q0:q1] = picked - torch.logsumexp(logits, -1)
+        ctx.save_for_backward(h, weight, bias, states)
+        ctx.v, ctx.block, ctx.mm_dtype = v, block, mm_dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out [N, Q]
+        h, weight, bias, states = ctx.saved_tensors
+        v, block, mm_dtype = ctx.v, ctx.block, ctx.mm_dtype
+        N, Q = states.shape
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros(h.shape, dtype=grad_out.dtype, device=h.device) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        with torch.autocast(h.device.type, enabled=False):
+            for q0 in range(0, Q, block):
+                q1 = min(Q, q0 + block)
+                g = grad_out[:, q0:q1]  # [N, Qb]
+                logits = _block_logits(h, weight, bias, q0, q1, v, mm_dtype, grad_out.dtype)  # [N, Qb, v]
+                dlogits = torch.softmax(logits, -1).mul_(-g.unsqueeze(-1))  # d out / d logits = onehot - p
+                dlogits.scatter_add_(-1, states[:, q0:q1].unsqueeze(-1), g.unsqueeze(-1))
+                d2 = dlogits.view(N, (q1 - q0) * v)  # [N, Qb*v]
+                rows = slice(q0 * v, q1 * v)
+                if need_h:
+                    grad_h += _mm(d2, weight[rows], mm_dtype).to(grad_h.dtype)  # [N, d]
+                if need_w:
+                    grad_w[rows] = _mm(d2.t(), h, mm_dtype).to(grad_w.dtype)  # [Qb*v, d]
+                if need_b:
+                    grad_b[rows] = d2.sum(0).to(grad_b.dtype)
+        return (grad_h.to(h.dtype) if need_h else None), grad_w, grad_b, None, None, None, None
+
+
+def _acc_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, mm_dtype) -> torch.Tensor:  # noqa: D401
+    """`a @ b` in `mm_dtype` (when given) with the result in `a`'s dtype."""
+    if mm_dtype is None:
+        return a @ b.to(a.dtype)
+    return (a.to(mm_dtype) @ b.to(mm_dtype)).to(a.dtype)
+
+
+def _block_logits(h, weight, bias, q0: int, q1: int, v: int, mm_dtype, out_dtype) -> torch.Tensor:
+    rows = slice(q0 * v, q1 * v)
+    w, b = weight[rows], bias[rows]  # [Qb*v, d], [Qb*v]
+    if mm_dtype is None:
+        logits = torch.addmm(b.to(out_dtype), h.to(out_dtype), w.to(out_dtype).t())
+    else:
+        logits = torch.addmm(b.to(mm_dtype), h.to(mm_dtype), w.to(mm_dtype).t()).to(out_dtype)
+    return logits.view(h.shape[0], q1 - q0, v)  # [N, Qb, v]
 
 
 # ------------------------------------------------------------------ the loss
@@ -107,14 +203,46 @@ def window_terms(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor, *,
     v = head.num_states
     valid = valid & (x >= 0) & (x < v)
     x = torch.where(valid, x, torch.zeros_like(x))
-    leaves_fn: Callable = chunked_leaf_log_probs if fused else naive_leaf_log_probs
-    extra = {"chunk_elements": chunk_elements} if fused else {}
-    leaves = leaves_fn(head, h, x, valid, **extra)  # [N, Q]
-    sums = head.sum_logits(h)  # [N, S]
-    with torch.autocast(h.device.type, enabled=False):
-        prefix = head.circ.prefix_log_marginals_from_leaves(leaves, at_least_float32(sums))  # [N, n]
+    if fused:
+        leaves = chunked_leaf_log_probs(head, h, x, valid, chunk_elements)  # [N, Q]
+        prefix = blocked_prefix_log_marginals(head, h, leaves, chunk_elements)  # [N, n]
+    else:
+        leaves = naive_leaf_log_probs(head, h, x, valid)  # [N, Q]
+        prefix = _prefix(head.circ, leaves, head.sum_logits(h))  # [N, n]
     previous = torch.nn.functional.pad(prefix[:, :-1], (1, 0))  # [N, n]: log q of the prefix before j
     return torch.where(valid, prefix - previous, torch.zeros_like(prefix))
+
+
+def blocked_prefix_log_marginals(head, h: torch.Tensor, leaves: torch.Tensor,
+                                 chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """`[N, n]` prefix marginals, a block of tokens at a time, each block's sum logits and circuit
+    activations recomputed in the backward pass. For a flat-weight head the sum projection is
+    sliced once outside the blocks, so each block's weight gradient is only `[S, d]`."""
+    N, S = h.shape[0], head.circ.num_sum_params
+    tokens_per_block = max(1, chunk_elements // max(1, S))
+    if _has_flat_weight(head):
+        start = head.num_input_params
+        weight, bias = head.weight[start:], head.bias[start:]  # [S, d], [S]
+        block_fn = partial(_flat_block_prefix, head.circ)
+        extra = (weight, bias)
+    else:
+        block_fn = partial(_prefix, head.circ)
+        h = head.sum_logits(h)  # [N, S]: a generic head's sum logits, computed once
+        extra = ()
+    blocks = [checkpoint(block_fn, leaves[t0:t0 + tokens_per_block], h[t0:t0 + tokens_per_block], *extra,
+                         use_reentrant=False) for t0 in range(0, N, tokens_per_block)]
+    return torch.cat(blocks, 0)
+
+
+def _flat_block_prefix(circ, leaves: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor) -> torch.Tensor:
+    return _prefix(circ, leaves, torch.nn.functional.linear(h, weight, bias))
+
+
+def _prefix(circ, leaves: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tensor:
+    """Prefix marginals in float32 (or float64) whatever autocast is active."""
+    with torch.autocast(leaves.device.type, enabled=False):
+        return circ.prefix_log_marginals_from_leaves(leaves, at_least_float32(sum_logits))  # [N, n]
 
 
 def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Tensor, loss_mask: torch.Tensor, *,

@@ -90,9 +90,15 @@ def cosine_lr(base: float, progress: float, step: int, warmup: int, min_ratio: f
     return base * warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def progress_bar(total: float, unit: str, enabled: bool, desc: str):
-    fmt = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}" + unit + " [{elapsed}<{remaining}{postfix}]"
-    return tqdm(total=total, desc=desc, disable=not enabled, bar_format=fmt, dynamic_ncols=True, mininterval=1.0)
+def progress_bar(total: int, unit: str, enabled: bool, desc: str):
+    return tqdm(total=total, unit=unit, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+
+
+def advance(bar, value: float) -> None:
+    """Move `bar` to `value` (whole units, never past its total)."""
+    target = min(int(value), bar.total)
+    if target > bar.n:
+        bar.update(target - bar.n)
 
 
 # ------------------------------------------------------------------ model
@@ -162,8 +168,8 @@ def train_tiny_lm(cfg: TinyLMConfig) -> dict:
     order = _order(len(train_set), cfg.seed)
     step = tokens_seen = 0
     t0 = last_eval = time.perf_counter()
-    total = cfg.steps if cfg.steps is not None else cfg.minutes * 60
-    bar = progress_bar(total, " steps" if cfg.steps is not None else "s", cfg.progress, "tiny-lm")
+    total = cfg.steps if cfg.steps is not None else int(round(cfg.minutes * 60))
+    bar = progress_bar(total, "step" if cfg.steps is not None else "s", cfg.progress, "tiny-lm")
     loss_ema = None
     while True:
         elapsed = time.perf_counter() - t0
@@ -180,7 +186,7 @@ def train_tiny_lm(cfg: TinyLMConfig) -> dict:
         tokens_seen += batch["tokens"].numel()
         loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
         now = time.perf_counter()
-        bar.update(1 if cfg.steps is not None else (now - t0) - bar.n)
+        advance(bar, step if cfg.steps is not None else now - t0)
         bar.set_postfix_str(f"loss {loss_ema / LN2:.3f} bits, {tokens_seen / (now - t0):,.0f} tok/s, lr {lr:.2e}")
         record = {"step": step, "tokens": tokens_seen, "time_s": round(now - t0, 2), "lr": lr, "loss_bits": loss / LN2}
         if now - last_eval >= cfg.eval_every_s:

@@ -166,3 +166,48 @@ def test_teacher_forced_accepted_length_matches_a_greedy_draft():
         expect.append(k)
     got = teacher_forced_accepted(head, hidden, torch.tensor(x))
     assert got.tolist() == expect
+
+
+class WrappedHead(torch.nn.Module):
+    """A head without the flat-weight fast path: exercises the generic checkpointed route."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.circ, self.num_leaves, self.num_states = inner.circ, inner.num_leaves, inner.num_states
+        self.num_variables = inner.num_variables
+
+    def forward(self, h):
+        return self.inner(h)
+
+    def input_logits(self, h, leaves=slice(None)):
+        return self.inner.input_logits(h, leaves=leaves)
+
+    def sum_logits(self, h):
+        return self.inner.sum_logits(h)
+
+
+@pytest.mark.parametrize("chunk_elements", [3 * 4, 2 * 18 * 4])
+def test_generic_checkpointed_path_matches_naive(chunk_elements):
+    head = WrappedHead(make_head(builders.btree_graph(4, 3, 4), d=6, dtype=torch.float32))
+    tokens, doc_ids, mask = batch(seed=3)
+    hidden = torch.randn(2, 9, 6, requires_grad=True)
+    results = []
+    for fused in (True, False):
+        head.zero_grad()
+        hidden.grad = None
+        out = mtp_loss(head, hidden, tokens, doc_ids, mask, fused=fused, chunk_elements=chunk_elements)
+        out.loss.backward()
+        results.append((out.loss.detach(), head.inner.weight.grad.clone(), hidden.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_path_under_bf16_autocast_stays_close():
+    head = make_head(builders.btree_graph(4, 3, 4), d=6, dtype=torch.float32)
+    tokens, doc_ids, mask = batch(seed=3)
+    hidden = torch.randn(2, 9, 6)
+    exact = mtp_loss(head, hidden, tokens, doc_ids, mask).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = mtp_loss(head, hidden, tokens, doc_ids, mask).loss
+    assert low.dtype == torch.float32 and low.item() == pytest.approx(exact.item(), rel=2e-2)

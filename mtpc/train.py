@@ -1,0 +1,469 @@
+"""`mtpc train`: train an MTP circuit head (and optionally LoRA adapters) on a frozen byte-level LM.
+
+    mtpc train --model DIR --circuit FILE.pc [-D k=v]... [--data PATH] [--lora-layers k] --out DIR
+
+- The backbone is frozen; the head (initialised from the LM head, so that it starts as the fully
+  factorised product of per-position LM softmaxes) and, with `k > 0`, LoRA adapters on the last `k`
+  decoder layers (peft `layers_to_transform`) are trained with AdamW, a warm-up + cosine schedule,
+  gradient clipping, gradient accumulation and bf16 autocast where the hardware has it.
+- The loss is `mtpc.loss.mtp_loss`, normalised by the counts of the whole global batch, so gradient
+  accumulation and data parallelism give the same update as one big batch.
+- Under `torchrun --nproc_per_node N` the same command trains with DistributedDataParallel (NCCL on
+  GPUs, gloo on CPUs); each rank takes every N-th sequence of each micro-batch.
+- Validation (rank 0) reports the loss and the teacher-forced mean accepted length of the circuit's
+  greedy draft on held-out windows.
+- `OUT/checkpoint.pt` holds everything needed to resume exactly (trainable weights, optimizer, step
+  and schedule, data position, RNG states); rerunning the same command continues from it.
+- `OUT` is self-describing: `head.safetensors` + `head.json` (graph spec; `mtpc.load_head(OUT)`),
+  `lora/` (peft adapter, when `k > 0`), `train_config.json`, `train_log.jsonl`.
+- Two-stage schedule: `--init-head DIR` continues from a trained head (and its adapter, if any),
+  e.g. adding `--lora-layers k` in the second stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .data import PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
+from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
+from .tinylm import advance, autocast, autocast_dtype, cosine_lr, progress_bar
+from .tokenizer import ByteTokenizer
+
+CHECKPOINT = "checkpoint.pt"
+LORA_DIR = "lora"
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    out: str
+    circuit: str | None = None  # .pc/.json path or text; optional with init_head
+    bindings: dict = field(default_factory=dict)
+    data: str | None = None  # None: the Python standard library sources
+    lora_layers: int = 0
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    init_head: str | None = None  # a trained head's folder to continue from (two-stage schedule)
+    seq_len: int = 512
+    batch_size: int = 8  # sequences per optimizer step, over all ranks and micro-batches
+    grad_accum: int = 1
+    steps: int | None = None
+    minutes: float | None = None  # alternatively: a time budget, turned into steps after 2 steps
+    lr: float = 2e-3
+    lora_lr: float = 2e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    gamma: float = 0.9
+    sum_init_std: float = 0.02
+    val_fraction: float = 0.02
+    val_every: int = 50
+    val_sequences: int = 8
+    val_windows: int = 1024  # windows scored for the accepted length
+    save_every: int = 50
+    precision: str = "auto"  # auto | fp32 | bf16
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    seed: int = 0
+    progress: bool = True
+    resume: bool = True
+    stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
+
+
+# ------------------------------------------------------------------ distributed
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPUs), or run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    if world == 1:
+        return Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    return Dist(rank, world, device)
+
+
+def _all_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def _barrier(d: Dist) -> None:
+    if d.world > 1:
+        dist.barrier()
+
+
+# ------------------------------------------------------------------ data order
+
+
+class EpochSampler:
+    """Sequence indices in a seeded random order per epoch; its state is the data position."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch, self.cursor = size, seed, 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=g).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        while len(out) < count:
+            if self.cursor == self.size:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._perm = self._permutation()
+            k = min(count - len(out), self.size - self.cursor)
+            out += self._perm[self.cursor:self.cursor + k]
+            self.cursor += k
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.cursor = state["epoch"], state["cursor"]
+        self._perm = self._permutation()
+
+
+# ------------------------------------------------------------------ model pieces
+
+
+class DraftModel(nn.Module):
+    """The LM's draft path (LoRA adapters enabled, if any) feeding the MTP head; `forward` returns
+    the loss pieces of a batch so that DistributedDataParallel can wrap the whole computation."""
+
+    def __init__(self, lm: nn.Module, head: nn.Module, gamma: float, chunk_elements: int, amp: torch.dtype | None):
+        super().__init__()
+        self.lm, self.head = lm, head
+        self.gamma, self.chunk_elements, self.amp = gamma, chunk_elements, amp
+        self.trains_lm = any(p.requires_grad for p in lm.parameters())
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` final-norm hidden states of the draft path."""
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
+            return base.model(input_ids=tokens).last_hidden_state
+
+    def forward(self, tokens, doc_ids, loss_mask, normalizer):
+        h = self.hidden(tokens)  # [B, T, d]
+        with autocast(tokens.device, self.amp):
+            out = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, gamma=self.gamma, normalizer=normalizer,
+                           chunk_elements=self.chunk_elements)
+        return out.loss, out.term_sums, out.counts
+
+
+def load_lm(cfg: TrainConfig, device: torch.device):
+    """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
+    from transformers import AutoModelForCausalLM
+
+    from .backbone import attach_draft_lora
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    model.requires_grad_(False)
+    model.eval()
+    previous = Path(cfg.init_head) / LORA_DIR if cfg.init_head else None
+    if previous is not None and previous.exists():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(previous), is_trainable=True)
+        k = _adapter_layers(previous)
+        if cfg.lora_layers and cfg.lora_layers != k:
+            raise ValueError(f"{cfg.init_head} carries LoRA on the last {k} layers; --lora-layers {cfg.lora_layers} "
+                             "would change them (omit it, or start from a head without an adapter)")
+        cfg.lora_layers = k
+    elif cfg.lora_layers > 0:
+        model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    return model.to(device)
+
+
+def _adapter_layers(adapter_dir: Path) -> int:
+    meta = json.loads((adapter_dir / "adapter_config.json").read_text())
+    layers = meta.get("layers_to_transform") or []
+    return len(layers)
+
+
+def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device):
+    import circuitc
+
+    from .head import MTPHead, load_head
+
+    if cfg.init_head:
+        head = load_head(cfg.init_head)
+        if cfg.circuit is not None:
+            wanted = circuitc.compile(cfg.circuit, **cfg.bindings)
+            if wanted.num_params != head.num_params or wanted.num_leaves != head.num_leaves:
+                raise ValueError(f"--circuit differs from the circuit of the head in {cfg.init_head}")
+        return head.float().to(device)
+    if cfg.circuit is None:
+        raise ValueError("give --circuit (or --init-head to continue from a trained head)")
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    unembed = base.get_output_embeddings().weight.detach()  # [V, d]
+    graph = circuitc.load_graph(cfg.circuit, **cfg.bindings) if hasattr(circuitc, "load_graph") else None
+    source = graph if graph is not None else circuitc.compile(cfg.circuit, **cfg.bindings)
+    head = MTPHead(source, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std)
+    return head.to(device)
+
+
+# ------------------------------------------------------------------ the trainer
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg, self.d = cfg, init_distributed()
+        torch.manual_seed(cfg.seed)
+        self.out = Path(cfg.out)
+        if self.d.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.tok = ByteTokenizer.load(cfg.model)
+        self.lm = load_lm(cfg, self.d.device)
+        self.head = build_head(cfg, self.lm, self.d.device)
+        self.amp = autocast_dtype(self.d.device, cfg.precision)
+        self.module = DraftModel(self.lm, self.head, cfg.gamma, cfg.chunk_elements, self.amp)
+        self.ddp = self._wrap(self.module)
+        self.train_set, self.val_set = self._data()
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.opt = self._optimizer()
+        self.sampler = EpochSampler(len(self.train_set), cfg.seed)
+        self.step, self.total_steps, self.tokens, self.elapsed = 0, cfg.steps, 0, 0.0
+        self._check_batch()
+
+    # -------------------------------------------------------------- setup
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        if self.d.world == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.d.device.index] if self.d.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+
+    def _data(self) -> tuple[PackedDataset, PackedDataset]:
+        docs, self.data_stats = load_documents(self.cfg.data, self.tok)
+        train_docs, val_docs = split_documents(docs, self.cfg.val_fraction)
+        L = self.cfg.seq_len
+        return PackedDataset(train_docs, L, self.tok.pad_id), PackedDataset(val_docs, L, self.tok.pad_id)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        head = [p for p in self.head.parameters() if p.requires_grad]
+        lora = [p for p in self.lm.parameters() if p.requires_grad]
+        groups = [{"params": head, "lr": self.cfg.lr, "base_lr": self.cfg.lr}]
+        if lora:
+            groups.append({"params": lora, "lr": self.cfg.lora_lr, "base_lr": self.cfg.lora_lr})
+        return torch.optim.AdamW(groups, weight_decay=self.cfg.weight_decay)
+
+    def _check_batch(self) -> None:
+        per = self.cfg.grad_accum * self.d.world
+        if self.cfg.batch_size % per:
+            raise ValueError(f"batch_size {self.cfg.batch_size} must be divisible by grad_accum x world size = {per}")
+        if self.cfg.steps is None and self.cfg.minutes is None:
+            raise ValueError("give --steps or --minutes")
+
+    # -------------------------------------------------------------- one step
+
+    def train_step(self) -> dict:
+        cfg, d = self.cfg, self.d
+        indices = self.sampler.take(cfg.batch_size)  # the global batch, the same on every rank
+        batch = collate(self.train_set[i] for i in indices)
+        n, v = self.head.num_variables, self.head.num_states
+        normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v).to(d.device)
+        progress = self.step / max(1, self.total_steps or 1)
+        for group in self.opt.param_groups:
+            group["lr"] = cosine_lr(group["base_lr"], progress, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
+        self.opt.zero_grad(set_to_none=True)
+        micro = cfg.batch_size // cfg.grad_accum
+        loss_sum = torch.zeros((), device=d.device)
+        for m in range(cfg.grad_accum):
+            mine = list(range(m * micro + d.rank, (m + 1) * micro, d.world))  # this rank's share
+            part = {k: t[mine].to(d.device) for k, t in batch.items()}
+            sync = m == cfg.grad_accum - 1 or d.world == 1
+            with self._no_sync(not sync):
+                loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer)
+                (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        self.tokens += int(batch["tokens"].numel())
+        total = _all_sum(loss_sum, d).item()
+        return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"]}
+
+    def _no_sync(self, skip: bool):
+        import contextlib
+
+        return self.ddp.no_sync() if skip and self.d.world > 1 else contextlib.nullcontext()
+
+    # -------------------------------------------------------------- validation
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Loss and teacher-forced mean accepted length on the first validation sequences."""
+        cfg, n = self.cfg, self.head.num_variables
+        count = min(len(self.val_set), cfg.val_sequences)
+        batch = {k: t.to(self.d.device) for k, t in collate(self.val_set[i] for i in range(count)).items()}
+        self.module.eval()
+        loss, _, counts = self.module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
+        h = self.module.hidden(batch["tokens"]).float()  # [B, T, d]
+        valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
+        valid &= window_targets(batch["tokens"], n, fill=-1) < self.head.num_states
+        full = valid.all(-1).flatten()  # windows whose n targets all exist
+        x = window_targets(batch["tokens"], n).flatten(0, 1)[full][: cfg.val_windows]  # [W, n]
+        hw = h.flatten(0, 1)[full][: cfg.val_windows]  # [W, d]
+        accepted = torch.cat([teacher_forced_accepted(self.head, hw[i:i + 128], x[i:i + 128])
+                              for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0)
+        return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
+                "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
+
+    # -------------------------------------------------------------- checkpoints
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: p.detach().cpu().clone() for k, p in self.module.named_parameters() if p.requires_grad}
+
+    def save_checkpoint(self) -> None:
+        if not self.d.main:
+            return
+        state = {
+            "step": self.step, "total_steps": self.total_steps, "tokens": self.tokens, "elapsed": self.elapsed,
+            "trainable": self.trainable_state(), "optimizer": self.opt.state_dict(),
+            "sampler": self.sampler.state_dict(), "rng": _rng_state(), "config": asdict(self.cfg),
+        }
+        tmp = self.out / (CHECKPOINT + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.out / CHECKPOINT)
+
+    def load_checkpoint(self) -> bool:
+        path = self.out / CHECKPOINT
+        if not (self.cfg.resume and path.exists()):
+            return False
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        params = dict(self.module.named_parameters())
+        with torch.no_grad():
+            for k, t in state["trainable"].items():
+                params[k].copy_(t)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step, self.total_steps = state["step"], state["total_steps"]
+        self.tokens, self.elapsed = state["tokens"], state["elapsed"]
+        _set_rng_state(state["rng"])
+        return True
+
+    def save_outputs(self, summary: dict) -> None:
+        if not self.d.main:
+            return
+        from .head import save_head
+
+        save_head(self.head, self.out)
+        if self.cfg.lora_layers > 0:
+            self.lm.save_pretrained(str(self.out / LORA_DIR))
+        config = {**asdict(self.cfg), "model": str(Path(self.cfg.model).resolve()), "lora_dir": LORA_DIR
+                  if self.cfg.lora_layers > 0 else None, "world_size": self.d.world, **summary}
+        (self.out / "train_config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+    # -------------------------------------------------------------- the loop
+
+    def log(self, record: dict) -> None:
+        if self.d.main:
+            with (self.out / "train_log.jsonl").open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def run(self) -> dict:
+        cfg, d = self.cfg, self.d
+        resumed = self.load_checkpoint()
+        if not resumed and d.main:
+            (self.out / "train_log.jsonl").write_text("")
+            self.log({"step": 0, **self.validate()})
+        _barrier(d)
+        bar = progress_bar(self.total_steps or 0, "step", cfg.progress and d.main, "mtpc train")
+        advance(bar, self.step)
+        start = time.perf_counter() - self.elapsed
+        while self.total_steps is None or self.step < self.total_steps:
+            record = self.train_step()
+            self.elapsed = time.perf_counter() - start
+            if self.total_steps is None and self.step == 2:
+                self.total_steps = self._steps_for_budget()
+                bar.reset(total=self.total_steps)
+                advance(bar, self.step)
+            record.update(tokens=self.tokens, time_s=round(self.elapsed, 2))
+            if self.step % cfg.val_every == 0 or self.step == self.total_steps:
+                if d.main:
+                    record.update(self.validate())
+                _barrier(d)
+            self.log(record)
+            advance(bar, self.step)
+            bar.set_postfix_str(f"loss {record['loss']:.3f}, {self.tokens / max(self.elapsed, 1e-9):,.0f} tok/s"
+                                + (f", accepted {record['val_accepted']:.2f}" if "val_accepted" in record else ""))
+            stop = cfg.stop_after is not None and self.step >= cfg.stop_after
+            if self.step % cfg.save_every == 0 or self.step == self.total_steps or stop:
+                self.save_checkpoint()
+                _barrier(d)
+            if stop and self.step != self.total_steps:
+                bar.close()
+                return {"stopped_at": self.step}
+        bar.close()
+        final = self.validate() if d.main else {}
+        stats = self.data_stats
+        summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
+                   "data": {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
+                            "skipped_corrupt": stats.skipped_corrupt, "skipped_binary": stats.skipped_binary},
+                   **final}
+        self.save_outputs(summary)
+        _barrier(d)
+        return summary
+
+    def _steps_for_budget(self) -> int:
+        per_step = torch.tensor([self.elapsed / self.step], dtype=torch.float64)
+        if self.d.world > 1:
+            dist.broadcast(per_step, 0)
+        return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume) and write the outputs; returns the summary."""
+    return Trainer(cfg).run()
+
+
+# ------------------------------------------------------------------ RNG state
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

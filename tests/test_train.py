@@ -1,0 +1,155 @@
+"""mtpc train: exact resume, DDP equivalence (real torchrun, gloo), accumulation, bad data, two stages."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mtpc.cli import main
+from mtpc.train import CHECKPOINT, TrainConfig, train
+
+ROOT = Path(__file__).resolve().parent.parent
+BTREE = str(ROOT / "examples" / "btree.pc")
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from mtpc.tinylm import TinyLMConfig, build_model
+    from mtpc.tokenizer import ByteTokenizer
+
+    path = tmp_path_factory.mktemp("lm")
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok).save_pretrained(path)
+    tok.save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus")
+    text = (ROOT / "mtpc" / "data.py").read_text()
+    for i in range(12):
+        (path / f"part{i}.py").write_text(text[i * 900:(i + 1) * 900 + 400])
+    return str(path)
+
+
+def config(tiny_lm, corpus, out, **kw):
+    base = dict(model=tiny_lm, out=str(out), circuit=BTREE, bindings={"n": 4, "r": 4}, data=corpus, seq_len=32,
+                batch_size=4, steps=4, val_every=2, save_every=100, val_sequences=2, precision="fp32",
+                progress=False, val_fraction=0.2)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(out):
+    return load_file(str(Path(out) / "head.safetensors"))
+
+
+def log_losses(out, key="loss"):
+    lines = (Path(out) / "train_log.jsonl").read_text().splitlines()
+    return [json.loads(x)[key] for x in lines if f'"{key}"' in x]
+
+
+def test_training_reduces_the_loss_and_writes_a_self_describing_folder(tiny_lm, corpus, tmp_path):
+    from mtpc.head import load_head
+
+    s = train(config(tiny_lm, corpus, tmp_path / "a", steps=12, lr=1e-2, warmup_steps=2))
+    losses = log_losses(tmp_path / "a")
+    assert sum(losses[-3:]) < sum(losses[:3])
+    assert 0 <= s["val_accepted"] <= 4 and s["val_windows"] > 0
+    head = load_head(tmp_path / "a")
+    assert head.num_variables == 4 and head.hidden_size == 32
+    cfg = json.loads((tmp_path / "a" / "train_config.json").read_text())
+    assert cfg["bindings"] == {"n": 4, "r": 4} and cfg["steps"] == 12
+
+
+def test_resume_is_exact(tiny_lm, corpus, tmp_path):
+    """Stop after 3 of 6 steps, rerun the same command: identical weights, losses and optimizer."""
+    straight = config(tiny_lm, corpus, tmp_path / "straight", steps=6, lora_layers=1)
+    train(straight)
+    split = config(tiny_lm, corpus, tmp_path / "split", steps=6, lora_layers=1, stop_after=3)
+    assert train(split) == {"stopped_at": 3}
+    assert not (tmp_path / "split" / "head.safetensors").exists()
+    split.stop_after = None
+    train(split)
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert log_losses(tmp_path / "straight") == log_losses(tmp_path / "split")
+    sa = torch.load(tmp_path / "straight" / CHECKPOINT, weights_only=False)
+    sb = torch.load(tmp_path / "split" / CHECKPOINT, weights_only=False)
+    assert sa["sampler"] == sb["sampler"] and sa["step"] == sb["step"] == 6
+    for k in sa["trainable"]:
+        assert torch.equal(sa["trainable"][k], sb["trainable"][k]), k
+    assert any("lora" in k for k in sa["trainable"])
+    assert (tmp_path / "split" / "lora" / "adapter_config.json").exists()
+
+
+def test_gradient_accumulation_matches_one_big_batch(tiny_lm, corpus, tmp_path):
+    train(config(tiny_lm, corpus, tmp_path / "one", steps=2))
+    train(config(tiny_lm, corpus, tmp_path / "acc", steps=2, grad_accum=2))
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "acc")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5)
+
+
+def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
+    stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, init_head=str(tmp_path / "stage1"),
+                    lora_layers=1)
+    train(stage2)
+    assert not torch.equal(weights(tmp_path / "stage1")["weight"], weights(tmp_path / "stage2")["weight"])
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm), str(tmp_path / "stage2" / "lora"))
+    assert json.loads((tmp_path / "stage2" / "lora" / "adapter_config.json").read_text())["layers_to_transform"] == [1]
+    assert model is not None
+
+
+def test_bad_data_is_skipped_not_fatal(tiny_lm, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    good = {"messages": [{"role": "user", "content": "say hi"}, {"role": "assistant", "content": "hi there! " * 6}]}
+    lines = [json.dumps(good)] * 30 + ["{broken", json.dumps({"messages": [{"role": "x", "content": 1}]}), ""]
+    (data / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "blob.bin").write_bytes(b"\x00\xff" * 100)
+    (data / "empty.txt").write_text("")
+    s = train(config(tiny_lm, str(data), tmp_path / "out", steps=2, val_fraction=0.1))
+    assert s["data"] == {"documents": 30, "skipped_empty": 1, "skipped_corrupt": 2, "skipped_binary": 1}
+    assert s["steps"] == 2 and all(l == l for l in log_losses(tmp_path / "out"))  # finite, not NaN
+
+
+def test_cli_train_parses_defines_and_runs(tiny_lm, corpus, tmp_path, capsys):
+    assert main(["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=2", "--data", corpus,
+                 "--out", str(tmp_path / "cli"), "--steps", "2", "--seq-len", "32", "--batch-size", "2",
+                 "--precision", "fp32", "--no-progress"]) == 0
+    assert "mean accepted length" in capsys.readouterr().out
+    assert json.loads((tmp_path / "cli" / "head.json").read_text())["graph"]["variables"] == 4
+
+
+def test_ddp_two_processes_equal_one_process(tiny_lm, corpus, tmp_path):
+    """A real `torchrun --nproc_per_node 2` (gloo, CPU) equals one process on the same global batch."""
+    args = ["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=4", "--data", corpus,
+            "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision", "fp32", "--no-progress",
+            "--val-every", "100"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mtpc.cli",
+           *args, "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*args, "--out", str(tmp_path / "single")]) == 0
+    a, b = weights(tmp_path / "ddp"), weights(tmp_path / "single")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5)
+    assert json.loads((tmp_path / "ddp" / "train_config.json").read_text())["world_size"] == 2
+    ddp_losses, single_losses = log_losses(tmp_path / "ddp"), log_losses(tmp_path / "single")
+    assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
+    # Adam hides a gradient scale error in the weights; the logged pre-clipping norm does not
+    assert log_losses(tmp_path / "ddp", "grad_norm") == pytest.approx(log_losses(tmp_path / "single", "grad_norm"),
+                                                                       rel=1e-5)
