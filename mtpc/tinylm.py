@@ -41,7 +41,7 @@ class TinyLMConfig:
     heads: int = 4
     ffn: int = 704
     vocab_size: int | None = None  # None: 256 bytes + the tokenizer's specials
-    batch_size: int = 8  # sequences per step
+    batch_size: int = 4  # sequences per step (small: a 10-minute CPU budget is step-limited)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
@@ -49,8 +49,8 @@ class TinyLMConfig:
     grad_clip: float = 1.0
     val_fraction: float = 0.02
     val_tokens: int = 65536  # per periodic evaluation
-    final_val_tokens: int = 1 << 20
-    eval_every_s: float = 60.0
+    final_val_tokens: int = 1 << 18
+    eval_every_s: float = 120.0
     precision: str = "auto"  # auto | fp32 | bf16
     seed: int = 0
     progress: bool = True
