@@ -21,7 +21,7 @@ def add_tiny_lm(sub) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=704)
     p.add_argument("--vocab-size", type=int, default=None, help="pad the vocabulary (e.g. 320)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--seed", type=int, default=0)
