@@ -11,6 +11,16 @@ from .check import check_graph
 from .elaborate import elaborate
 from .load import load_graph
 from .syntax import parse
-from .compile import compile  # noqa: A004  circuitc.compile(source, **bindings) -> CompiledCircuit
+__all__ = ["CircuitError", "Diagnostic", "SourceSpan", "Partition", "Region", "RegionGraph", "check_graph",
+           "compile", "elaborate", "load_graph", "parse"]
 
-__all__ = ["CircuitError", "Diagnostic", "SourceSpan", "Partition", "Region", "RegionGraph", "check_graph", "elaborate", "load_graph", "parse"]
+
+def __getattr__(name: str):
+    # `compile` needs torch; importing it lazily keeps `circuitc check` and friends quick to start.
+    # Importing the submodule binds `circuitc.compile` to it, so bind the function over it.
+    if name == "compile":
+        from .compiler import compile
+
+        globals()["compile"] = compile
+        return compile
+    raise AttributeError(f"module 'circuitc' has no attribute {name!r}")

@@ -9,7 +9,7 @@ from mtpc.loss import mtp_loss, teacher_forced_accepted, valid_counts
 
 
 def compiled(graph):
-    from circuitc.compile import compile as compile_circuit
+    from circuitc import compile as compile_circuit
 
     return compile_circuit(graph)
 
