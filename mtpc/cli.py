@@ -116,11 +116,70 @@ def run_train(args) -> int:
     return 0
 
 
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure draft heads against plain decoding (throughput, latency breakdown)",
+                       description="Decode the same prompts with plain autoregressive decoding and with every head "
+                                   "(x draft strategy x bonus setting), interleaved in one process; print a table, "
+                                   "write bench.json, bench.md and tradeoff.png (accepted tokens vs latency). "
+                                   "Greedy runs are checked token for token against plain greedy decoding "
+                                   "(exit status 1 on any mismatch).")
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--heads", nargs="+", required=True, metavar="DIR", help="head folders written by mtpc train")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help=".txt (one prompt per line) or .jsonl (strings or {\"prompt\": ...})")
+    source.add_argument("--corpus", help="sample prompts from the held-out documents of this corpus "
+                                         "('stdlib': the Python standard library, mtpc tiny-lm's default)")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts per set (default 8)")
+    p.add_argument("--repeats", type=int, default=3, help="K disjoint prompt sets; mean ± std over them (default 3)")
+    p.add_argument("--prompt-len", type=int, default=128, help="corpus prompts: tokens per prompt (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--draft", nargs="+", default=["conditional"], metavar="STRATEGY",
+                   help="greedy draft strategies to compare: conditional, marginal, map, sample (default conditional)")
+    p.add_argument("--bonus", choices=("off", "on", "both"), default="off",
+                   help="bonus-conditioned drafting: off, on, or both side by side (default off)")
+    p.add_argument("--dtype", choices=("fp32", "fp64", "bf16"), default="fp32", help="the LM's dtype")
+    p.add_argument("--head-dtype", choices=("fp32", "fp64", "bf16"), default=None,
+                   help="cast the heads for inference (default: as saved)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for bench.json, bench.md, tradeoff.png")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args) -> int:
+    from .bench import BenchConfig, format_table, run_bench as bench
+
+    cfg = BenchConfig(model=args.model, heads=args.heads, prompts=args.prompts, corpus=args.corpus,
+                      num_prompts=args.num_prompts, repeats=args.repeats, prompt_len=args.prompt_len,
+                      max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature,
+                      top_k=args.top_k, top_p=args.top_p, drafts=args.draft,
+                      bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus], dtype=args.dtype,
+                      head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
+                      out=args.out, progress=not args.no_progress)
+    report = bench(cfg)
+    print(format_table(report))
+    if report["context_warning"]:
+        print(f"warning: {report['context_warning']}")
+    if report["greedy_identical"] is not None:
+        verdict = "yes" if report["greedy_identical"] else "NO (see greedy_check in bench.json)"
+        print(f"greedy output identical to plain greedy decoding for every prompt: {verdict}")
+    if args.out:
+        print(f"wrote {args.out}/bench.json, bench.md, tradeoff.png")
+    return 1 if report["greedy_identical"] is False else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     sub = parser.add_subparsers(dest="command", required=True)
     add_tiny_lm(sub)
     add_train(sub)
+    add_bench(sub)
     return parser
 
 
