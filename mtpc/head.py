@@ -41,10 +41,13 @@ HEAD_FORMAT = "mtpc-head/1"
 PARAMETERISATIONS = ("full",)
 
 
-def _compile(source):
+def _load_and_compile(source):
+    """(RegionGraph, CompiledCircuit) from any source `circuitc.compile` accepts (no bindings)."""
     import circuitc
+    from circuitc.load import load_graph
 
-    return circuitc.compile(source)
+    graph = load_graph(source)
+    return graph, circuitc.compile(graph)
 
 
 def _graph_of(circ):
@@ -58,8 +61,9 @@ def _graph_of(circ):
 class MTPHead(nn.Module):
     """Hidden states `[..., d]` -> flat circuit logits `[..., P]` (see the module docstring).
 
-    `circ`: a `CompiledCircuit`, or anything `circuitc.compile` accepts (RegionGraph, spec dict,
-    `.pc` path or text). The circuit is a submodule, so `.to(device)` moves it too.
+    `circ`: a `CompiledCircuit`, or a source `circuitc.compile` accepts without bindings (RegionGraph,
+    graph-spec dict, `.json`/`.pc` path or text); a head built from a source keeps its graph, so it
+    can be saved. The circuit is a submodule, so `.to(device)` moves it too.
     """
 
     def __init__(self, circ, hidden_size: int, init_from: torch.Tensor | Sequence[torch.Tensor] | None = None, *,
@@ -70,9 +74,9 @@ class MTPHead(nn.Module):
             raise ValueError(f"unknown head parameterisation {parameterisation!r}; known: {PARAMETERISATIONS}")
         graph = None
         if not isinstance(circ, nn.Module):
-            graph, circ = circ, _compile(circ)
+            graph, circ = _load_and_compile(circ)
         self.circ = circ
-        self.graph = _graph_of(circ) or _as_graph(graph)
+        self.graph = _graph_of(circ) or graph
         self.hidden_size = int(hidden_size)
         self.parameterisation = parameterisation
         self.options = {"identity_init": identity_init, "sum_init_std": float(sum_init_std)}
@@ -146,16 +150,6 @@ class MTPHead(nn.Module):
     def extra_repr(self) -> str:
         return (f"n={self.num_variables}, v={self.num_states}, leaves={self.num_leaves}, params={self.num_params}, "
                 f"hidden_size={self.hidden_size}, parameterisation={self.parameterisation!r}")
-
-
-def _as_graph(source):
-    from circuitc.graph import RegionGraph
-
-    if isinstance(source, RegionGraph):
-        return source
-    if isinstance(source, dict):
-        return RegionGraph.from_json(source)
-    return None
 
 
 def _per_position(init_from, n: int, v: int, d: int) -> torch.Tensor:

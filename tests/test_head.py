@@ -122,6 +122,15 @@ def test_errors():
         MTPHead(graph, D, parameterisation="nope")
 
 
+def test_head_from_a_pc_file_keeps_its_graph(tmp_path):
+    source = tmp_path / "small.pc"
+    source.write_text("vars x[3] states 5 units 2\nx[0:3] = prod([x[i] for i in 0..3])\nroot x[0:3]\n")
+    head = MTPHead(str(source), D, sum_init_std=0.1)
+    assert head.num_variables == 3 and head.num_states == 5 and head.num_leaves == 6
+    loaded = load_head(save_head(head, tmp_path / "head"))
+    assert torch.equal(loaded.weight, head.weight) and loaded.graph.to_json() == head.graph.to_json()
+
+
 def test_save_needs_the_graph_and_load_needs_a_head_dir(tmp_path):
     compiled = circuitc.compile(builders.cp_graph(3, 2, 5))
     head = MTPHead(compiled, D)
