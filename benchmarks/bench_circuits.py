@@ -1,0 +1,273 @@
+"""circuitc against cirkit and against this machine's roofline, side by side in one run.
+
+Structures: FF, CP, HMM and BTree over n=16 variables with v=256 states and r=32 units (the MtPC
+paper's four). Programs: log-likelihood, all prefix marginals, sampling and MAP at B=1 and B=1024,
+plus compile time. Parameters are shared (theta `[P]`, broadcast) because cirkit has no
+per-example parameters; circuitc's per-example timings (theta `[B, P]`, what MTP uses) are an extra
+column. cirkit has no prefix program: it gets all n masked marginals as one batch of n*B rows (its
+IntegrateQuery with per-row masks); it has no MAP.
+
+The roofline of a program is max(bytes / bandwidth, flops / matmul rate), with bandwidth and matmul
+rate measured here, and bytes the unavoidable traffic: theta once, x and the output, and every
+layer's values written and read once (leaves `[Q, B]`, sum outputs; for sampling the chosen
+weight rows).
+
+Usage:
+    python benchmarks/bench_circuits.py [--threads 1] [--torch-compile] [--out benchmarks/results/circuits.json]
+
+Timings are medians; the machine is shared, so expect noise and compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from circuitc.builders import btree_graph, cp_graph, ff_graph, hmm_graph  # noqa: E402
+from circuitc.plan import Plan, lower  # noqa: E402
+from circuitc.runtime import CompiledCircuit  # noqa: E402
+
+N, V, R = 16, 256, 32
+STRUCTURES = {
+    "FF": lambda: ff_graph(N, V),
+    "CP": lambda: cp_graph(N, R, V),
+    "HMM": lambda: hmm_graph(N, R, V),
+    "BTree": lambda: btree_graph(N, R, V),
+}
+PROGRAMS = ("log_prob", "prefix", "sample", "map")
+
+
+def median_ms(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def reps_for(batch: int, slow: bool = False) -> int:
+    if slow:
+        return 3
+    return 200 if batch == 1 else 10
+
+
+# ------------------------------------------------------------------ this machine's roofline
+
+def measure_machine() -> dict[str, float]:
+    """Memory bandwidth (GB/s, a large copy: read + write) and matmul rate (GFLOP/s, float32)."""
+    big = torch.empty(64 * 2**20 // 4)  # 64 MiB, far beyond the caches
+    big.uniform_()
+    dst = torch.empty_like(big)
+    copy_ms = median_ms(lambda: dst.copy_(big), 15)
+    bandwidth = 2 * big.numel() * 4 / (copy_ms * 1e-3) / 1e9
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    mm_ms = median_ms(lambda: a @ b, 15)
+    flops = 2 * 1024**3 / (mm_ms * 1e-3) / 1e9
+    return {"bandwidth_gb_s": bandwidth, "matmul_gflop_s": flops}
+
+
+def roofline_ms(plan: Plan, program: str, batch: int, machine: dict[str, float]) -> float:
+    """Lower bound from the unavoidable traffic and FLOPs (see the module docstring)."""
+    f32, i64 = 4, 8
+    n, q = plan.num_vars, plan.num_leaves
+    theta = plan.num_params * f32
+    rows = {"prefix": "prefix"}.get(program, "full")
+    sums = sum(sf.size * sf.units * sf.rows[rows] for layer in plan.layers for sf in layer.sums)
+    sum_inputs = sum(sf.size * sf.inputs for sf in plan.sum_folds)
+    if program in ("log_prob", "prefix", "map"):
+        values = (q + sums) * batch * f32 * 2  # written once, read once
+        out = batch * (n if program in ("prefix", "map") else 1) * (i64 if program == "map" else f32)
+        traffic = theta + batch * n * i64 + values + out
+        key = "prefix_log_marginals" if program == "prefix" else program
+        flops = plan.counts["flops"][key] * batch
+    else:  # sampling: the chosen weight rows and leaf rows, and the samples
+        traffic = theta + batch * (sum_inputs * f32 + n * i64)
+        flops = plan.counts["flops"]["sample"] * batch
+    return 1e3 * max(traffic / (machine["bandwidth_gb_s"] * 1e9), flops / (machine["matmul_gflop_s"] * 1e9))
+
+
+# ------------------------------------------------------------------ circuitc
+
+def bench_circuitc(graph, machine, torch_compile: bool) -> tuple[dict, Plan]:
+    start = time.perf_counter()
+    plan = lower(graph)
+    circ = CompiledCircuit(plan)
+    results = {"compile_ms": 1e3 * (time.perf_counter() - start)}
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(circ.num_params, generator=gen)
+    for batch in (1, 1024):
+        x = torch.randint(V, (batch, N), generator=gen)
+        theta_b = theta.expand(batch, -1).contiguous()  # per-example parameters
+        reps = reps_for(batch)
+        with torch.no_grad():
+            timings = {
+                "log_prob": median_ms(lambda: circ.log_prob(x, theta), reps),
+                "prefix": median_ms(lambda: circ.prefix_log_marginals(x, theta), reps),
+                "sample": median_ms(lambda: circ.sample(theta, num_samples=batch, generator=gen), reps),
+                "map": median_ms(lambda: circ.map(theta.expand(batch, -1)) if batch > 1 else circ.map(theta), reps),
+                "log_prob_per_example": median_ms(lambda: circ.log_prob(x, theta_b), reps),
+                "prefix_per_example": median_ms(lambda: circ.prefix_log_marginals(x, theta_b), reps),
+            }
+            if torch_compile:
+                log_prob = torch.compile(circ.log_prob, dynamic=False, fullgraph=True)
+                prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
+                timings["log_prob_compiled"] = median_ms(lambda: log_prob(x, theta), reps, warmup=3)
+                timings["prefix_compiled"] = median_ms(lambda: prefix(x, theta), reps, warmup=3)
+        results[batch] = timings
+        results[f"roofline_{batch}"] = {p: roofline_ms(plan, p, batch, machine) for p in PROGRAMS}
+    return results, plan
+
+
+def bench_big_compile() -> float:
+    """Lowering a BTree over 5000 variables (9,999 regions), the compile-time target."""
+    graph = btree_graph(5000, R, V)
+    start = time.perf_counter()
+    CompiledCircuit(lower(graph))
+    return 1e3 * (time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------ cirkit (optional)
+
+def cirkit_available() -> bool:
+    try:
+        import cirkit  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def to_cirkit_circuit(graph, units: int):
+    """The same region graph as a cirkit symbolic circuit: categorical inputs, CP (hadamard) layers,
+    softmax-parameterised sums (cirkit samples only from normalised weights)."""
+    from cirkit.templates.region_graph.graph import PartitionNode, RegionNode
+    from cirkit.templates.region_graph.graph import RegionGraph as CirkitRegionGraph
+    from cirkit.templates.utils import Parameterization, name_to_input_layer_factory, parameterization_to_factory
+
+    nodes = {rid: RegionNode(r.scope) for rid, r in graph.regions.items()}
+    in_nodes: dict = {}
+    all_nodes = list(nodes.values())
+    for p in graph.partitions:
+        partition = PartitionNode(graph.regions[p.parent].scope)
+        all_nodes.append(partition)
+        in_nodes.setdefault(nodes[p.parent], []).append(partition)
+        in_nodes[partition] = [nodes[c] for c in p.children]
+    region_graph = CirkitRegionGraph(all_nodes, in_nodes, [nodes[graph.root]])
+    return region_graph.build_circuit(
+        input_factory=name_to_input_layer_factory("categorical", num_categories=graph.states),
+        sum_product="cp",
+        sum_weight_factory=parameterization_to_factory(Parameterization(activation="softmax", initialization="normal")),
+        num_input_units=units, num_sum_units=units, num_classes=1,
+    )
+
+
+def bench_cirkit(graph, units: int) -> dict:
+    from cirkit.backend.torch.queries import IntegrateQuery, SamplingQuery
+    from cirkit.pipeline import PipelineContext
+
+    start = time.perf_counter()
+    symbolic = to_cirkit_circuit(graph, units)
+    circuit = PipelineContext(backend="torch", semiring="lse-sum", fold=True, optimize=True).compile(symbolic)
+    results = {"compile_ms": 1e3 * (time.perf_counter() - start)}
+    gen = torch.Generator().manual_seed(0)
+    integrate = IntegrateQuery(circuit)
+    sample = SamplingQuery(circuit)
+    # all prefixes as one batch: row (i, b) integrates out the variables after i
+    prefix_mask = torch.arange(N).unsqueeze(0) > torch.arange(N).unsqueeze(1)  # [n, n] True = integrate
+    for batch in (1, 1024):
+        x = torch.randint(V, (batch, N), generator=gen)
+        xs = x.repeat(N, 1)  # [n*B, n]
+        masks = prefix_mask.repeat_interleave(batch, dim=0)
+        reps = reps_for(batch)
+        with torch.no_grad():
+            results[batch] = {
+                "log_prob": median_ms(lambda: circuit(x), reps),
+                "prefix": median_ms(lambda: integrate(xs, integrate_vars=masks), reps),
+                "sample": median_ms(lambda: sample(num_samples=batch), reps_for(batch, slow=batch > 1)),
+            }
+    return results
+
+
+# ------------------------------------------------------------------ report
+
+def table(report: dict) -> str:
+    head = (f"{'structure':<9} {'program':<9} {'B':>5} {'circuitc ms':>12} {'per-ex ms':>10} {'cirkit ms':>10} "
+            f"{'speed-up':>9} {'roofline ms':>12} {'x roofline':>11}")
+    lines = [head, "-" * len(head)]
+    for name, entry in report["structures"].items():
+        ours, theirs = entry["circuitc"], entry.get("cirkit")
+        for program in PROGRAMS:
+            for batch in ("1", "1024"):
+                t = ours[batch][program]
+                per_example = ours[batch].get(f"{program}_per_example")
+                other = theirs[batch].get(program) if theirs else None
+                roof = ours[f"roofline_{batch}"][program]
+                lines.append(
+                    f"{name:<9} {program:<9} {batch:>5} {t:>12.3f} "
+                    f"{(f'{per_example:.3f}' if per_example is not None else '-'):>10} "
+                    f"{(f'{other:.3f}' if other is not None else 'n/a'):>10} "
+                    f"{(f'{other / t:.1f}x' if other is not None else '-'):>9} {roof:>12.3f} {t / roof:>10.1f}x")
+                compiled = ours[batch].get(f"{program}_compiled")
+                if compiled is not None:
+                    lines.append(f"{'':<9} {'+compile':<9} {batch:>5} {compiled:>12.3f} {'':>10} "
+                                 f"{(f'{other:.3f}' if other is not None else 'n/a'):>10} "
+                                 f"{(f'{other / compiled:.1f}x' if other is not None else '-'):>9} "
+                                 f"{roof:>12.3f} {compiled / roof:>10.1f}x")
+        cirkit_compile = f"{theirs['compile_ms']:.1f}" if theirs else "n/a"
+        lines.append(f"{name:<9} {'compile':<9} {'':>5} {ours['compile_ms']:>12.1f} {'':>10} {cirkit_compile:>10}")
+    lines.append(f"BTree over 5000 variables (9,999 regions): compiled in {report['big_compile_ms']:.0f} ms")
+    m = report["machine"]
+    lines.append(f"machine: {m['bandwidth_gb_s']:.1f} GB/s copy bandwidth, {m['matmul_gflop_s']:.0f} GFLOP/s float32 "
+                 f"matmul, {report['threads']} torch thread(s)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1 by default: the cores are shared with other work)")
+    parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile'd likelihood programs")
+    parser.add_argument("--structures", default=",".join(STRUCTURES))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "circuits.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    machine = measure_machine()
+    have_cirkit = cirkit_available()
+    report = {"machine": machine, "threads": args.threads, "torch": torch.__version__,
+              "platform": platform.platform(), "n": N, "v": V, "r": R, "structures": {}}
+    for name in args.structures.split(","):
+        graph = STRUCTURES[name]()
+        units = 1 if name == "FF" else R
+        ours, _ = bench_circuitc(graph, machine, args.torch_compile)
+        entry = {"circuitc": ours}
+        if have_cirkit:
+            entry["cirkit"] = bench_cirkit(graph, units)
+        report["structures"][name] = json.loads(json.dumps(entry))  # int batch keys become strings
+        print(f"{name} done", flush=True)
+    report["big_compile_ms"] = bench_big_compile()
+    if not have_cirkit:
+        print("cirkit (pip install libcirkit) is not importable: its columns are n/a")
+    text = table(report)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report["table"] = text
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
