@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The expressiveness-latency study of docs/results.md: train draft heads on the tiny byte LM, then
+# measure them with `mtpc bench` (greedy and sampling, plain vs bonus-conditioned drafting, greedy
+# draft strategies), and draw the figure.
+#
+#   benchmarks/study.sh train    # heads into $HEADS (skips heads already trained; resumes cut runs)
+#   benchmarks/study.sh bench    # bench reports into $BENCH, figure into docs/
+#   benchmarks/study.sh          # both
+#
+# Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
+# Every head gets the same wall-clock training budget ($MINUTES) on this machine's CPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=PASSIVE  # other processes share the cores: no busy-waiting threads
+
+MODEL=${MODEL:-runs/tiny-lm}
+HEADS=${HEADS:-runs/heads}
+BENCH=${BENCH:-runs/bench}
+MINUTES=${MINUTES:-3}
+THREADS=${THREADS:-1}  # batch-1 decoding of a 3M-parameter LM: one thread, immune to other load
+PROMPTS=(--corpus stdlib --prompt-len 128 --num-prompts 4 --repeats 3 --max-new-tokens 256)
+STAGE=${1:-all}
+
+train_head() {  # name, then mtpc train arguments
+    local name=$1
+    shift
+    if [[ -f $HEADS/$name/train_config.json ]]; then
+        echo "== $name: already trained"
+        return
+    fi
+    echo "== $name: training ($MINUTES min) $(date +%T)"
+    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES" --no-progress "$@" \
+        >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
+    tail -n 1 "$HEADS/$name.log"
+}
+
+# In priority order: n=8 structures, n=16 FF/BTree, the rest of n=16, the r sweep, then LoRA.
+HEAD_PLAN=(
+    "ff8       --circuit examples/ff.pc    -D n=8"
+    "cp8-r8    --circuit examples/cp.pc    -D n=8  -D r=8"
+    "hmm8-r8   --circuit examples/hmm.pc   -D n=8  -D r=8"
+    "btree8-r8 --circuit examples/btree.pc -D n=8  -D r=8"
+    "ff16      --circuit examples/ff.pc    -D n=16"
+    "btree16-r8 --circuit examples/btree.pc -D n=16 -D r=8"
+    "cp16-r8   --circuit examples/cp.pc    -D n=16 -D r=8"
+    "hmm16-r8  --circuit examples/hmm.pc   -D n=16 -D r=8"
+    "cp8-r1    --circuit examples/cp.pc    -D n=8  -D r=1"
+    "cp8-r32   --circuit examples/cp.pc    -D n=8  -D r=32"
+)
+LORA_STRUCTURE=${LORA_STRUCTURE:-"btree8-r8 --circuit examples/btree.pc -D n=8 -D r=8"}
+
+train_all() {
+    mkdir -p "$HEADS"
+    for entry in "${HEAD_PLAN[@]}"; do
+        # shellcheck disable=SC2086
+        train_head $entry
+    done
+    local base=${LORA_STRUCTURE%% *} args=${LORA_STRUCTURE#* }
+    for k in 1 2; do
+        # shellcheck disable=SC2086
+        train_head "$base-lora$k" $args --lora-layers "$k"
+    done
+}
+
+existing() {  # the trained head folders among the arguments
+    for name in "$@"; do
+        [[ -f $HEADS/$name/train_config.json ]] && echo "$HEADS/$name"
+    done
+}
+
+bench_all() {
+    mkdir -p "$BENCH"
+    local all
+    mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
+                                ff16 cp16-r8 hmm16-r8 btree16-r8)
+    for mode in greedy sample; do
+        echo "== bench $mode $(date +%T)"
+        python -m mtpc.cli bench --model "$MODEL" --heads "${all[@]}" "${PROMPTS[@]}" --mode "$mode" \
+            --bonus both --threads "$THREADS" --no-progress --out "$BENCH/$mode" | tee "$BENCH/$mode.txt"
+    done
+    local n8
+    mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
+    echo "== bench draft strategies $(date +%T)"
+    python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy \
+        --draft conditional marginal map --threads "$THREADS" --no-progress --out "$BENCH/drafts" \
+        | tee "$BENCH/drafts.txt"
+    echo "== bench bf16 heads $(date +%T)"
+    python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy --bonus both \
+        --head-dtype bf16 --threads "$THREADS" --no-progress --out "$BENCH/greedy-bf16" | tee "$BENCH/greedy-bf16.txt"
+    python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" --out docs/results_tradeoff.png
+}
+
+case $STAGE in
+    train) train_all ;;
+    bench) bench_all ;;
+    all) train_all && bench_all ;;
+    *) echo "usage: $0 [train|bench|all]" >&2; exit 2 ;;
+esac

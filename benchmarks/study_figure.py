@@ -1,0 +1,30 @@
+"""Draw the study's Figure 1 (accepted tokens vs cycle latency, iso-throughput lines, one marker per
+head) from one or more `mtpc bench` reports, e.g. greedy and sampling side by side.
+
+Usage: python benchmarks/study_figure.py runs/bench/greedy/bench.json runs/bench/sample/bench.json \
+           --out docs/results_tradeoff.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from mtpc.bench import plot_tradeoff
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", help="bench.json files (one colour each)")
+    parser.add_argument("--out", required=True, help="PNG path")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args()
+    reports = [json.loads(Path(p).read_text()) for p in args.reports]
+    modes = " vs ".join(r["config"]["mode"] for r in reports)
+    plot_tradeoff(reports, Path(args.out), title=args.title or f"tiny byte LM, {modes}: accepted tokens vs latency")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
