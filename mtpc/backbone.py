@@ -250,6 +250,9 @@ class SplitBackbone:
     def _check_adapters(self) -> None:
         if self.peft is None:
             return
+        kinds = sorted({str(getattr(c.peft_type, "value", c.peft_type)) for c in self.peft.peft_config.values()})
+        if kinds != ["LORA"]:
+            raise ValueError(f"only LoRA adapters are supported on the draft path, the model has {kinds}")
         inside, outside = _lora_layer_indices(self.base, self.parts.layers)
         if outside:
             raise ValueError(f"LoRA adapters outside the decoder layers ({outside[:3]}) would change the verifier; "

@@ -127,6 +127,15 @@ def test_errors_are_helpful():
         backbone.crop(backbone.new_state(), 1)
 
 
+def test_non_lora_adapters_are_refused():
+    from peft import IA3Config, get_peft_model
+
+    ia3 = get_peft_model(tiny_llama(layers=2), IA3Config(target_modules=["k_proj", "down_proj"],
+                                                         feedforward_modules=["down_proj"]))
+    with pytest.raises(ValueError, match="only LoRA adapters"):
+        SplitBackbone(ia3, lora_layers=2)
+
+
 def test_unsupported_family_and_sliding_window():
     mistral = tiny_llama(config_cls=transformers.MistralConfig, sliding_window=8)
     with pytest.raises(ValueError, match="sliding"):
