@@ -203,6 +203,8 @@ def window_terms(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor, *,
     v = head.num_states
     valid = valid & (x >= 0) & (x < v)
     x = torch.where(valid, x, torch.zeros_like(x))
+    if h.shape[0] == 0:  # no window to score: a zero that still reaches every trainable input (for DDP)
+        return valid.to(h.dtype) + 0 * head.sum_logits(h).sum()  # [0, n]
     if fused:
         leaves = chunked_leaf_log_probs(head, h, x, valid, chunk_elements)  # [N, Q]
         prefix = blocked_prefix_log_marginals(head, h, leaves, chunk_elements)  # [N, n]
@@ -247,15 +249,15 @@ def _prefix(circ, leaves: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tenso
 
 def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Tensor, loss_mask: torch.Tensor, *,
              gamma: float = 0.9, fused: bool = True, normalizer: torch.Tensor | None = None,
-             chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
+             window_mask: torch.Tensor | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
     """The composite loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `tokens`,
     `doc_ids` [B, T] long, `loss_mask` [B, T] bool (see `mtpc.data`).
 
     `normalizer` ([n], optional) replaces the batch's own `N_j`: pass the counts of the whole
-    (global, accumulated) batch so that micro-batches and data-parallel ranks add up exactly."""
+    (global, accumulated) batch so that micro-batches and data-parallel ranks add up exactly.
+    `window_mask` ([B, T] bool, optional) scores only the windows starting where it is True."""
     n = head.num_variables
-    valid = target_validity(doc_ids, loss_mask, n)  # [B, T, n]
-    valid = valid & (window_targets(tokens, n, fill=-1) < head.num_states)
+    valid = window_validity(tokens, doc_ids, loss_mask, n, head.num_states, window_mask)  # [B, T, n]
     rows = valid.any(-1).flatten()  # [B*T] positions with at least one target
     h = hidden.flatten(0, 1)[rows]  # [N, d]
     x = window_targets(tokens, n).flatten(0, 1)[rows]  # [N, n]
@@ -268,10 +270,18 @@ def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Te
     return LossOutput(loss, sums.detach(), counts)
 
 
-def valid_counts(doc_ids: torch.Tensor, loss_mask: torch.Tensor, tokens: torch.Tensor, n: int, v: int) -> torch.Tensor:
-    """`[n]` N_j of a batch without running anything (to build a global `normalizer`)."""
+def window_validity(tokens: torch.Tensor, doc_ids: torch.Tensor, loss_mask: torch.Tensor, n: int, v: int,
+                    window_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, T, n]`: target `t + j` is scored (same document, in the loss mask, a circuit state, and
+    the window at `t` selected by `window_mask`)."""
     valid = target_validity(doc_ids, loss_mask, n) & (window_targets(tokens, n, fill=-1) < v)
-    return valid.flatten(0, 1).sum(0)
+    return valid if window_mask is None else valid & window_mask.unsqueeze(-1)
+
+
+def valid_counts(doc_ids: torch.Tensor, loss_mask: torch.Tensor, tokens: torch.Tensor, n: int, v: int,
+                 window_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`[n]` N_j of a batch without running anything (to build a global `normalizer`)."""
+    return window_validity(tokens, doc_ids, loss_mask, n, v, window_mask).flatten(0, 1).sum(0)
 
 
 # ------------------------------------------------------------------ teacher-forced acceptance

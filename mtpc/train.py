@@ -66,6 +66,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     gamma: float = 0.9
+    window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
     sum_init_std: float = 0.02
     val_fraction: float = 0.02
     val_every: int = 50
@@ -174,11 +175,11 @@ class DraftModel(nn.Module):
         with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
             return base.model(input_ids=tokens).last_hidden_state
 
-    def forward(self, tokens, doc_ids, loss_mask, normalizer):
+    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
         h = self.hidden(tokens)  # [B, T, d]
         with autocast(tokens.device, self.amp):
             out = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, gamma=self.gamma, normalizer=normalizer,
-                           chunk_elements=self.chunk_elements)
+                           window_mask=window_mask, chunk_elements=self.chunk_elements)
         return out.loss, out.term_sums, out.counts
 
 
@@ -295,7 +296,9 @@ class Trainer:
         indices = self.sampler.take(cfg.batch_size)  # the global batch, the same on every rank
         batch = collate(self.train_set[i] for i in indices)
         n, v = self.head.num_variables, self.head.num_states
-        normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v).to(d.device)
+        batch["window_mask"] = self._window_mask(batch["tokens"].shape)
+        normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v,
+                                  batch["window_mask"]).to(d.device)
         progress = self.step / max(1, self.total_steps or 1)
         for group in self.opt.param_groups:
             group["lr"] = cosine_lr(group["base_lr"], progress, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
@@ -307,7 +310,8 @@ class Trainer:
             part = {k: t[mine].to(d.device) for k, t in batch.items()}
             sync = m == cfg.grad_accum - 1 or d.world == 1
             with self._no_sync(not sync):
-                loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer)
+                loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
+                                      part["window_mask"])
                 (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
@@ -316,6 +320,12 @@ class Trainer:
         self.tokens += int(batch["tokens"].numel())
         total = _all_sum(loss_sum, d).item()
         return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"]}
+
+    def _window_mask(self, shape: torch.Size) -> torch.Tensor:
+        """`[B, T]`: positions `t` with `(t + step) % window_stride == 0` (all with stride 1)."""
+        s = self.cfg.window_stride
+        positions = torch.arange(shape[1])
+        return ((positions + self.step) % s == 0).expand(shape)
 
     def _no_sync(self, skip: bool):
         import contextlib

@@ -211,3 +211,19 @@ def test_fused_path_under_bf16_autocast_stays_close():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = mtp_loss(head, hidden, tokens, doc_ids, mask).loss
     assert low.dtype == torch.float32 and low.item() == pytest.approx(exact.item(), rel=2e-2)
+
+
+def test_window_mask_scores_only_the_selected_windows():
+    head = make_head(GRAPHS["btree"])
+    tokens, doc_ids, mask = batch()
+    hidden = torch.randn(2, 9, 5, dtype=torch.float64)
+    everything = mtp_loss(head, hidden, tokens, doc_ids, mask, window_mask=torch.ones(2, 9, dtype=torch.bool))
+    assert everything.loss.item() == mtp_loss(head, hidden, tokens, doc_ids, mask).loss.item()
+    pick = torch.zeros(2, 9, dtype=torch.bool)
+    pick[0, 1] = pick[1, 3] = True
+    some = mtp_loss(head, hidden, tokens, doc_ids, mask, window_mask=pick)
+    only = [mtp_loss(head, hidden[b:b + 1], tokens[b:b + 1], doc_ids[b:b + 1], mask[b:b + 1],
+                     window_mask=pick[b:b + 1], normalizer=some.counts).loss for b in range(2)]
+    assert some.counts.tolist() == valid_counts(doc_ids, mask, tokens, 3, 4, pick).tolist()
+    assert some.counts.sum() < everything.counts.sum()
+    assert some.loss.item() == pytest.approx(sum(only).item(), rel=1e-12)

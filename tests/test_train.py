@@ -71,9 +71,9 @@ def test_training_reduces_the_loss_and_writes_a_self_describing_folder(tiny_lm, 
 
 def test_resume_is_exact(tiny_lm, corpus, tmp_path):
     """Stop after 3 of 6 steps, rerun the same command: identical weights, losses and optimizer."""
-    straight = config(tiny_lm, corpus, tmp_path / "straight", steps=6, lora_layers=1)
+    straight = config(tiny_lm, corpus, tmp_path / "straight", steps=6, lora_layers=1, window_stride=2)
     train(straight)
-    split = config(tiny_lm, corpus, tmp_path / "split", steps=6, lora_layers=1, stop_after=3)
+    split = config(tiny_lm, corpus, tmp_path / "split", steps=6, lora_layers=1, window_stride=2, stop_after=3)
     assert train(split) == {"stopped_at": 3}
     assert not (tmp_path / "split" / "head.safetensors").exists()
     split.stop_after = None
@@ -94,8 +94,10 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_lm, corpus, tmp_path):
     train(config(tiny_lm, corpus, tmp_path / "one", steps=2))
     train(config(tiny_lm, corpus, tmp_path / "acc", steps=2, grad_accum=2))
     a, b = weights(tmp_path / "one"), weights(tmp_path / "acc")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5)
+    for k in a:  # Adam turns rounding noise of near-zero gradients into ~1e-5 weight differences
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4)
+    for key in ("loss", "grad_norm"):
+        assert log_losses(tmp_path / "one", key) == pytest.approx(log_losses(tmp_path / "acc", key), rel=1e-5)
 
 
 def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_path):
@@ -137,7 +139,7 @@ def test_ddp_two_processes_equal_one_process(tiny_lm, corpus, tmp_path):
     """A real `torchrun --nproc_per_node 2` (gloo, CPU) equals one process on the same global batch."""
     args = ["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=4", "--data", corpus,
             "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision", "fp32", "--no-progress",
-            "--val-every", "100"]
+            "--val-every", "100", "--window-stride", "3"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mtpc.cli",
            *args, "--out", str(tmp_path / "ddp")]
@@ -146,7 +148,7 @@ def test_ddp_two_processes_equal_one_process(tiny_lm, corpus, tmp_path):
     assert main([*args, "--out", str(tmp_path / "single")]) == 0
     a, b = weights(tmp_path / "ddp"), weights(tmp_path / "single")
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4)
     assert json.loads((tmp_path / "ddp" / "train_config.json").read_text())["world_size"] == 2
     ddp_losses, single_losses = log_losses(tmp_path / "ddp"), log_losses(tmp_path / "single")
     assert ddp_losses == pytest.approx(single_losses, rel=1e-5)
