@@ -66,6 +66,8 @@ def add_train(sub) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--lora-lr", type=float, default=2e-4)
     p.add_argument("--gamma", type=float, default=0.9, help="discount of window position j: gamma**(j-1)")
+    p.add_argument("--window-stride", type=int, default=1,
+                   help="score the windows at every s-th position only (s x cheaper head; default 1)")
     p.add_argument("--val-every", type=int, default=50)
     p.add_argument("--val-sequences", type=int, default=8)
     p.add_argument("--save-every", type=int, default=50)
@@ -104,7 +106,8 @@ def run_train(args) -> int:
                       data=args.data, lora_layers=args.lora_layers, lora_rank=args.lora_rank,
                       init_head=args.init_head, seq_len=args.seq_len, batch_size=args.batch_size,
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      lora_lr=args.lora_lr, gamma=args.gamma, val_every=args.val_every,
+                      lora_lr=args.lora_lr, gamma=args.gamma, window_stride=args.window_stride,
+                      val_every=args.val_every,
                       val_sequences=args.val_sequences, save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
                       stop_after=args.stop_after)
