@@ -87,15 +87,16 @@ def roofline_ms(plan: Plan, program: str, batch: int, machine: dict[str, float])
     rows = {"prefix": "prefix"}.get(program, "full")
     sums = sum(sf.size * sf.units * sf.rows[rows] for layer in plan.layers for sf in layer.sums)
     sum_inputs = sum(sf.size * sf.inputs for sf in plan.sum_folds)
+    # parameter work (normalising leaves and weights) is done once for shared parameters
+    shared = 2 * q * plan.num_states + 3 * (plan.num_params - plan.num_input_params)
+    key = {"prefix": "prefix_log_marginals"}.get(program, program)
+    flops = max(plan.counts["flops"][key] - shared, 0) * batch + shared
     if program in ("log_prob", "prefix", "map"):
         values = (q + sums) * batch * f32 * 2  # written once, read once
         out = batch * (n if program in ("prefix", "map") else 1) * (i64 if program == "map" else f32)
         traffic = theta + batch * n * i64 + values + out
-        key = "prefix_log_marginals" if program == "prefix" else program
-        flops = plan.counts["flops"][key] * batch
     else:  # sampling: the chosen weight rows and leaf rows, and the samples
         traffic = theta + batch * (sum_inputs * f32 + n * i64)
-        flops = plan.counts["flops"]["sample"] * batch
     return 1e3 * max(traffic / (machine["bandwidth_gb_s"] * 1e9), flops / (machine["matmul_gflop_s"] * 1e9))
 
 

@@ -340,13 +340,13 @@ class CompiledCircuit(nn.Module):
         else:
             logits = theta[:, :self.num_input_params].view(bp, self.num_leaves, self.num_states)  # [B, Q, v]
             picked = logits.gather(2, state.t().unsqueeze(-1)).squeeze(-1)  # [B, Q]
-            leaves = (picked - _logsumexp(logits)).t().contiguous()  # [Q, B]
+            leaves = (picked - _chunked(_logsumexp, logits)).t().contiguous()  # [Q, B]
         return leaves if kept is None else leaves.masked_fill(~kept, 0.0)
 
     def _max_leaves(self, theta: Tensor, batch: int, evidence: Tensor | None, keep: Tensor | None) -> Tensor:
         """`[Q, B]` leaf values of the max-product pass: max_s log p(s), or log p(evidence)."""
         logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
-        best = (logits.amax(-1) - _logsumexp(logits)).t().expand(self.num_leaves, batch)  # [Q, B]
+        best = _chunked(_max_log_prob, logits).t().expand(self.num_leaves, batch)  # [Q, B]
         if evidence is None:
             return best.contiguous()
         keep = self._keep(keep if keep is not None else torch.ones_like(evidence, dtype=torch.bool),
@@ -493,8 +493,12 @@ class CompiledCircuit(nn.Module):
     def _best_states(self, theta: Tensor, leaf_of_var: Tensor) -> Tensor:
         """`[B, n]` the most likely state of each variable's selected leaf."""
         bp, q, v = theta.shape[0], self.num_leaves, self.num_states
-        best = theta[:, :self.num_input_params].view(bp, q, v).argmax(-1)  # [Bp, Q]
-        return best[0][leaf_of_var] if bp == 1 else best.gather(1, leaf_of_var)
+        logits = theta[:, :self.num_input_params]
+        if bp == 1:
+            return logits.view(q, v).argmax(-1)[leaf_of_var]
+        example = torch.arange(leaf_of_var.shape[0], device=leaf_of_var.device).unsqueeze(1)
+        rows = logits.reshape(bp * q, v).index_select(0, (example * q + leaf_of_var).view(-1))  # [B*n, v]
+        return rows.argmax(-1).view(leaf_of_var.shape)
 
 
 LOG2E = 1.4426950408889634
@@ -519,6 +523,24 @@ def _logsumexp(a: Tensor) -> Tensor:
     For large inputs the shift and the base change to 2 are one fused pass before exp2."""
     shift = a.amax(-1, keepdim=True)
     return _exp_shifted(a, shift).sum(-1).log() + shift.squeeze(-1)
+
+
+CHUNK_NUMEL = 2**20  # per-example leaf normalisation runs in chunks this big: temporaries stay in cache
+
+
+def _chunked(fn: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
+    """`fn` over `[B, Q, v]` in slices of examples, so no temporary as large as the input exists."""
+    per_example = logits[0].numel()
+    if logits.numel() <= CHUNK_NUMEL or logits.shape[0] == 1:
+        return fn(logits)
+    step = max(1, CHUNK_NUMEL // per_example)
+    return torch.cat([fn(part) for part in logits.split(step)], dim=0)
+
+
+def _max_log_prob(logits: Tensor) -> Tensor:
+    """max_s log softmax(logits)[s] over the last dim: max - logsumexp (one shared max pass)."""
+    shift = logits.amax(-1, keepdim=True)
+    return -_exp_shifted(logits, shift).sum(-1).log()
 
 
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
