@@ -104,6 +104,9 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from mtpc import SpeculativeDecoder, load_head
+    from mtpc.decode import generate_autoregressive
+
     train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
     stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, init_head=str(tmp_path / "stage1"),
                     lora_layers=1)
@@ -111,7 +114,13 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     assert not torch.equal(weights(tmp_path / "stage1")["weight"], weights(tmp_path / "stage2")["weight"])
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm), str(tmp_path / "stage2" / "lora"))
     assert json.loads((tmp_path / "stage2" / "lora" / "adapter_config.json").read_text())["layers_to_transform"] == [1]
-    assert model is not None
+    head = load_head(tmp_path / "stage2").double()
+    decoder = SpeculativeDecoder(model.double().eval(), head, lora_layers=1)  # the outputs plug into the decoder
+    prompt = torch.tensor([[257, 100, 101, 102]])
+    out = decoder.generate(prompt, max_new_tokens=12)
+    with model.disable_adapter():  # plain greedy decoding of the base model (the verifier)
+        plain = generate_autoregressive(model.get_base_model(), prompt, max_new_tokens=12)
+    assert torch.equal(out.sequences, plain.sequences)
 
 
 def test_bad_data_is_skipped_not_fatal(tiny_lm, tmp_path):
