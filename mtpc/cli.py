@@ -69,7 +69,8 @@ def add_train(sub) -> None:
     p.add_argument("--window-stride", type=int, default=1,
                    help="score the windows at every s-th position only (s x cheaper head; default 1)")
     p.add_argument("--val-every", type=int, default=50)
-    p.add_argument("--val-sequences", type=int, default=8)
+    p.add_argument("--val-sequences", type=int, default=8, help="held-out sequences scored at each validation")
+    p.add_argument("--val-windows", type=int, default=1024, help="of their windows, how many score acceptance")
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -107,8 +108,8 @@ def run_train(args) -> int:
                       init_head=args.init_head, seq_len=args.seq_len, batch_size=args.batch_size,
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
                       lora_lr=args.lora_lr, gamma=args.gamma, window_stride=args.window_stride,
-                      val_every=args.val_every,
-                      val_sequences=args.val_sequences, save_every=args.save_every, precision=args.precision,
+                      val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
+                      save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
                       stop_after=args.stop_after)
     s = train(cfg)
