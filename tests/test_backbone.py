@@ -102,7 +102,7 @@ def test_keep_returns_only_the_last_positions():
     torch.testing.assert_close(out.logits, model(ids).logits[:, -1:], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("config_cls", ["MistralConfig", "Qwen2Config"])
+@pytest.mark.parametrize("config_cls", ["MistralConfig", "Qwen2Config", "Qwen3Config"])
 def test_other_llama_layout_families(config_cls):
     extra = {"sliding_window": None} if config_cls == "MistralConfig" else {}
     model = tiny_llama(config_cls=getattr(transformers, config_cls), **extra)
