@@ -1,28 +1,44 @@
 """MTP draft heads: hidden states of an LM become the flat parameters of any compiled circuit.
 
-`head = MTPHead(circ, hidden_size)` maps `h` `[..., d]` to the circuit's flat logits `theta`
-`[..., P]` (the runtime contract's layout: all input slots, leaf by leaf `[v]` rows, then all sum
-slots). Parameterisation `"full"` is the paper's: every input unit (leaf) has its own unembedding
-`W_q` `[v, d]` (together `W ∈ R^{n×r×v×d}`), every sum slot a projection `R` to its `[U, K]` logits.
-All of it is one matrix `[P, d]` plus a bias `[P]`, so `head(h)` is a single matmul; the split views
-`input_logits(h, leaves)` and `sum_logits(h)` read row blocks of the same matrix.
+`head = MTPHead(circ, hidden_size, parameterisation=...)` maps `h` `[..., d]` to the circuit's flat
+logits `theta` `[..., P]` (the runtime contract's layout: all input slots, leaf by leaf `[v]` rows,
+then all sum slots). Every parameterisation has the same contract (`forward`, the split views
+`input_logits(h, leaves)` / `sum_logits(h)` the training loss uses, `dtype`, save/load); every sum
+slot gets a projection `R` `[S, d]` plus a bias to its `[U, K]` logits. They differ in the input
+units (leaves; `n` positions, `Q` leaves, `v` states, `d` hidden size):
+
+- `"full"` (the paper's): every leaf `q` has its own unembedding `W_q` `[v, d]` (together
+  `W ∈ R^{n×r×v×d}`). All of it is one matrix `[P, d]` plus a bias `[P]`, so `head(h)` is one matmul.
+- `"shared"` (paper Appendix G): one unembedding `E_i` `[v, d]` per window position, plus a low-rank
+  per-leaf adapter: `logits_q = E_i h + c_i + B_q (A_q h + a_q)` with `A_q` `[a, d]`, `B_q` `[v, a]`
+  (`a = adapter_rank`), `B` zero at initialisation. `E`, `A` and `R` are stacked in one matrix, so a
+  cycle is one matmul `[n*v + Q*a + S, d]` and one batched `[v, a]` product per leaf.
+- `"factorised"` (large vocabularies): the per-position unembedding is itself low rank,
+  `E_i = U_i V_i` (`V_i` `[k, d]`, `U_i` `[v, k]`, `k = factor_rank`), plus the same adapters:
+  one matmul `[n*k + Q*a + S, d]`, then `[v, k]` and `[v, a]` batched products.
 
 Vocabulary mapping: circuit state `s` is token id `s`. A circuit with `v` states drafts token ids
 `0 .. v-1` of an LM whose vocabulary may be larger (a byte circuit, v = 256, over a byte LM with a few
 special tokens appended); `init_from` rows `0 .. v-1` initialise the units.
 
 Initialisation (`init_from` = the LM's output embedding `[V, d]`, or a list of `n`, one per window
-position): every unit of position `i` starts as rows `0 .. v-1` of embedding `i` and the sum
+position): every unit of position `i` starts as rows `0 .. v-1` of embedding `i` ("full", "shared";
+"factorised" starts from its best rank-`k` approximation, exact when `k >= min(v, d)`) and the sum
 projections start at zero (uniform mixtures), so at initialisation any circuit (CP, HMM, BTree, ...)
-is exactly the fully factorised product of per-position softmaxes of the LM head. Note for training:
-with identical units and uniform sums every unit receives the same gradient, so the symmetry never
-breaks by itself; `sum_init_std > 0` (random sum projections) breaks it while keeping the FF
-distribution at initialisation exact (a mixture of identical components is that component).
-`identity_init = a` adds `a` to the diagonal of every square sum block (`U == K`): HMM transitions
-start near the identity (paper Appendix H).
+is exactly the fully factorised product of per-position softmaxes. For "shared"/"factorised" every
+leaf of a position starts identical because the adapters' `B` is zero. Note for training: with
+identical units and uniform sums every unit receives the same gradient in the "full" head, so the
+symmetry never breaks by itself; `sum_init_std > 0` (random sum projections) breaks it while keeping
+the FF distribution at initialisation exact (a mixture of identical components is that component).
+(The adapters' distinct `A_q` break it too.) `identity_init = a` adds `a` to the diagonal of every
+square sum block (`U == K`): HMM transitions start near the identity (paper Appendix H).
 
-`save_head(head, dir)` / `load_head(dir)`: `head.safetensors` + `head.json` (the circuit's graph spec
-and the head options); the round trip is exact.
+Precision: `head.to(torch.bfloat16)` stores and runs the weights in bf16 (about 2-4x faster
+matrix-vector products on CPU); `theta` then comes out in bf16 and the circuit programs compute in
+float32.
+
+`save_head(head, dir)` / `load_head(dir)`: `head.safetensors` + `head.json` (the circuit's graph spec,
+the parameterisation and the head options); the round trip is exact in any dtype.
 """
 
 from __future__ import annotations
@@ -35,10 +51,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MTPHead", "save_head", "load_head", "PARAMETERISATIONS", "HEAD_FORMAT"]
+__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "save_head", "load_head", "PARAMETERISATIONS",
+           "HEAD_FORMAT"]
 
 HEAD_FORMAT = "mtpc-head/1"
-PARAMETERISATIONS = ("full",)
+PARAMETERISATIONS = ("full", "shared", "factorised")
+DEFAULT_ADAPTER_RANK = 16
+DEFAULT_FACTOR_RANK = 64
 
 
 def _load_and_compile(source):
@@ -64,22 +83,36 @@ class MTPHead(nn.Module):
     `circ`: a `CompiledCircuit`, or a source `circuitc.compile` accepts without bindings (RegionGraph,
     graph-spec dict, `.json`/`.pc` path or text); a head built from a source keeps its graph, so it
     can be saved. The circuit is a submodule, so `.to(device)` moves it too.
+
+    `MTPHead(..., parameterisation=p)` builds the subclass for `p` (`FullHead`, `SharedHead`,
+    `FactorisedHead`); `adapter_rank` ("shared", "factorised") and `factor_rank` ("factorised") size
+    them and are ignored by the others.
     """
+
+    parameterisation: str = ""
+
+    def __new__(cls, *args, parameterisation: str = "full", **kwargs):
+        if cls is MTPHead:
+            if parameterisation not in _HEADS:
+                raise ValueError(f"unknown head parameterisation {parameterisation!r}; known: {PARAMETERISATIONS}")
+            cls = _HEADS[parameterisation]
+        return super().__new__(cls)
 
     def __init__(self, circ, hidden_size: int, init_from: torch.Tensor | Sequence[torch.Tensor] | None = None, *,
                  parameterisation: str = "full", identity_init: float | None = None, sum_init_std: float = 0.0,
+                 adapter_rank: int = DEFAULT_ADAPTER_RANK, factor_rank: int = DEFAULT_FACTOR_RANK,
                  dtype: torch.dtype | None = None):
         super().__init__()
-        if parameterisation not in PARAMETERISATIONS:
-            raise ValueError(f"unknown head parameterisation {parameterisation!r}; known: {PARAMETERISATIONS}")
+        if parameterisation != self.parameterisation:
+            raise ValueError(f"{type(self).__name__} is the {self.parameterisation!r} parameterisation, "
+                             f"not {parameterisation!r}")
         graph = None
         if not isinstance(circ, nn.Module):
             graph, circ = _load_and_compile(circ)
         self.circ = circ
         self.graph = _graph_of(circ) or graph
         self.hidden_size = int(hidden_size)
-        self.parameterisation = parameterisation
-        self.options = {"identity_init": identity_init, "sum_init_std": float(sum_init_std)}
+        self.options: dict[str, Any] = {"identity_init": identity_init, "sum_init_std": float(sum_init_std)}
         layout = circ.param_layout
         inputs = [s for s in layout if s.kind == "input"]
         self.num_states = inputs[0].shape[1]  # v
@@ -87,50 +120,66 @@ class MTPHead(nn.Module):
         self.num_leaves = int(circ.num_leaves)  # Q
         self.num_input_params = int(circ.num_input_params)
         self.num_params = int(circ.num_params)
-        dtype = dtype or torch.get_default_dtype()
-        self.weight = nn.Parameter(torch.zeros(self.num_params, self.hidden_size, dtype=dtype))  # [P, d]
-        self.bias = nn.Parameter(torch.zeros(self.num_params, dtype=dtype))  # [P]
-        self._initialise(init_from, identity_init, sum_init_std)
+        self.num_sum_params = self.num_params - self.num_input_params  # S
+        self._build(dtype or torch.get_default_dtype(), adapter_rank=int(adapter_rank), factor_rank=int(factor_rank))
+        with torch.no_grad():
+            self._init_inputs(init_from)
+            self._init_sums(identity_init, sum_init_std)
 
-    # ----------------------------------------------------------------- initialisation
+    # ----------------------------------------------------------------- what a parameterisation defines
 
-    @torch.no_grad()
-    def _initialise(self, init_from, identity_init, sum_init_std) -> None:
-        n, v, d, Q = self.num_variables, self.num_states, self.hidden_size, self.num_leaves
-        leaf_rows = self.weight[: self.num_input_params].view(Q, v, d)  # [Q, v, d]
-        if init_from is None:
-            nn.init.normal_(leaf_rows, std=d ** -0.5)
-        else:
-            tables = _per_position(init_from, n, v, d)  # [n, v, d]
-            leaf_rows.copy_(tables[self.circ.leaf_variable.cpu()].to(leaf_rows))
-        sums = self.weight[self.num_input_params:]  # [S, d]
-        if sum_init_std:
-            nn.init.normal_(sums, std=sum_init_std)
-        if identity_init:
-            for slot in self.circ.param_layout:
-                U, K = slot.shape
-                if slot.kind == "sum" and U == K:
-                    diag = slot.offset + torch.arange(U) * (K + 1)
-                    self.bias[diag] += identity_init
+    def _build(self, dtype: torch.dtype, adapter_rank: int, factor_rank: int) -> None:
+        """Create the parameters (all zero)."""
+        raise NotImplementedError
 
-    # ----------------------------------------------------------------- the contract
+    def _init_inputs(self, init_from) -> None:
+        """Initialise the input units from `init_from` (or randomly when None)."""
+        raise NotImplementedError
+
+    def _sum_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the sum projection `[S, d]` and its bias `[S]`."""
+        raise NotImplementedError
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """`[..., d]` -> `[..., P]`: one matmul."""
-        return F.linear(h, self.weight, self.bias)
+        """`[..., d]` -> `[..., P]`."""
+        raise NotImplementedError
 
     def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """`[..., d]` -> `[..., Q_chunk, v]` for the leaves selected by a slice or a LongTensor of leaf
         indices (leaf order as the circuit's)."""
-        v = self.num_states
-        rows_w = self.weight[: self.num_input_params].view(self.num_leaves, v, self.hidden_size)[leaves]
-        rows_b = self.bias[: self.num_input_params].view(self.num_leaves, v)[leaves]
-        out = F.linear(h, rows_w.reshape(-1, self.hidden_size), rows_b.reshape(-1))  # [..., Qc * v]
-        return out.unflatten(-1, (-1, v))
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- shared by all
 
     def sum_logits(self, h: torch.Tensor) -> torch.Tensor:
         """`[..., d]` -> `[..., P - num_input_params]`."""
-        return F.linear(h, self.weight[self.num_input_params:], self.bias[self.num_input_params:])
+        weight, bias = self._sum_rows()
+        return F.linear(h, weight, bias)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights are stored (and the head runs) in."""
+        return next(self.parameters()).dtype
+
+    def num_weights(self) -> int:
+        """The head's trainable parameter count."""
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def _init_sums(self, identity_init, sum_init_std) -> None:
+        weight, bias = self._sum_rows()  # [S, d], [S]
+        if sum_init_std:
+            nn.init.normal_(weight, std=sum_init_std)
+        if identity_init:
+            offset = self.num_input_params
+            for slot in self.circ.param_layout:
+                U, K = slot.shape
+                if slot.kind == "sum" and U == K:
+                    diag = slot.offset - offset + torch.arange(U) * (K + 1)
+                    bias[diag] += identity_init
+
+    def _positions(self, h: torch.Tensor) -> torch.Tensor:
+        return self.circ.leaf_variable.to(h.device)
 
     def config(self) -> dict[str, Any]:
         """What `load_head` needs to rebuild this head (the weights aside)."""
@@ -142,14 +191,202 @@ class MTPHead(nn.Module):
             "hidden_size": self.hidden_size,
             "parameterisation": self.parameterisation,
             "options": self.options,
-            "dtype": str(self.weight.dtype).removeprefix("torch."),
+            "dtype": str(self.dtype).removeprefix("torch."),
             "vocabulary": "circuit state s = token id s",
             "graph": self.graph.to_json(),
         }
 
     def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank"))
         return (f"n={self.num_variables}, v={self.num_states}, leaves={self.num_leaves}, params={self.num_params}, "
-                f"hidden_size={self.hidden_size}, parameterisation={self.parameterisation!r}")
+                f"hidden_size={self.hidden_size}, parameterisation={self.parameterisation!r}{extra}")
+
+
+class FullHead(MTPHead):
+    """The paper's head: one `[P, d]` matrix `weight` and bias `bias`; leaf `q`'s rows are
+    `weight[q*v:(q+1)*v]`, the sum projection the last `S` rows."""
+
+    parameterisation = "full"
+
+    def _build(self, dtype, adapter_rank, factor_rank) -> None:
+        self.weight = nn.Parameter(torch.zeros(self.num_params, self.hidden_size, dtype=dtype))  # [P, d]
+        self.bias = nn.Parameter(torch.zeros(self.num_params, dtype=dtype))  # [P]
+
+    def _init_inputs(self, init_from) -> None:
+        n, v, d, Q = self.num_variables, self.num_states, self.hidden_size, self.num_leaves
+        leaf_rows = self.weight[: self.num_input_params].view(Q, v, d)  # [Q, v, d]
+        if init_from is None:
+            nn.init.normal_(leaf_rows, std=d ** -0.5)
+        else:
+            tables = _per_position(init_from, n, v, d)  # [n, v, d]
+            leaf_rows.copy_(tables[self.circ.leaf_variable.cpu()].to(leaf_rows))
+
+    def _sum_rows(self):
+        return self.weight[self.num_input_params:], self.bias[self.num_input_params:]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """`[..., d]` -> `[..., P]`: one matmul."""
+        return F.linear(h, self.weight, self.bias)
+
+    def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        v = self.num_states
+        rows_w = self.weight[: self.num_input_params].view(self.num_leaves, v, self.hidden_size)[leaves]
+        rows_b = self.bias[: self.num_input_params].view(self.num_leaves, v)[leaves]
+        out = F.linear(h, rows_w.reshape(-1, self.hidden_size), rows_b.reshape(-1))  # [..., Qc * v]
+        return out.unflatten(-1, (-1, v))
+
+
+class _AdapterHead(MTPHead):
+    """Per-position logits `base_i(h)` `[v]` plus per-leaf low-rank adapters `B_q (A_q h + a_q)`.
+
+    One stacked matrix `proj_weight` `[M + Q*a + S, d]` (+ `proj_bias`) holds, in this order, the `M`
+    rows the position logits start from, the adapters' `A` and the sum projection; `adapter_up` is
+    `B` `[Q, v, a]`. Subclasses say what the first `M` rows are and how they become `[n, v]` logits."""
+
+    def _position_rows(self) -> int:  # M
+        raise NotImplementedError
+
+    def _position_logits(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`y` `[..., m, M/n]` (the position rows' outputs for `positions` `[m]`) -> `[..., m, v]`."""
+        raise NotImplementedError
+
+    def _build(self, dtype, adapter_rank, factor_rank) -> None:
+        if adapter_rank < 0:
+            raise ValueError(f"adapter_rank must be >= 0, got {adapter_rank}")
+        self.options["adapter_rank"] = adapter_rank
+        self.adapter_rank = adapter_rank
+        rows = self._position_rows() + self.num_leaves * adapter_rank + self.num_sum_params
+        self.proj_weight = nn.Parameter(torch.zeros(rows, self.hidden_size, dtype=dtype))  # [M + Q*a + S, d]
+        self.proj_bias = nn.Parameter(torch.zeros(rows, dtype=dtype))
+        self.adapter_up = nn.Parameter(torch.zeros(self.num_leaves, self.num_states, adapter_rank, dtype=dtype))
+
+    def _blocks(self, t: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of the position, adapter and sum parts of a stacked tensor along `dim` (the rows of
+        `proj_weight`, `proj_bias`, or the last dim of the stacked matmul's output)."""
+        m, qa = self._position_rows(), self.num_leaves * self.adapter_rank
+        return t.narrow(dim, 0, m), t.narrow(dim, m, qa), t.narrow(dim, m + qa, self.num_sum_params)
+
+    def _init_adapters(self) -> None:
+        _, down, _ = self._blocks(self.proj_weight, 0)  # [Q*a, d]
+        nn.init.normal_(down, std=self.hidden_size ** -0.5)  # A random, B (adapter_up) zero: no change at init
+
+    def _sum_rows(self):
+        return self._blocks(self.proj_weight, 0)[2], self._blocks(self.proj_bias)[2]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """`[..., d]` -> `[..., P]`: one stacked matmul, then the per-position and adapter products."""
+        y = F.linear(h, self.proj_weight, self.proj_bias)  # [..., M + Q*a + S]
+        pos, low, sums = self._blocks(y)
+        n, Q, a = self.num_variables, self.num_leaves, self.adapter_rank
+        every = torch.arange(n, device=h.device)
+        base = self._position_logits(pos.unflatten(-1, (n, -1)), every)  # [..., n, v]
+        leaves = base.index_select(-2, self._positions(h))  # [..., Q, v]
+        if a:
+            leaves = leaves + _adapt(low.unflatten(-1, (Q, a)), self.adapter_up)
+        return torch.cat([leaves.flatten(-2), sums], -1)
+
+    def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        Q, a, d, n = self.num_leaves, self.adapter_rank, self.hidden_size, self.num_variables
+        chosen = torch.arange(Q, device=h.device)[leaves]  # [Qc]
+        positions, which = torch.unique(self._positions(h)[chosen], return_inverse=True)  # [m], [Qc]
+        pos_w, down_w, _ = self._blocks(self.proj_weight, 0)  # [M, d], [Q*a, d]
+        pos_b, down_b, _ = self._blocks(self.proj_bias)
+        per = self._position_rows() // n
+        rows_w = pos_w.view(n, per, d)[positions].reshape(-1, d)  # [m*per, d]
+        rows_b = pos_b.view(n, per)[positions].reshape(-1)
+        y = F.linear(h, rows_w, rows_b).unflatten(-1, (positions.numel(), per))  # [..., m, per]
+        out = self._position_logits(y, positions).index_select(-2, which)  # [..., Qc, v]
+        if a:
+            a_w = down_w.view(Q, a, d)[chosen].reshape(-1, d)  # [Qc*a, d]
+            a_b = down_b.view(Q, a)[chosen].reshape(-1)
+            low = F.linear(h, a_w, a_b).unflatten(-1, (chosen.numel(), a))  # [..., Qc, a]
+            out = out + _adapt(low, self.adapter_up[chosen])
+        return out
+
+
+def _adapt(low: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`low` `[..., Q, a]`, `up` `[Q, v, a]` -> `[..., Q, v]`: every leaf's `B_q @ low_q`."""
+    if low.dim() == 2:  # one hidden state: a single batched matrix-vector product
+        return torch.bmm(up, low.unsqueeze(-1)).squeeze(-1)
+    return torch.einsum("...qa,qva->...qv", low, up)
+
+
+class SharedHead(_AdapterHead):
+    """`logits_q = E_i h + c_i + B_q (A_q h + a_q)`: one unembedding per position (the first `n*v`
+    rows of `proj_weight`, position-major) plus rank-`adapter_rank` per-leaf adapters."""
+
+    parameterisation = "shared"
+
+    def _position_rows(self) -> int:
+        return self.num_variables * self.num_states
+
+    def _position_logits(self, y, positions):
+        return y  # the rows are the unembedding itself: [..., m, v]
+
+    def _init_inputs(self, init_from) -> None:
+        n, v, d = self.num_variables, self.num_states, self.hidden_size
+        table = self._blocks(self.proj_weight, 0)[0].view(n, v, d)
+        if init_from is None:
+            nn.init.normal_(table, std=d ** -0.5)
+        else:
+            table.copy_(_per_position(init_from, n, v, d).to(table))
+        self._init_adapters()
+
+
+class FactorisedHead(_AdapterHead):
+    """`logits_q = U_i (V_i h + e_i) + c_i + B_q (A_q h + a_q)`: a rank-`factor_rank` unembedding per
+    position (`V` = the first `n*k` rows of `proj_weight`, `U` = `unembed_up` `[n, v, k]`, `c` =
+    `position_bias` `[n, v]`) plus rank-`adapter_rank` per-leaf adapters."""
+
+    parameterisation = "factorised"
+
+    def _build(self, dtype, adapter_rank, factor_rank) -> None:
+        if factor_rank < 1:
+            raise ValueError(f"factor_rank must be >= 1, got {factor_rank}")
+        self.options["factor_rank"] = factor_rank
+        self.factor_rank = factor_rank
+        super()._build(dtype, adapter_rank, factor_rank)
+        n, v, k = self.num_variables, self.num_states, factor_rank
+        self.unembed_up = nn.Parameter(torch.zeros(n, v, k, dtype=dtype))  # U
+        self.position_bias = nn.Parameter(torch.zeros(n, v, dtype=dtype))  # c
+
+    def _position_rows(self) -> int:
+        return self.num_variables * self.factor_rank
+
+    def _position_logits(self, y, positions):
+        up, bias = self.unembed_up[positions], self.position_bias[positions]  # [m, v, k], [m, v]
+        if y.dim() == 2:  # one hidden state
+            return torch.baddbmm(bias.unsqueeze(-1), up, y.unsqueeze(-1)).squeeze(-1)
+        return torch.einsum("...mk,mvk->...mv", y, up) + bias
+
+    def _init_inputs(self, init_from) -> None:
+        n, v, d, k = self.num_variables, self.num_states, self.hidden_size, self.factor_rank
+        down = self._blocks(self.proj_weight, 0)[0].view(n, k, d)  # V
+        if init_from is None:
+            nn.init.normal_(down, std=d ** -0.5)
+            nn.init.normal_(self.unembed_up, std=k ** -0.5)
+        else:
+            tables = _per_position(init_from, n, v, d)  # [n, v, d]
+            for i in range(n):
+                up, dn = _low_rank(tables[i].double(), k)  # [v, k], [k, d]
+                self.unembed_up[i].copy_(up)
+                down[i].copy_(dn)
+        self._init_adapters()
+
+
+def _low_rank(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`table` `[v, d]` ~= `up @ down` with `up` `[v, k]`, `down` `[k, d]` (truncated SVD, the singular
+    values split evenly; exact when `k >= rank(table)`, zero-padded beyond `min(v, d)`)."""
+    u, s, vh = torch.linalg.svd(table, full_matrices=False)  # [v, r], [r], [r, d]
+    r = min(k, s.numel())
+    root = s[:r].sqrt()
+    up, down = table.new_zeros(table.shape[0], k), table.new_zeros(k, table.shape[1])
+    up[:, :r] = u[:, :r] * root
+    down[:r] = root[:, None] * vh[:r]
+    return up, down
+
+
+_HEADS = {cls.parameterisation: cls for cls in (FullHead, SharedHead, FactorisedHead)}
 
 
 def _per_position(init_from, n: int, v: int, d: int) -> torch.Tensor:
@@ -178,13 +415,14 @@ CONFIG_FILE = "head.json"
 
 
 def save_head(head: MTPHead, directory: str | Path) -> Path:
-    """Write `head.safetensors` (weight, bias) and `head.json` (graph spec + options) into `directory`."""
+    """Write `head.safetensors` (the head's parameters by name) and `head.json` (graph spec,
+    parameterisation and options) into `directory`."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = head.config()
-    tensors = {"weight": head.weight.detach().contiguous().cpu(), "bias": head.bias.detach().contiguous().cpu()}
+    tensors = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": HEAD_FORMAT})
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
     return directory
@@ -205,16 +443,19 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
         raise ValueError(f"{directory / CONFIG_FILE}: format {config.get('format')!r}, expected {HEAD_FORMAT!r}")
     graph = RegionGraph.from_json(config["graph"])
     tensors = load_file(str(directory / WEIGHTS_FILE))
-    options = config.get("options", {})
-    head = MTPHead(graph, config["hidden_size"], parameterisation=config["parameterisation"],
+    options = dict(config.get("options", {}))
+    ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
+    head = MTPHead(graph, config["hidden_size"], parameterisation=config.get("parameterisation", "full"),
                    identity_init=options.get("identity_init"), sum_init_std=options.get("sum_init_std", 0.0),
-                   dtype=tensors["weight"].dtype)
+                   dtype=next(iter(tensors.values())).dtype, **ranks)
     head.graph = graph
-    with torch.no_grad():
-        for name in ("weight", "bias"):
-            target = getattr(head, name)
-            if target.shape != tensors[name].shape:
-                raise ValueError(f"{directory / WEIGHTS_FILE}: {name} has shape {tuple(tensors[name].shape)}, "
-                                 f"the graph needs {tuple(target.shape)}")
-            target.copy_(tensors[name])
+    expected = head.state_dict()
+    if set(expected) != set(tensors):
+        raise ValueError(f"{directory / WEIGHTS_FILE} holds {sorted(tensors)}; a {config.get('parameterisation')!r} "
+                         f"head has {sorted(expected)}")
+    for name, target in expected.items():
+        if target.shape != tensors[name].shape:
+            raise ValueError(f"{directory / WEIGHTS_FILE}: {name} has shape {tuple(tensors[name].shape)}, "
+                             f"the graph and options need {tuple(target.shape)}")
+    head.load_state_dict(tensors)
     return head.to(device) if device is not None else head

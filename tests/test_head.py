@@ -139,3 +139,124 @@ def test_save_needs_the_graph_and_load_needs_a_head_dir(tmp_path):
             save_head(head, tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="written by save_head"):
         load_head(tmp_path / "nothing")
+
+
+# --------------------------------------------------------------------------- parameterisations
+
+PARAMETERISED = [("full", {}), ("shared", {"adapter_rank": 3}), ("shared", {"adapter_rank": 0}),
+                 ("factorised", {"adapter_rank": 2, "factor_rank": 5}), ("factorised", {"factor_rank": 2})]
+
+
+def perturbed(head, seed=0):
+    """Every parameter randomised (adapters, factors, sums), so views are compared off the init."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return head
+
+
+@pytest.mark.parametrize("parameterisation, ranks", PARAMETERISED)
+def test_every_parameterisation_keeps_the_head_contract(parameterisation, ranks):
+    head = perturbed(MTPHead(builders.btree_graph(4, 3, 5), D, parameterisation=parameterisation,
+                             dtype=torch.float64, **ranks))
+    assert type(head).parameterisation == parameterisation and isinstance(head, MTPHead)
+    h = torch.randn(2, 3, D, dtype=torch.float64)
+    theta = head(h)  # [2, 3, P]
+    inputs = head.input_logits(h)  # [2, 3, Q, v]
+    assert inputs.shape == (2, 3, head.num_leaves, 5)
+    torch.testing.assert_close(theta, torch.cat([inputs.flatten(-2), head.sum_logits(h)], -1))
+    torch.testing.assert_close(head(h[0, 0]), theta[0, 0])  # the batch-1 fast path
+    torch.testing.assert_close(head.input_logits(h, slice(2, 5)), inputs[..., 2:5, :])
+    torch.testing.assert_close(head.input_logits(h, torch.tensor([4, 0, 7])), inputs[..., [4, 0, 7], :])
+    theta.square().sum().backward()
+    assert all(p.numel() == 0 or p.grad.abs().sum() > 0 for p in head.parameters())  # rank 0: no adapter
+
+
+@pytest.mark.parametrize("parameterisation, ranks", PARAMETERISED[1:])
+@pytest.mark.parametrize("name", ["cp", "hmm", "btree"])
+def test_adapter_heads_start_exactly_as_the_ff_product(parameterisation, ranks, name):
+    """Zero adapter `B`: every leaf of a position is that position's unembedding, so the circuit is the
+    product of per-position softmaxes; with full rank k the factorised unembedding is the LM head's."""
+    n, v = 3, 5
+    torch.manual_seed(1)
+    lm_head = torch.randn(V_LM, D, dtype=torch.float64)
+    head = MTPHead(structures(n, 3, v)[name], D, init_from=lm_head, parameterisation=parameterisation,
+                   sum_init_std=0.7, identity_init=1.0, dtype=torch.float64, **ranks)
+    h = torch.randn(4, D, dtype=torch.float64)
+    x = all_states(n, v)
+    leaves = head.input_logits(h)  # [4, Q, v]
+    var = head.circ.leaf_variable
+    for i in range(n):  # identical units per position
+        assert torch.equal(leaves[:, var == i], leaves[:, var == i][:, :1].expand_as(leaves[:, var == i]))
+    theta = head(h)
+    for b in range(4):
+        per_position = torch.stack([leaves[b, var == i][0].log_softmax(-1) for i in range(n)])  # [n, v]
+        expected = per_position.gather(1, x.t()).sum(0)
+        torch.testing.assert_close(head.circ.log_prob(x, theta[b]), expected, rtol=0, atol=1e-12)
+        if ranks.get("factor_rank", v) >= v:  # exact factorisation (rank <= v): the LM head itself
+            lm = torch.log_softmax(lm_head[:v] @ h[b], -1)[x].sum(-1)
+            torch.testing.assert_close(head.circ.log_prob(x, theta[b]), lm, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("parameterisation, ranks", PARAMETERISED[1:])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adapter_heads_round_trip_exactly(tmp_path, parameterisation, ranks, dtype):
+    graph = builders.hmm_graph(4, 3, 7)
+    head = perturbed(MTPHead(graph, D, parameterisation=parameterisation, dtype=dtype, **ranks))
+    save_head(head, tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "head.json").read_text())
+    assert config["parameterisation"] == parameterisation and config["dtype"] == str(dtype)[6:]
+    loaded = load_head(tmp_path / "head")
+    assert type(loaded) is type(head) and loaded.dtype == dtype and loaded.config() == head.config()
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    h = torch.randn(3, D, dtype=dtype)
+    assert torch.equal(loaded(h), head(h))
+
+
+def test_adapter_heads_are_smaller_and_bf16_runs():
+    graph = builders.cp_graph(8, 8, 256)
+    full = MTPHead(graph, 64)
+    shared = MTPHead(graph, 64, parameterisation="shared", adapter_rank=4)
+    factorised = MTPHead(graph, 64, parameterisation="factorised", adapter_rank=4, factor_rank=16)
+    assert factorised.num_weights() < shared.num_weights() < full.num_weights() / 4
+    h = torch.randn(64)
+    for head in (full, shared, factorised):
+        low = head.to(torch.bfloat16)
+        assert low(h.bfloat16()).dtype == torch.bfloat16 and low.dtype == torch.bfloat16
+
+
+def test_load_refuses_weights_of_another_parameterisation(tmp_path):
+    graph = builders.cp_graph(3, 2, 5)
+    save_head(MTPHead(graph, D, parameterisation="shared"), tmp_path / "a")
+    config = json.loads((tmp_path / "a" / "head.json").read_text())
+    config["parameterisation"] = "factorised"
+    (tmp_path / "a" / "head.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="a 'factorised' head has"):
+        load_head(tmp_path / "a")
+    with pytest.raises(ValueError, match="adapter_rank must be >= 0"):
+        MTPHead(graph, D, parameterisation="shared", adapter_rank=-1)
+
+
+@pytest.mark.parametrize("parameterisation, ranks", PARAMETERISED[1:4:2])
+def test_the_chunked_loss_trains_adapter_heads_like_the_naive_loss(parameterisation, ranks):
+    """`mtp_loss` reads non-full heads through `input_logits(h, leaves)` / `sum_logits` in chunks:
+    the same loss and gradients as materialising every leaf at once."""
+    from mtpc.loss import mtp_loss
+
+    head = perturbed(MTPHead(builders.hmm_graph(3, 2, 6), D, parameterisation=parameterisation,
+                             dtype=torch.float64, **ranks))
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, D, dtype=torch.float64, generator=g)
+    tokens = torch.randint(0, 7, (2, 9), generator=g)  # id 6 is not a state: summed out
+    doc_ids, mask = torch.zeros(2, 9, dtype=torch.long), torch.ones(2, 9, dtype=torch.bool)
+    results = []
+    for fused, chunk in ((False, 1 << 22), (True, 40)):  # 40 logits per chunk: many leaf/token blocks
+        head.zero_grad()
+        out = mtp_loss(head, hidden, tokens, doc_ids, mask, fused=fused, chunk_elements=chunk)
+        out.loss.backward()
+        results.append((out.loss.detach(), [p.grad.clone() for p in head.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)
