@@ -346,3 +346,25 @@ def test_cuda_programs_match_cpu():
     samples = gpu.sample(theta.cuda(), 4, generator=torch.Generator("cuda").manual_seed(0))
     assert samples.device.type == "cuda" and samples.shape == (3, 4, graph.variables)
     assert gpu.map(theta.cuda()).device.type == "cuda"
+
+
+def test_single_draws_from_shared_parameters_match_the_joint():
+    """Few draws from shared parameters take the row-gather path (not the global CDF)."""
+    graph = btree_graph(3, 3, v=3)
+    circ = compiled(graph)
+    theta = torch.randn(circ.num_params, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    samples = torch.cat([circ.sample(theta, 1, generator=gen)[0] for _ in range(3000)])
+    joint = circ.log_prob(all_assignments(3, 3), theta).exp().numpy()
+    assert chi_square_p(samples, joint, 3) > 1e-4
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager_without_graph_breaks():
+    circ = compiled(btree_graph(8, 4, v=16))
+    theta = torch.randn(circ.num_params)
+    x = torch.randint(16, (4, 8))
+    log_prob = torch.compile(circ.log_prob, dynamic=False, fullgraph=True)
+    prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
+    torch.testing.assert_close(log_prob(x, theta), circ.log_prob(x, theta))
+    torch.testing.assert_close(prefix(x, theta), circ.prefix_log_marginals(x, theta))
