@@ -17,6 +17,7 @@ MODEL=${MODEL:-runs/tiny-lm}
 HEADS=${HEADS:-runs/heads}
 BENCH=${BENCH:-runs/bench}
 MINUTES=${MINUTES:-3}
+TRAIN_ARGS=${TRAIN_ARGS:-"--window-stride 8"}  # score every 8th window: more text per step in a short budget
 THREADS=${THREADS:-1}  # batch-1 decoding of a 3M-parameter LM: one thread, immune to other load
 PROMPTS=(--corpus stdlib --prompt-len 128 --num-prompts 4 --repeats 3 --max-new-tokens 256)
 STAGE=${1:-all}
@@ -29,7 +30,8 @@ train_head() {  # name, then mtpc train arguments
         return
     fi
     echo "== $name: training ($MINUTES min) $(date +%T)"
-    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES" --no-progress "$@" \
+    # shellcheck disable=SC2086
+    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES" $TRAIN_ARGS --no-progress "$@" \
         >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
     tail -n 1 "$HEADS/$name.log"
 }
@@ -76,17 +78,19 @@ bench_all() {
     for mode in greedy sample; do
         echo "== bench $mode $(date +%T)"
         python -m mtpc.cli bench --model "$MODEL" --heads "${all[@]}" "${PROMPTS[@]}" --mode "$mode" \
-            --bonus both --threads "$THREADS" --no-progress --out "$BENCH/$mode" | tee "$BENCH/$mode.txt"
+            --bonus both --threads "$THREADS" --no-progress --out "$BENCH/$mode" | tee "$BENCH/$mode.txt" \
+            || echo "!! mtpc bench exited with $? (1: a greedy output differed from plain greedy; see bench.json)"
     done
     local n8
     mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
     echo "== bench draft strategies $(date +%T)"
     python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy \
         --draft conditional marginal map --threads "$THREADS" --no-progress --out "$BENCH/drafts" \
-        | tee "$BENCH/drafts.txt"
+        | tee "$BENCH/drafts.txt" || echo "!! mtpc bench exited with $?"
     echo "== bench bf16 heads $(date +%T)"
     python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy --bonus both \
-        --head-dtype bf16 --threads "$THREADS" --no-progress --out "$BENCH/greedy-bf16" | tee "$BENCH/greedy-bf16.txt"
+        --head-dtype bf16 --threads "$THREADS" --no-progress --out "$BENCH/greedy-bf16" | tee "$BENCH/greedy-bf16.txt" \
+        || echo "!! mtpc bench exited with $?"
     python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" --out docs/results_tradeoff.png
 }
 

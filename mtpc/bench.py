@@ -425,8 +425,14 @@ def measure(cfg: BenchConfig, base, variants: Sequence[Variant], sets, device: t
     return runs
 
 
-def _generator(seed: int, device: torch.device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
+def _generator(seed: int, device: torch.device) -> torch.Generator | None:
+    """A seeded CPU generator; on CUDA the global generators are seeded instead and None is returned
+    (the decoder draws its acceptance uniforms on the CPU and circuit samples on the device, so no
+    single generator object serves both)."""
+    if device.type == "cuda":
+        torch.manual_seed(seed)
+        return None
+    return torch.Generator().manual_seed(seed)
 
 
 def _sampling(cfg: BenchConfig) -> dict:
