@@ -336,18 +336,21 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """Loss and teacher-forced mean accepted length on the first validation sequences."""
+        """Loss and teacher-forced mean accepted length on `val_sequences` held-out sequences spread
+        evenly over the validation set, and `val_windows` of their full windows, also evenly spread."""
         cfg, n = self.cfg, self.head.num_variables
-        count = min(len(self.val_set), cfg.val_sequences)
-        batch = {k: t.to(self.d.device) for k, t in collate(self.val_set[i] for i in range(count)).items()}
+        picks = _spread(len(self.val_set), cfg.val_sequences)
+        batch = {k: t.to(self.d.device) for k, t in collate(self.val_set[i] for i in picks).items()}
         self.module.eval()
         loss, _, counts = self.module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
         h = self.module.hidden(batch["tokens"]).float()  # [B, T, d]
         valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
         valid &= window_targets(batch["tokens"], n, fill=-1) < self.head.num_states
         full = valid.all(-1).flatten()  # windows whose n targets all exist
-        x = window_targets(batch["tokens"], n).flatten(0, 1)[full][: cfg.val_windows]  # [W, n]
-        hw = h.flatten(0, 1)[full][: cfg.val_windows]  # [W, d]
+        x = window_targets(batch["tokens"], n).flatten(0, 1)[full]  # [W, n]
+        hw = h.flatten(0, 1)[full]  # [W, d]
+        chosen = torch.tensor(_spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
+        x, hw = x[chosen], hw[chosen]
         accepted = torch.cat([teacher_forced_accepted(self.head, hw[i:i + 128], x[i:i + 128])
                               for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0)
         return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
@@ -454,6 +457,13 @@ class Trainer:
         if self.d.world > 1:
             dist.broadcast(per_step, 0)
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
+
+
+def _spread(size: int, count: int) -> list[int]:
+    """`min(size, count)` distinct indices spread evenly over `range(size)`."""
+    if size <= count:
+        return list(range(size))
+    return [int(i * size // count) for i in range(count)]
 
 
 def train(cfg: TrainConfig) -> dict:
