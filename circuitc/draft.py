@@ -1,0 +1,341 @@
+"""Cheap greedy drafts from a circuit at batch size 1: the sequential argmax of exact conditionals,
+`x_j = argmax_s q(x_j = s | x_<j)` for `j = 0 .. n-1`, and the per-position marginal argmax, each
+optionally given the first `m` variables.
+
+Why not the layered programs: a draft needs `n` dependent conditionals, and each one as an upward
+pass over `v` candidates costs a whole pass of small ops. Here the circuit is read as a function of
+the leaves of one variable at a time. Because it is smooth and decomposable it is linear in them:
+
+    q(x_<j, x_j = s) = sum over input regions I of variable j, units u:  D_I[u] * p_{I,u}(s)
+
+with `D_I = d q / d I` evaluated with `x_<j` observed and every later variable summed out (a summed-out
+region has value 1 in every unit). `D` flows top-down (`D_c = sum over c's parents R and partitions
+of (D_R W_R[:, partition]) * prod of the siblings' values`, contracted per child for kronecker
+partitions), and values `V` flow bottom-up. Fixing `x_j` changes only the values of the ancestors of
+its input regions, so most `D` and `V` stay valid from one step to the next: for an HMM in variable
+order a step is a handful of vector-matrix products whatever `n`, for a binary tree a few more, for a
+CP one product over the fixed siblings. Which regions to recompute at each step is known from the
+graph alone, so it is planned once (`DraftProgram(graph, layout)`) and a draft only runs the plan.
+
+Values are probabilities in float64 (no logs: a product of `n` leaf probabilities stays far above
+float64's smallest normal number for any realistic window), so the argmax is that of the exact
+conditional up to float64 rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .graph import RegionGraph
+from .plan import ParamSlot
+
+__all__ = ["DraftProgram"]
+
+
+@dataclass(frozen=True)
+class _Partition:
+    children: tuple[int, ...]
+    kind: str  # "hadamard" | "kronecker"
+    start: int  # first column of this partition's inputs in the parent's [U, K] weights
+    width: int  # K_p
+    child_units: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Use:
+    """Region `child` is child `position` of partition `partition` of region `parent`."""
+
+    parent: int
+    partition: int
+    position: int
+
+
+@dataclass(frozen=True)
+class _Op:
+    kind: str  # "V": recompute a value bottom-up, "D": recompute a derivative top-down
+    region: int
+    live: tuple[tuple[int, ...], ...]  # per partition (V) or per use (D): the regions whose value is not all ones
+
+
+class DraftProgram:
+    """Greedy drafts of a compiled circuit (`graph` + its `param_layout`), planned once per circuit.
+
+    `greedy(theta, prefix)` -> `[n]` long: the sequential conditional argmax, with `x_0 .. x_{m-1}`
+    = `prefix` (`[m]` long, optional); `marginal_argmax(theta, prefix)` -> `[n]`: per position the
+    argmax of `q(x_j | prefix)`; `conditionals(theta, x)` -> `[n, v]`: every `q(x_j = . | x_<j)` of
+    one sequence. `theta`: `[P]` (any float dtype; computed in float64).
+    """
+
+    def __init__(self, graph: RegionGraph, layout: list[ParamSlot]):
+        self.n, self.v = graph.variables, graph.states
+        ids = list(graph.regions)
+        index = {rid: k for k, rid in enumerate(ids)}
+        self.num_regions = len(ids)
+        self.root = index[graph.root]
+        if graph.regions[graph.root].units != 1:
+            raise ValueError("the root must have exactly one unit")
+        self.units = [graph.regions[rid].units for rid in ids]
+        slots = {s.region: s for s in layout}
+        self.num_input_params = sum(s.shape[0] * s.shape[1] for s in layout if s.kind == "input")
+        self.leaf_start: dict[int, int] = {}  # input region -> its first leaf row in theta's [Q, v] view
+        self.weight_slot: dict[int, tuple[int, int, int]] = {}  # inner region -> (offset, U, K)
+        self.partitions: dict[int, list[_Partition]] = {}
+        self.uses: list[list[_Use]] = [[] for _ in ids]
+        self.inputs_of: list[list[int]] = [[] for _ in range(self.n)]
+        for k, rid in enumerate(ids):
+            slot = slots[rid]
+            if graph.is_input(rid):
+                self.leaf_start[k] = slot.offset // self.v
+                self.inputs_of[graph.regions[rid].scope[0]].append(k)
+            else:
+                self.weight_slot[k] = (slot.offset, *slot.shape)
+                self.partitions[k] = self._partitions_of(graph, rid, index)
+                for p, part in enumerate(self.partitions[k]):
+                    for i, c in enumerate(part.children):
+                        self.uses[c].append(_Use(k, p, i))
+        self.scope = [frozenset(graph.regions[rid].scope) for rid in ids]
+        self.top_down = [index[rid] for rid in reversed(graph.bottom_up())]
+        self._factorised = all(self.units[i] == 1 for i in self.leaf_start) and all(
+            len(r) == 1 for r in self.inputs_of)
+        self._plans: dict[tuple[int, bool], list[list[_Op]]] = {}
+
+    @staticmethod
+    def _partitions_of(graph: RegionGraph, rid: str, index: dict[str, int]) -> list[_Partition]:
+        parts, start = [], 0
+        for p in graph.partitions_of(rid):
+            width = graph.num_inputs(p)
+            units = tuple(graph.regions[c].units for c in p.children)
+            parts.append(_Partition(tuple(index[c] for c in p.children), p.product, start, width, units))
+            start += width
+        return parts
+
+    # ----------------------------------------------------------------- public programs
+
+    @torch.no_grad()
+    def greedy(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
+        """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`."""
+        prefix = self._prefix(prefix, theta.device)
+        if self._factorised:  # a product of one leaf per variable: conditionals are the leaves
+            best = theta[: self.num_input_params].view(self.n, self.v).argmax(-1)
+            return best if prefix is None else torch.cat([prefix, best[prefix.numel():]])
+        return self._run(theta, prefix, sequential=True)
+
+    @torch.no_grad()
+    def conditionals(self, theta: Tensor, x: Tensor) -> Tensor:
+        """`[n, v]`: row `j` = `q(x_j = . | x_<j)` for the given `x` `[n]` (probabilities, float64)."""
+        x = x.to(device=theta.device, dtype=torch.long).view(-1)
+        if x.numel() != self.n:
+            raise ValueError(f"x must hold {self.n} states, got {x.numel()}")
+        probs, weights = self._tables(theta)
+        state, rows = _State(self, probs, weights), []
+        for j, ops in enumerate(self.plan(0, sequential=True)):
+            for op in ops:
+                state.apply(op)
+            scores = state.scores(j)
+            rows.append(scores / scores.sum())
+            state.observe(j, x[j])
+        return torch.stack(rows)
+
+    @torch.no_grad()
+    def marginal_argmax(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
+        """`[n]`: per position `argmax_s q(x_j = s | prefix)` (the prefix copied)."""
+        prefix = self._prefix(prefix, theta.device)
+        if self._factorised:
+            return self.greedy(theta, prefix)
+        return self._run(theta, prefix, sequential=False)
+
+    # ----------------------------------------------------------------- planning
+
+    def plan(self, given: int, sequential: bool) -> list[list[_Op]]:
+        """Per step `j`, the ops that make every `D` of variable `j`'s input regions valid, given that
+        variables `< j` are observed (sequential) or only the first `given` are (marginal). Cached."""
+        key = (given, sequential)
+        if key not in self._plans:
+            self._plans[key] = _Planner(self).steps(given, sequential)
+        return self._plans[key]
+
+    # ----------------------------------------------------------------- execution
+
+    def _prefix(self, prefix: Tensor | None, device) -> Tensor | None:
+        if prefix is None or prefix.numel() == 0:
+            return None
+        prefix = prefix.to(device=device, dtype=torch.long).view(-1)
+        if prefix.numel() > self.n:
+            raise ValueError(f"a prefix of {prefix.numel()} tokens is longer than the circuit's {self.n} variables")
+        return prefix
+
+    def _tables(self, theta: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """Leaf probabilities `[Q, v]` and each inner region's sum weights `[U, K]`, float64."""
+        theta = theta.reshape(-1).double()
+        probs = theta[: self.num_input_params].view(-1, self.v).softmax(-1)  # [Q, v]
+        weights = {r: theta[o:o + u * k].view(u, k).softmax(-1) for r, (o, u, k) in self.weight_slot.items()}
+        return probs, weights
+
+    def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool) -> Tensor:
+        m = 0 if prefix is None else prefix.numel()
+        probs, weights = self._tables(theta)
+        state = _State(self, probs, weights)
+        steps = self.plan(m, sequential)
+        chosen = []
+        for j in range(self.n):
+            if j < m:
+                s = prefix[j]
+            else:
+                for op in steps[j]:
+                    state.apply(op)
+                s = state.scores(j).argmax()
+            chosen.append(s)
+            if sequential or j < m:
+                state.observe(j, s)
+        return torch.stack(chosen)
+
+
+class _State:
+    """The values `V` and derivatives `D` of one draft (probabilities, float64)."""
+
+    def __init__(self, program: DraftProgram, probs: Tensor, weights: dict[int, Tensor]):
+        self.p, self.probs, self.weights = program, probs, weights
+        self.V: list[Tensor | None] = [None] * program.num_regions  # None: all ones (nothing observed inside)
+        self.D: list[Tensor | None] = [None] * program.num_regions
+        self.D[program.root] = probs.new_ones(1)
+
+    def leaves(self, region: int) -> Tensor:
+        start = self.p.leaf_start[region]
+        return self.probs[start:start + self.p.units[region]]  # [U, v]
+
+    def scores(self, j: int) -> Tensor:
+        """`[v]` proportional to q(x_j = s | observed)."""
+        total = None
+        for region in self.p.inputs_of[j]:
+            part = self.D[region] @ self.leaves(region)
+            total = part if total is None else total + part
+        return total
+
+    def observe(self, j: int, s: Tensor) -> None:
+        for region in self.p.inputs_of[j]:
+            self.V[region] = self.leaves(region)[:, s]  # [U]
+
+    def apply(self, op: _Op) -> None:
+        if op.kind == "V":
+            self.V[op.region] = self._value(op)
+        else:
+            self.D[op.region] = self._derivative(op)
+
+    def _value(self, op: _Op) -> Tensor:
+        """`[U]` of an inner region from its children's current values."""
+        parts = [self._product(part, live) for part, live in zip(self.p.partitions[op.region], op.live)]
+        inputs = parts[0] if len(parts) == 1 else torch.cat(parts)  # [K]
+        return self.weights[op.region] @ inputs
+
+    def _product(self, part: _Partition, live: tuple[int, ...]) -> Tensor:
+        """`[K_p]` product units of one partition; children not in `live` are all ones."""
+        if part.kind == "hadamard":
+            out = None
+            for c in live:
+                out = self.V[c] if out is None else out * self.V[c]
+            return out if out is not None else self.probs.new_ones(part.width)
+        out = self.probs.new_ones(1)
+        for c, units in zip(part.children, part.child_units):
+            value = self.V[c] if c in live else self.probs.new_ones(units)
+            out = torch.outer(out, value).view(-1)
+        return out
+
+    def _derivative(self, op: _Op) -> Tensor:
+        """`[U]` of a region from its parents' derivatives and its siblings' values."""
+        total = None
+        for use, live in zip(self.p.uses[op.region], op.live):
+            part = self.p.partitions[use.parent][use.partition]
+            g = self.D[use.parent] @ self.weights[use.parent][:, part.start:part.start + part.width]  # [K_p]
+            if part.kind == "hadamard":
+                for c in live:
+                    g = g * self.V[c]
+            else:
+                g = self._contract(g, part, use.position, live)
+            total = g if total is None else total + g
+        return total
+
+    def _contract(self, g: Tensor, part: _Partition, position: int, live: tuple[int, ...]) -> Tensor:
+        """Kronecker: `g` over the product units `[K_1 * .. * K_k]` -> `[K_position]`, each sibling's
+        axis contracted with its values (summed where they are all ones)."""
+        g = g.view(part.child_units)
+        for axis in reversed(range(len(part.children))):  # last axis first: earlier axes keep their index
+            if axis == position:
+                continue
+            c = part.children[axis]
+            g = g.movedim(axis, -1)
+            g = g @ self.V[c] if c in live else g.sum(-1)
+        return g
+
+
+class _Planner:
+    """Simulates which `V`/`D` are stale at each step (from the graph only) and lists the ops."""
+
+    def __init__(self, program: DraftProgram):
+        self.p = program
+        self.v_valid = [True] * program.num_regions  # nothing observed: every value is all ones
+        self.d_valid = [False] * program.num_regions
+        self.d_valid[program.root] = True
+        self.observed: set[int] = set()
+
+    def steps(self, given: int, sequential: bool) -> list[list[_Op]]:
+        out: list[list[_Op]] = []
+        for j in range(self.p.n):
+            ops: list[_Op] = []
+            if j >= given:
+                for region in self.p.inputs_of[j]:
+                    self._ensure_d(region, ops)
+            out.append(ops)
+            if sequential or j < given:
+                self._observe(j)
+        return out
+
+    def _ones(self, region: int) -> bool:
+        return not (self.p.scope[region] & self.observed)
+
+    def _live(self, regions) -> tuple[int, ...]:
+        return tuple(r for r in regions if not self._ones(r))
+
+    def _ensure_v(self, region: int, ops: list[_Op]) -> None:
+        if self.v_valid[region]:
+            return
+        for part in self.p.partitions[region]:
+            for c in part.children:
+                self._ensure_v(c, ops)
+        ops.append(_Op("V", region, tuple(self._live(part.children) for part in self.p.partitions[region])))
+        self.v_valid[region] = True
+
+    def _ensure_d(self, region: int, ops: list[_Op]) -> None:
+        if self.d_valid[region]:
+            return
+        lives = []
+        for use in self.p.uses[region]:
+            self._ensure_d(use.parent, ops)
+            part = self.p.partitions[use.parent][use.partition]
+            siblings = [c for i, c in enumerate(part.children) if i != use.position]
+            for c in siblings:
+                if not self._ones(c):
+                    self._ensure_v(c, ops)
+            lives.append(self._live(siblings))
+        ops.append(_Op("D", region, tuple(lives)))
+        self.d_valid[region] = True
+
+    def _observe(self, j: int) -> None:
+        """Variable `j` becomes observed: its ancestors' values and every derivative that read one
+        of them (or a stale parent derivative) go stale."""
+        self.observed.add(j)
+        changed = {r for r in range(self.p.num_regions) if j in self.p.scope[r]}
+        for r in changed:
+            if r not in self.p.inputs_of[j]:  # input regions get their value when j is observed
+                self.v_valid[r] = False
+        for r in self.p.top_down:
+            if r == self.p.root or not self.d_valid[r]:
+                continue
+            for use in self.p.uses[r]:
+                part = self.p.partitions[use.parent][use.partition]
+                siblings_changed = any(c in changed for i, c in enumerate(part.children) if i != use.position)
+                if siblings_changed or not self.d_valid[use.parent]:
+                    self.d_valid[r] = False
+                    break

@@ -1,0 +1,102 @@
+"""Greedy draft programs (`circuitc.draft.DraftProgram`) against brute-force enumeration: the
+sequential argmax of exact conditionals and the per-position marginal argmax, with and without a
+given prefix, on trees, kronecker partitions and DAGs (regions shared by several parents)."""
+
+import pytest
+import torch
+
+import circuitc
+from circuitc import builders
+from circuitc.draft import DraftProgram
+from circuitc.load import load_graph
+
+
+def graphs(n=4, r=3, v=3):
+    return {
+        "ff": builders.ff_graph(n, v),
+        "cp": builders.cp_graph(n, r, v),
+        "hmm": builders.hmm_graph(n, r, v),
+        "btree": builders.btree_graph(n, r, v),
+        "random_tree": builders.random_tree_graph(n, r, v, repetitions=2, seed=3),
+        "kronecker": load_graph("examples/kronecker.pc", n=n, r=2, v=v),
+        "mixture": load_graph("examples/mixture.pc", n=n, r=2, v=v),
+        "irregular": load_graph("examples/irregular.pc", v=min(v, 3)),
+    }
+
+
+def brute_force(circ, theta, prefix, sequential):
+    """Sequential (or marginal) argmax from the enumerated joint."""
+    n, v = circ.num_vars, circ.num_states
+    states = torch.cartesian_prod(*[torch.arange(v)] * n).view(-1, n)  # [v^n, n]
+    joint = circ.log_prob(states, theta).exp()  # [v^n]
+    chosen = list(prefix)
+    for j in range(len(prefix), n):
+        given = chosen if sequential else list(prefix)
+        consistent = (states[:, :len(given)] == torch.tensor(given, dtype=torch.long)).all(1)
+        marginal = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
+        chosen.append(int(marginal.argmax()))
+    return chosen
+
+
+@pytest.mark.parametrize("name", list(graphs()))
+def test_drafts_match_enumeration(name):
+    graph = graphs()[name]
+    circ = circuitc.compile(graph)
+    program = DraftProgram(graph, circ.param_layout)
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(6):
+        theta = torch.randn(circ.num_params, generator=gen, dtype=torch.float64) * 3
+        for m in (0, 1, 2):
+            prefix = torch.randint(0, circ.num_states, (m,), generator=gen)
+            for sequential in (True, False):
+                expected = brute_force(circ, theta, prefix.tolist(), sequential)
+                run = program.greedy if sequential else program.marginal_argmax
+                assert run(theta, prefix).tolist() == expected, (trial, m, sequential)
+                assert run(theta.float(), prefix).tolist() == expected  # any float dtype in
+                checked += 1
+    assert checked == 36
+
+
+@pytest.mark.parametrize("name", list(graphs(v=4)))
+def test_conditionals_match_enumeration(name):
+    """Every `q(x_j | x_<j)` of random sequences, compared as distributions (stale values or
+    derivatives, or a wrong kronecker contraction, change them even where the argmax survives)."""
+    graph = graphs(v=4)[name]
+    circ = circuitc.compile(graph)
+    n, v = circ.num_vars, circ.num_states
+    program = DraftProgram(graph, circ.param_layout)
+    states = torch.cartesian_prod(*[torch.arange(v)] * n).view(-1, n)  # [v^n, n]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        theta = torch.randn(circ.num_params, generator=gen, dtype=torch.float64) * 2
+        joint = circ.log_prob(states, theta).exp()  # [v^n]
+        x = states[torch.randint(0, states.shape[0], (1,), generator=gen)][0]
+        for j, row in enumerate(program.conditionals(theta, x)):
+            consistent = (states[:, :j] == x[:j]).all(1)
+            expected = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
+            torch.testing.assert_close(row, expected / expected.sum(), rtol=1e-9, atol=1e-12)
+
+
+def test_plans_reuse_values_and_derivatives():
+    """An HMM step recomputes a constant number of regions, whatever the window (not the whole chain)."""
+    for n in (8, 16):
+        graph = builders.hmm_graph(n, 4, 5)
+        program = DraftProgram(graph, circuitc.compile(graph).param_layout)
+        ops = [len(step) for step in program.plan(0, sequential=True)]
+        assert max(ops[2:]) <= 2, ops
+    graph = builders.btree_graph(16, 4, 5)
+    program = DraftProgram(graph, circuitc.compile(graph).param_layout)
+    assert sum(len(step) for step in program.plan(0, sequential=True)) <= 2 * len(graph.regions)
+
+
+def test_an_unlikely_prefix_still_drafts():
+    graph = builders.hmm_graph(12, 4, 256)
+    circ = circuitc.compile(graph)
+    theta = torch.randn(circ.num_params) * 8  # leaf probabilities down to ~1e-30
+    program = DraftProgram(graph, circ.param_layout)
+    rare = int(circ.leaf_log_probs(torch.zeros(1, 12, dtype=torch.long), theta).argmin())  # any leaf's worst
+    out = program.greedy(theta, torch.tensor([rare % 256]))
+    assert out.shape == (12,) and out[0] == rare % 256 and (out >= 0).all() and (out < 256).all()
+    with pytest.raises(ValueError, match="longer than the circuit's 12 variables"):
+        program.greedy(theta, torch.zeros(13, dtype=torch.long))
