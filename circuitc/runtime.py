@@ -34,6 +34,7 @@ class _ProductOp:
     rows: dict[str, int]
     index: dict[str, str | None]  # buffer names; None: contiguous from start
     start: dict[str, int]
+    cumulative: dict[str, bool]
 
     @property
     def width(self) -> int:
@@ -110,7 +111,8 @@ class CompiledCircuit(nn.Module):
             products = []
             for pi, pf in enumerate(layer.products):
                 names = {m: self._buffer(f"_p{li}_{pi}_{m}", pf.index[m]) for m in MODES}
-                products.append(_ProductOp(pf.product, pf.child_units, pf.size, dict(pf.rows), names, dict(pf.start)))
+                products.append(_ProductOp(pf.product, pf.child_units, pf.size, dict(pf.rows), names, dict(pf.start),
+                                           dict(pf.cumulative)))
             sums = []
             for si, sf in enumerate(layer.sums):
                 names = {m: self._buffer(f"_s{li}_{si}_{m}", sf.index[m]) for m in MODES}
@@ -419,8 +421,12 @@ class CompiledCircuit(nn.Module):
     def _product(self, source: Tensor, op: _ProductOp, mode: str, batch: int) -> Tensor:
         """`[F*K_out*R, B]` product units (sums of log values) of one product fold."""
         rows = op.rows[mode]
-        read = self._read(source, op.index, op.start, mode, op.size * op.width * rows)  # [F*width*R, B]
         arity = len(op.child_units)
+        if op.cumulative[mode]:  # prefix rows of a flat product: running sums over the children
+            read = self._read(source, op.index, op.start, mode, op.size * op.width)  # [F*A*K, B]
+            running = read.view(op.size, arity, op.child_units[0], batch).cumsum(1)  # [F, R=A, K, B]
+            return running.transpose(1, 2).contiguous().view(-1, batch)  # [F*K*R, B]
+        read = self._read(source, op.index, op.start, mode, op.size * op.width * rows)  # [F*width*R, B]
         if op.kind == "hadamard":
             if arity == 1:
                 return read
