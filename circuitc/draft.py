@@ -100,6 +100,11 @@ class DraftProgram:
         self.top_down = [index[rid] for rid in reversed(graph.bottom_up())]
         self._factorised = all(self.units[i] == 1 for i in self.leaf_start) and all(
             len(r) == 1 for r in self.inputs_of)
+        order = [self.leaf_start[r[0]] for r in self.inputs_of] if self._factorised else []
+        self._leaf_of_variable = None if order == list(range(len(order))) else torch.tensor(order)
+        widths = {k for _, _, k in self.weight_slot.values()}
+        contiguous = sum(u * k for _, u, k in self.weight_slot.values()) == graph_sum_params(layout)
+        self._uniform_k = widths.pop() if len(widths) == 1 and contiguous else 0
         self._plans: dict[tuple[int, bool], list[list[_Op]]] = {}
 
     @staticmethod
@@ -119,7 +124,10 @@ class DraftProgram:
         """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`."""
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:  # a product of one leaf per variable: conditionals are the leaves
-            best = theta[: self.num_input_params].view(self.n, self.v).argmax(-1)
+            leaves = theta[: self.num_input_params].view(-1, self.v)  # [n, v]
+            if self._leaf_of_variable is not None:
+                leaves = leaves.index_select(0, self._leaf_of_variable.to(leaves.device))
+            best = leaves.argmax(-1)
             return best if prefix is None else torch.cat([prefix, best[prefix.numel():]])
         return self._run(theta, prefix, sequential=True)
 
@@ -136,7 +144,7 @@ class DraftProgram:
                 state.apply(op)
             scores = state.scores(j)
             rows.append(scores / scores.sum())
-            state.observe(j, x[j])
+            state.observe(j, int(x[j]))
         return torch.stack(rows)
 
     @torch.no_grad()
@@ -168,10 +176,19 @@ class DraftProgram:
         return prefix
 
     def _tables(self, theta: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
-        """Leaf probabilities `[Q, v]` and each inner region's sum weights `[U, K]`, float64."""
-        theta = theta.reshape(-1).double()
-        probs = theta[: self.num_input_params].view(-1, self.v).softmax(-1)  # [Q, v]
-        weights = {r: theta[o:o + u * k].view(u, k).softmax(-1) for r, (o, u, k) in self.weight_slot.items()}
+        """Leaf probabilities `[Q, v]` and each inner region's sum weights `[U, K]`, float64 (normalised
+        in float32 unless `theta` is float64: one op each, when every sum has the same `K`)."""
+        theta = theta.reshape(-1)
+        theta = theta if theta.dtype in (torch.float32, torch.float64) else theta.float()
+        probs = theta[: self.num_input_params].view(-1, self.v).softmax(-1).double()  # [Q, v]
+        sums = theta[self.num_input_params:]
+        if self._uniform_k:
+            flat = sums.view(-1, self._uniform_k).softmax(-1).double().view(-1)
+            base = self.num_input_params
+            weights = {r: flat[o - base:o - base + u * k].view(u, k) for r, (o, u, k) in self.weight_slot.items()}
+        else:
+            weights = {r: theta[o:o + u * k].view(u, k).softmax(-1).double()
+                       for r, (o, u, k) in self.weight_slot.items()}
         return probs, weights
 
     def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool) -> Tensor:
@@ -182,15 +199,19 @@ class DraftProgram:
         chosen = []
         for j in range(self.n):
             if j < m:
-                s = prefix[j]
+                s = int(prefix[j])
             else:
                 for op in steps[j]:
                     state.apply(op)
-                s = state.scores(j).argmax()
+                s = int(state.scores(j).argmax())
             chosen.append(s)
             if sequential or j < m:
                 state.observe(j, s)
-        return torch.stack(chosen)
+        return torch.tensor(chosen, dtype=torch.long, device=theta.device)
+
+
+def graph_sum_params(layout: list[ParamSlot]) -> int:
+    return sum(s.shape[0] * s.shape[1] for s in layout if s.kind == "sum")
 
 
 class _State:
@@ -210,11 +231,11 @@ class _State:
         """`[v]` proportional to q(x_j = s | observed)."""
         total = None
         for region in self.p.inputs_of[j]:
-            part = self.D[region] @ self.leaves(region)
+            part = torch.mv(self.leaves(region).t(), self.D[region])
             total = part if total is None else total + part
         return total
 
-    def observe(self, j: int, s: Tensor) -> None:
+    def observe(self, j: int, s: int) -> None:
         for region in self.p.inputs_of[j]:
             self.V[region] = self.leaves(region)[:, s]  # [U]
 
@@ -228,15 +249,14 @@ class _State:
         """`[U]` of an inner region from its children's current values."""
         parts = [self._product(part, live) for part, live in zip(self.p.partitions[op.region], op.live)]
         inputs = parts[0] if len(parts) == 1 else torch.cat(parts)  # [K]
-        return self.weights[op.region] @ inputs
+        return torch.mv(self.weights[op.region], inputs)
 
     def _product(self, part: _Partition, live: tuple[int, ...]) -> Tensor:
         """`[K_p]` product units of one partition; children not in `live` are all ones."""
         if part.kind == "hadamard":
-            out = None
-            for c in live:
-                out = self.V[c] if out is None else out * self.V[c]
-            return out if out is not None else self.probs.new_ones(part.width)
+            if not live:
+                return self.probs.new_ones(part.width)
+            return _times(self.V[live[0]], [self.V[c] for c in live[1:]])
         out = self.probs.new_ones(1)
         for c, units in zip(part.children, part.child_units):
             value = self.V[c] if c in live else self.probs.new_ones(units)
@@ -248,10 +268,12 @@ class _State:
         total = None
         for use, live in zip(self.p.uses[op.region], op.live):
             part = self.p.partitions[use.parent][use.partition]
-            g = self.D[use.parent] @ self.weights[use.parent][:, part.start:part.start + part.width]  # [K_p]
+            weights = self.weights[use.parent]  # [U, K]
+            if part.width != weights.shape[1]:
+                weights = weights[:, part.start:part.start + part.width]
+            g = torch.mv(weights.t(), self.D[use.parent])  # [K_p]
             if part.kind == "hadamard":
-                for c in live:
-                    g = g * self.V[c]
+                g = _times(g, [self.V[c] for c in live])
             else:
                 g = self._contract(g, part, use.position, live)
             total = g if total is None else total + g
@@ -268,6 +290,15 @@ class _State:
             g = g.movedim(axis, -1)
             g = g @ self.V[c] if c in live else g.sum(-1)
         return g
+
+
+def _times(first: Tensor, others: list[Tensor]) -> Tensor:
+    """Elementwise product: pairwise for a few factors, one stacked product for many."""
+    if len(others) > 2:
+        return first * torch.stack(others).prod(0)
+    for t in others:
+        first = first * t
+    return first
 
 
 class _Planner:
