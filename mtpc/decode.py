@@ -195,11 +195,18 @@ class Draft:
 
 
 class _Circuit:
-    """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`)."""
+    """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`).
+
+    Greedy "conditional" and "marginal" drafts run `circuitc.draft.DraftProgram` (planned top-down
+    derivatives: about 0.15 ms for n = 8, r = 8, v = 256 where an upward pass over the `v` candidates
+    per position took 1-7 ms) when the head keeps its region graph, else the layered programs."""
 
     def __init__(self, head: MTPHead):
+        from circuitc.draft import DraftProgram
+
         self.circ = head.circ
         self.n, self.v = head.num_variables, head.num_states
+        self.program = DraftProgram(head.graph, self.circ.param_layout) if head.graph is not None else None
 
     def keep(self, upto: int, keep0: bool) -> torch.Tensor:
         """[n] bool: positions `< upto` observed, position 0 only if `keep0`."""
@@ -256,6 +263,10 @@ class _Circuit:
                 return self.circ.map(theta)[0]
             evidence = torch.full((1, self.n), given, dtype=torch.long, device=theta.device)
             return self.circ.map(theta, evidence=evidence, keep=self.keep(1, True))[0]
+        if self.program is not None:
+            prefix = None if given is None else torch.tensor([given], device=theta.device)
+            run = self.program.greedy if strategy == "conditional" else self.program.marginal_argmax
+            return run(theta[0], prefix)
         x = torch.zeros(self.n, dtype=torch.long, device=theta.device)
         start = 0
         if given is not None:
@@ -343,7 +354,7 @@ class SpeculativeDecoder:
     def _cycle(self, h, first, state: BackboneState, left: int, target: Target, eos: set[int], generator):
         """Draft, decide x_0, one backbone call, accept. Returns (committed ids, how many came from the
         draft, next h `[d]`, next target `[V]`)."""
-        theta = self.head(h.to(self.head.weight.dtype))[None]  # [1, P]
+        theta = self.head(h.to(self.head.dtype))[None]  # [1, P]
         draft = self._draft(theta, first, target, generator)
         x0 = int(draft.window[0])
         if left == 1 or x0 in eos:  # nothing left to verify: no backbone call

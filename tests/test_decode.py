@@ -74,6 +74,18 @@ def random_head(structure, n, v, seed, std=1.0, init_from=None):
     return head
 
 
+def adapter_head(parameterisation, structure, n, v, seed, scale=1.0, init_from=None):
+    """A "shared"/"factorised" head with every parameter random (adapters included), in float64."""
+    torch.manual_seed(seed)
+    head = MTPHead(graph(structure, n, v), D, init_from=init_from, parameterisation=parameterisation,
+                   adapter_rank=2, factor_rank=4, sum_init_std=0.5, dtype=torch.float64)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if init_from is None or name in ("adapter_up", "proj_bias"):
+                p.normal_(0, scale)
+    return head
+
+
 def prompts(vocab, count, seed):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (1, int(torch.randint(1, 7, (1,), generator=gen))), generator=gen)
@@ -111,6 +123,44 @@ def test_greedy_speculative_equals_plain_greedy(structure):
                     accepted += out.stats.accepted_per_cycle
     counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
     assert counts[1] > 20 and counts[2] > 20 and counts[n] > 20, counts  # short, partial and full windows
+
+
+@pytest.mark.parametrize("parameterisation", ["shared", "factorised"])
+def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
+    vocab, n = 12, 3
+    model = cyclic_lm(vocab)
+    heads = [adapter_head(parameterisation, "btree", n, vocab, seed=1, scale=2.0),
+             adapter_head(parameterisation, "hmm", n, vocab, seed=2, scale=0.3, init_from=oracle_tables(model, n))]
+    accepted = []
+    for head in heads:
+        for draft in ("conditional", "marginal", "map"):
+            for bonus in (False, True):
+                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus)
+                for i, ids in enumerate(prompts(vocab, 2, seed=len(accepted))):
+                    plain = generate_autoregressive(model, ids, 13).sequences
+                    out = decoder.generate(ids, 13)
+                    assert torch.equal(out.sequences, plain), (parameterisation, draft, bonus, ids.tolist())
+                    accepted += out.stats.accepted_per_cycle
+    counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
+    assert counts[1] > 5 and counts[n] > 5, counts
+
+
+@pytest.mark.parametrize("structure", ["cp", "hmm", "btree"])
+def test_draft_programs_equal_the_layered_conditionals(structure):
+    """The decoder's planned greedy drafts (circuitc.draft) pick what the upward passes over all `v`
+    candidates pick (float64 heads: no near-ties), with and without the bonus token."""
+    from mtpc.decode import _Circuit
+
+    head = random_head(structure, 4, 12, seed=7)
+    fast = _Circuit(head)
+    layered = _Circuit(head)
+    layered.program = None
+    for seed in range(4):
+        theta = head(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))[None]
+        for strategy in ("conditional", "marginal"):
+            for given in (None, seed + 2):
+                assert torch.equal(fast.greedy(theta, strategy, None, given),
+                                   layered.greedy(theta, strategy, None, given)), (strategy, given)
 
 
 def test_greedy_with_circuit_over_fewer_states_than_the_vocabulary():
@@ -241,6 +291,19 @@ def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, bonus, target):
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()),
                                 PROMPT, count, seed=1, **target)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
+@pytest.mark.parametrize("parameterisation, bonus", [
+    ("shared", True), pytest.param("factorised", False, marks=pytest.mark.slow)])
+def test_sampling_with_adapter_heads_is_exact(parameterisation, bonus):
+    model = tiny_lm(VOCAB, scale=4.0, seed=11)
+    head = adapter_head(parameterisation, "btree", 3, VOCAB, seed=12, scale=0.8)
+    joint = exact_joint(model, PROMPT, Target(True))
+    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, 600, seed=4)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()),
+                                PROMPT, 600, seed=4)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
