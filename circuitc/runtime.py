@@ -97,6 +97,11 @@ class CompiledCircuit(nn.Module):
         self._root_rows = {m: int(plan.root_index[m].numel()) for m in MODES}
         self._always_reached = plan.always_reached
         counts = torch.bincount(plan.input_variable, minlength=self.num_vars)
+        # leaves variable-major with the same count r per variable (FF, CP, HMM, BTree): r, else None
+        r = self.num_leaves // self.num_vars
+        grouped = torch.arange(self.num_vars).repeat_interleave(r)
+        self._leaf_group = r if r * self.num_vars == self.num_leaves and torch.equal(grouped, plan.leaf_variable) else None
+        self.register_buffer("_first_leaf_of_var", torch.arange(self.num_vars) * r, persistent=False)
         self._one_input_per_variable = plan.always_reached and bool((counts == 1).all())
         if self._one_input_per_variable:
             order = torch.empty_like(plan.input_variable)
@@ -481,6 +486,18 @@ class CompiledCircuit(nn.Module):
         """`[B*S, n]` states drawn from each variable's selected leaf."""
         bp, q, v = theta.shape[0], self.num_leaves, self.num_states
         logits = theta[:, :self.num_input_params]
+        if bp == 1 and leaf_of_var.numel() >= q and self._leaf_group is not None:
+            # Many draws, shared parameters, leaves grouped by variable: one CDF row per variable over
+            # its r leaves (leaf j's CDF shifted to [j, j+1], float64), a binary search per draw in
+            # its variable's row (shorter and cache-resident, unlike one global CDF).
+            n, r = self.num_vars, self._leaf_group
+            cdf = torch.softmax(logits.view(q, v).double(), -1).cumsum(-1)
+            offsets = torch.arange(r, device=cdf.device, dtype=cdf.dtype).view(1, r, 1)
+            rows = (cdf / cdf[:, -1:]).view(n, r, v).add_(offsets).view(n, r * v)  # [n, r*v]
+            local = leaf_of_var - self._first_leaf_of_var  # [B*S, n] leaf index within its variable
+            u = torch.rand(leaf_of_var.shape, generator=generator, device=cdf.device, dtype=torch.float64)
+            found = torch.searchsorted(rows, (local + u).t().contiguous(), right=True).t()  # [B*S, n]
+            return (found - local * v).clamp(0, v - 1)
         if bp == 1 and leaf_of_var.numel() >= q:
             # Many draws from shared parameters: one global CDF over all leaves, leaf q's CDF shifted
             # to [q, q+1] (float64 keeps 1/v resolution after the shift); a draw is a binary search.
