@@ -418,6 +418,7 @@ class Trainer:
         bar = progress_bar(self.total_steps or 0, "step", cfg.progress and d.main, "mtpc train")
         advance(bar, self.step)
         start = time.perf_counter() - self.elapsed
+        last_val = None  # the validation of the final step, reused for the summary
         while self.total_steps is None or self.step < self.total_steps:
             record = self.train_step()
             self.elapsed = time.perf_counter() - start
@@ -428,7 +429,9 @@ class Trainer:
             record.update(tokens=self.tokens, time_s=round(self.elapsed, 2))
             if self.step % cfg.val_every == 0 or self.step == self.total_steps:
                 if d.main:
-                    record.update(self.validate())
+                    val = self.validate()
+                    record.update(val)
+                    last_val = val if self.step == self.total_steps else None
                 _barrier(d)
             self.log(record)
             advance(bar, self.step)
@@ -442,7 +445,7 @@ class Trainer:
                 bar.close()
                 return {"stopped_at": self.step}
         bar.close()
-        final = self.validate() if d.main else {}
+        final = (last_val if last_val is not None else self.validate()) if d.main else {}
         stats = self.data_stats
         summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
                    "data": {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
