@@ -60,7 +60,8 @@ def measure(args) -> dict:
     peak = _peak(device) - before
     return {"variant": args.variant, "peak_bytes": peak, "seconds": seconds, "loss": out.loss.item(),
             "grad_norm": float(torch.linalg.vector_norm(head.weight.grad)),
-            "method": "cuda max_memory_allocated" if device.type == "cuda" else "peak RSS (VmHWM, reset via clear_refs)"}
+            "method": ("cuda max_memory_allocated" if device.type == "cuda"
+                       else "peak RSS (VmHWM, reset via clear_refs)")}
 
 
 def _start(device) -> int:

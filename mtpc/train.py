@@ -173,7 +173,7 @@ class DraftModel(nn.Module):
         """`[B, T, d]` final-norm hidden states of the draft path."""
         base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
         with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
-            return base.model(input_ids=tokens).last_hidden_state
+            return base.get_decoder()(input_ids=tokens).last_hidden_state
 
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
         h = self.hidden(tokens)  # [B, T, d]
@@ -342,7 +342,7 @@ class Trainer:
         picks = _spread(len(self.val_set), cfg.val_sequences)
         batch = {k: t.to(self.d.device) for k, t in collate(self.val_set[i] for i in picks).items()}
         self.module.eval()
-        loss, _, counts = self.module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
+        loss, _, _ = self.module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
         h = self.module.hidden(batch["tokens"]).float()  # [B, T, d]
         valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
         valid &= window_targets(batch["tokens"], n, fill=-1) < self.head.num_states
