@@ -517,8 +517,10 @@ class CompiledCircuit(nn.Module):
         """`[B, n]` the most likely state of each variable's selected leaf."""
         bp, q, v = theta.shape[0], self.num_leaves, self.num_states
         logits = theta[:, :self.num_input_params]
-        if bp == 1:
+        if bp == 1 and leaf_of_var.numel() >= q:  # many draws: every leaf's best state once
             return logits.view(q, v).argmax(-1)[leaf_of_var]
+        if bp == 1:  # few draws: only the selected leaves' rows
+            return logits.view(q, v).index_select(0, leaf_of_var.view(-1)).argmax(-1).view(leaf_of_var.shape)
         example = torch.arange(leaf_of_var.shape[0], device=leaf_of_var.device).unsqueeze(1)
         rows = logits.reshape(bp * q, v).index_select(0, (example * q + leaf_of_var).view(-1))  # [B*n, v]
         return rows.argmax(-1).view(leaf_of_var.shape)

@@ -368,3 +368,14 @@ def test_torch_compile_matches_eager_without_graph_breaks():
     prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
     torch.testing.assert_close(log_prob(x, theta), circ.log_prob(x, theta))
     torch.testing.assert_close(prefix(x, theta), circ.prefix_log_marginals(x, theta))
+
+
+def test_map_from_shared_parameters_reads_only_the_selected_leaves():
+    circ = compiled(btree_graph(4, 3, v=5))  # 12 leaves: one MAP selects 4 of them
+    theta = torch.randn(circ.num_params, dtype=torch.float64)
+    shared = circ.map(theta)
+    assert torch.equal(shared, circ.map(theta.unsqueeze(0).expand(2, -1))[:1])
+    graph = btree_graph(4, 3, v=5)
+    ref = Reference(graph, circ.param_layout, theta.numpy())
+    assert ref.max_product(tuple(shared[0].tolist()), [True] * 4) == pytest.approx(
+        ref.max_product((0,) * 4, [False] * 4), rel=1e-9)
