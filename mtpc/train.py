@@ -299,7 +299,7 @@ class Trainer:
         batch["window_mask"] = self._window_mask(batch["tokens"].shape)
         normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v,
                                   batch["window_mask"]).to(d.device)
-        progress = self.step / max(1, self.total_steps or 1)
+        progress = self.step / self.total_steps if self.total_steps else 0.0  # unknown until a time budget is sized
         for group in self.opt.param_groups:
             group["lr"] = cosine_lr(group["base_lr"], progress, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
         self.opt.zero_grad(set_to_none=True)

@@ -136,6 +136,15 @@ def test_bad_data_is_skipped_not_fatal(tiny_lm, tmp_path):
     assert s["steps"] == 2 and all(l == l for l in log_losses(tmp_path / "out"))  # finite, not NaN
 
 
+def test_time_budget_is_turned_into_a_step_count(tiny_lm, corpus, tmp_path):
+    s = train(config(tiny_lm, corpus, tmp_path / "budget", steps=None, minutes=0.05))
+    assert s["steps"] >= 2
+    state = torch.load(tmp_path / "budget" / CHECKPOINT, weights_only=False)
+    assert state["total_steps"] == s["steps"]
+    lrs = log_losses(tmp_path / "budget", "lr")
+    assert lrs[0] < lrs[1]  # still warming up, not already at the end of the schedule
+
+
 def test_cli_train_parses_defines_and_runs(tiny_lm, corpus, tmp_path, capsys):
     assert main(["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=2", "--data", corpus,
                  "--out", str(tmp_path / "cli"), "--steps", "2", "--seq-len", "32", "--batch-size", "2",
