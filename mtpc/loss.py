@@ -226,12 +226,11 @@ def blocked_prefix_log_marginals(head, h: torch.Tensor, leaves: torch.Tensor,
         start = head.num_input_params
         weight, bias = head.weight[start:], head.bias[start:]  # [S, d], [S]
         block_fn = partial(_flat_block_prefix, head.circ)
-        extra = (weight, bias)
+        per_token, extra = h, (weight, bias)  # blocks compute their sum logits from h [N, d]
     else:
         block_fn = partial(_prefix, head.circ)
-        h = head.sum_logits(h)  # [N, S]: a generic head's sum logits, computed once
-        extra = ()
-    blocks = [checkpoint(block_fn, leaves[t0:t0 + tokens_per_block], h[t0:t0 + tokens_per_block], *extra,
+        per_token, extra = head.sum_logits(h), ()  # [N, S]: a generic head's sum logits, computed once
+    blocks = [checkpoint(block_fn, leaves[t0:t0 + tokens_per_block], per_token[t0:t0 + tokens_per_block], *extra,
                          use_reentrant=False) for t0 in range(0, N, tokens_per_block)]
     return torch.cat(blocks, 0)
 
