@@ -66,7 +66,9 @@ class DraftProgram:
     `greedy(theta, prefix)` -> `[n]` long: the sequential conditional argmax, with `x_0 .. x_{m-1}`
     = `prefix` (`[m]` long, optional); `marginal_argmax(theta, prefix)` -> `[n]`: per position the
     argmax of `q(x_j | prefix)`; `conditionals(theta, x)` -> `[n, v]`: every `q(x_j = . | x_<j)` of
-    one sequence. `theta`: `[P]` (any float dtype; computed in float64).
+    one sequence; `sample(theta, generator, prefix)` -> (`[n]`, `[n, v]`): an exact sample, variable
+    by variable, with the conditionals it was drawn from. `theta`: `[P]` (any float dtype; computed
+    in float64).
     """
 
     def __init__(self, graph: RegionGraph, layout: list[ParamSlot]):
@@ -124,12 +126,23 @@ class DraftProgram:
         """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`."""
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:  # a product of one leaf per variable: conditionals are the leaves
-            leaves = theta[: self.num_input_params].view(-1, self.v)  # [n, v]
-            if self._leaf_of_variable is not None:
-                leaves = leaves.index_select(0, self._leaf_of_variable.to(leaves.device))
-            best = leaves.argmax(-1)
-            return best if prefix is None else torch.cat([prefix, best[prefix.numel():]])
-        return self._run(theta, prefix, sequential=True)
+            return self._with_prefix(self._leaf_logits(theta).argmax(-1), prefix)
+        return self._run(theta, prefix, True, lambda j, scores: int(scores.argmax()))
+
+    @torch.no_grad()
+    def sample(self, theta: Tensor, generator: torch.Generator | None = None,
+               prefix: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`x` `[n]` drawn from `q(. | prefix)` one variable at a time (exact: the chain rule), and its
+        proposal `[n, v]`: row `j >= m` = `q(x_j = . | x_<j)` (float64; rows `< m` are zero)."""
+        prefix = self._prefix(prefix, theta.device)
+        u = torch.rand(self.n, generator=generator, dtype=torch.float64, device=theta.device)
+        if self._factorised:
+            rows = self._leaf_logits(theta).double().softmax(-1)  # [n, v]
+            cdf = rows.cumsum(-1)
+            x = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1).clamp_max(self.v - 1)
+            m = 0 if prefix is None else prefix.numel()
+            return self._with_prefix(x, prefix), torch.cat([rows.new_zeros(m, self.v), rows[m:]])
+        return self._run(theta, prefix, True, lambda j, scores: _inverse_cdf(scores, u[j]), keep_rows=True)
 
     @torch.no_grad()
     def conditionals(self, theta: Tensor, x: Tensor) -> Tensor:
@@ -137,15 +150,10 @@ class DraftProgram:
         x = x.to(device=theta.device, dtype=torch.long).view(-1)
         if x.numel() != self.n:
             raise ValueError(f"x must hold {self.n} states, got {x.numel()}")
-        probs, weights = self._tables(theta)
-        state, rows = _State(self, probs, weights), []
-        for j, ops in enumerate(self.plan(0, sequential=True)):
-            for op in ops:
-                state.apply(op)
-            scores = state.scores(j)
-            rows.append(scores / scores.sum())
-            state.observe(j, int(x[j]))
-        return torch.stack(rows)
+        if self._factorised:
+            return self._leaf_logits(theta).double().softmax(-1)
+        given = x.tolist()
+        return self._run(theta, None, True, lambda j, scores: given[j], keep_rows=True)[1]
 
     @torch.no_grad()
     def marginal_argmax(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
@@ -153,7 +161,7 @@ class DraftProgram:
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:
             return self.greedy(theta, prefix)
-        return self._run(theta, prefix, sequential=False)
+        return self._run(theta, prefix, False, lambda j, scores: int(scores.argmax()))
 
     # ----------------------------------------------------------------- planning
 
@@ -191,23 +199,50 @@ class DraftProgram:
                        for r, (o, u, k) in self.weight_slot.items()}
         return probs, weights
 
-    def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool) -> Tensor:
+    def _leaf_logits(self, theta: Tensor) -> Tensor:
+        """`[n, v]` the leaf logits of a factorised circuit, in variable order."""
+        leaves = theta.reshape(-1)[: self.num_input_params].view(-1, self.v)
+        if self._leaf_of_variable is not None:
+            leaves = leaves.index_select(0, self._leaf_of_variable.to(leaves.device))
+        return leaves
+
+    @staticmethod
+    def _with_prefix(x: Tensor, prefix: Tensor | None) -> Tensor:
+        return x if prefix is None else torch.cat([prefix, x[prefix.numel():]])
+
+    def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool, pick, keep_rows: bool = False):
+        """Step through the variables: `pick(j, scores)` chooses `x_j` from `scores` `[v]` (proportional
+        to its conditional, or marginal when not `sequential`). Returns `x` `[n]`, and the normalised
+        scores `[n, v]` (zero rows for the prefix) when `keep_rows`."""
         m = 0 if prefix is None else prefix.numel()
         probs, weights = self._tables(theta)
         state = _State(self, probs, weights)
         steps = self.plan(m, sequential)
-        chosen = []
+        chosen, rows = [], []
         for j in range(self.n):
             if j < m:
                 s = int(prefix[j])
+                rows.append(None)
             else:
                 for op in steps[j]:
                     state.apply(op)
-                s = int(state.scores(j).argmax())
+                scores = state.scores(j)
+                s = pick(j, scores)
+                rows.append(scores / scores.sum() if keep_rows else None)
             chosen.append(s)
             if sequential or j < m:
                 state.observe(j, s)
-        return torch.tensor(chosen, dtype=torch.long, device=theta.device)
+        x = torch.tensor(chosen, dtype=torch.long, device=theta.device)
+        if not keep_rows:
+            return x
+        zero = probs.new_zeros(self.v)
+        return x, torch.stack([zero if row is None else row for row in rows])
+
+
+def _inverse_cdf(scores: Tensor, u: Tensor) -> int:
+    """A draw from the distribution proportional to `scores` `[v]`, given `u ~ U[0, 1)`."""
+    cdf = scores.cumsum(0)
+    return min(int(torch.searchsorted(cdf, u * cdf[-1:], right=True)), scores.numel() - 1)
 
 
 def graph_sum_params(layout: list[ParamSlot]) -> int:
