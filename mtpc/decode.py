@@ -185,21 +185,30 @@ class Draft:
 
     The proposal for `window[j]` (j >= 1) is `q(x_j | cond[:j])` where position 0 of `cond` is
     observed only if `keep0` (it is unobserved when the verifier's token lies outside the circuit's
-    states). `log_r[j]` = log of that conditional at `window[j]` (sampling only)."""
+    states). Sampling only: `rows[j]` = that conditional over all states (from the draft program,
+    which drew the window from exactly these rows), or else `log_r[j]` = its log at `window[j]`."""
 
     window: torch.Tensor  # [n] long
     cond: torch.Tensor  # [n] long, entries < v
     keep0: bool
     from_draft: bool  # window[0] is the circuit's own (accepted) token
     log_r: torch.Tensor | None = None  # [n] (entry 0 unused)
+    rows: torch.Tensor | None = None  # [n, v] float64 probabilities (row 0 unused after a bonus token)
+
+    def q(self, j: int) -> float:
+        """The proposal's probability of `window[j]` (j >= 1, or 0 for the circuit's own first token)."""
+        token = int(self.window[j])
+        return float(self.rows[j, token]) if self.rows is not None else float(self.log_r[j].exp())
 
 
 class _Circuit:
     """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`).
 
-    Greedy "conditional" and "marginal" drafts run `circuitc.draft.DraftProgram` (planned top-down
-    derivatives: about 0.15 ms for n = 8, r = 8, v = 256 where an upward pass over the `v` candidates
-    per position took 1-7 ms) when the head keeps its region graph, else the layered programs."""
+    When the head keeps its region graph, greedy "conditional" and "marginal" drafts and sampling-mode
+    drafts run `circuitc.draft.DraftProgram` (planned top-down derivatives: about 0.15 ms for n = 8,
+    r = 8, v = 256 where an upward pass over the `v` candidates per position took 1-7 ms; a sampled
+    window comes with the exact conditionals it was drawn from, so acceptance and residuals need no
+    further circuit pass); otherwise the layered programs."""
 
     def __init__(self, head: MTPHead):
         from circuitc.draft import DraftProgram
@@ -386,10 +395,20 @@ class SpeculativeDecoder:
         if self.bonus:
             x0 = _draw(first, generator)
             keep0 = x0 < c.v
+            if keep0 and c.program is not None:  # x_1.. drawn from q(. | x_0) with their conditionals
+                d, rows = c.program.sample(theta[0], generator, first.new_tensor([x0], dtype=torch.long))
+                return Draft(d, d, True, False, rows=rows)
             d = c.sample(theta, generator, x0 if keep0 else None)
             window = torch.cat([d.new_tensor([x0]), d[1:]])
             cond = window if keep0 else d
             return Draft(window, cond, keep0, False, c.log_r(theta, cond, keep0))
+        if c.program is not None:
+            d, rows = c.program.sample(theta[0], generator)
+            d0 = int(d[0])
+            if self.acceptance.accept(float(first[d0]), float(rows[0, d0]), _uniform(generator)):
+                return Draft(d, d, True, True, rows=rows)
+            x0 = _draw(self.acceptance.residual(first, self._padded_probs(rows[0], first)), generator)
+            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False, rows=rows)
         d = c.sample(theta, generator, None)
         log_r = c.log_r(theta, d, True)
         d0 = int(d[0])
@@ -407,10 +426,20 @@ class SpeculativeDecoder:
         if not target.do_sample:
             return token == int(logits_j.argmax()), None
         p = target.probs(logits_j)  # [V]
-        if self.acceptance.accept(float(p[token]), float(draft.log_r[j].exp()), _uniform(generator)):
+        if self.acceptance.accept(float(p[token]), draft.q(j), _uniform(generator)):
             return True, None
-        r = self._padded(self.circuit.conditional(theta, draft.cond, j, draft.keep0, j), p)
+        if draft.rows is not None:
+            r = self._padded_probs(draft.rows[j], p)
+        else:
+            r = self._padded(self.circuit.conditional(theta, draft.cond, j, draft.keep0, j), p)
         return False, self.acceptance.residual(p, r)
+
+    @staticmethod
+    def _padded_probs(q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """`[v]` probabilities over circuit states -> `[V]` (0 beyond v), in `like`'s dtype."""
+        out = torch.zeros_like(like)
+        out[: q.shape[0]] = q.to(like.dtype)
+        return out
 
     @staticmethod
     def _padded(log_q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
