@@ -104,7 +104,7 @@ def roofline_ms(plan: Plan, program: str, batch: int, machine: dict[str, float])
 
 # ------------------------------------------------------------------ circuitc
 
-def bench_circuitc(graph, machine, torch_compile: bool) -> tuple[dict, Plan]:
+def bench_circuitc(graph, machine) -> tuple[dict, Plan]:
     results = {"compile_ms": median_ms(lambda: CompiledCircuit(lower(graph)), 5, warmup=1)}
     plan = lower(graph)
     circ = CompiledCircuit(plan)
@@ -125,14 +125,29 @@ def bench_circuitc(graph, machine, torch_compile: bool) -> tuple[dict, Plan]:
                 "log_prob_per_example": median_ms(lambda: circ.log_prob(x, theta_b), reps),
                 "prefix_per_example": median_ms(lambda: circ.prefix_log_marginals(x, theta_b), reps),
             }
-            if torch_compile:
-                log_prob = torch.compile(circ.log_prob, dynamic=False, fullgraph=True)
-                prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
-                timings["log_prob_compiled"] = median_ms(lambda: log_prob(x, theta), reps, warmup=3)
-                timings["prefix_compiled"] = median_ms(lambda: prefix(x, theta), reps, warmup=3)
         results[batch] = timings
         results[f"roofline_{batch}"] = {p: roofline_ms(plan, p, batch, machine) for p in PROGRAMS}
     return results, plan
+
+
+def bench_torch_compiled(graph) -> dict:
+    """The likelihood programs under torch.compile. Run last: once inductor has compiled in a
+    process, eager timings in that process come out ~3x slower (measured), so every eager
+    measurement is taken before."""
+    circ = CompiledCircuit(lower(graph))
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(circ.num_params, generator=gen)
+    log_prob = torch.compile(circ.log_prob, dynamic=False, fullgraph=True)
+    prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
+    results = {}
+    for batch in (1, 1024):
+        x = torch.randint(V, (batch, N), generator=gen)
+        with torch.no_grad():
+            results[batch] = {
+                "log_prob_compiled": median_ms(lambda: log_prob(x, theta), reps_for(batch), warmup=3),
+                "prefix_compiled": median_ms(lambda: prefix(x, theta), reps_for(batch), warmup=3),
+            }
+    return results
 
 
 def bench_big_compile() -> float:
@@ -254,16 +269,22 @@ def main() -> None:
     have_cirkit = cirkit_available()
     report = {"machine": machine, "threads": args.threads, "torch": torch.__version__,
               "platform": platform.platform(), "n": N, "v": V, "r": R, "structures": {}}
-    for name in args.structures.split(","):
+    names = args.structures.split(",")
+    for name in names:
         graph = STRUCTURES[name]()
         units = 1 if name == "FF" else R
-        ours, _ = bench_circuitc(graph, machine, args.torch_compile)
+        ours, _ = bench_circuitc(graph, machine)
         entry = {"circuitc": ours}
         if have_cirkit:
             entry["cirkit"] = bench_cirkit(graph, units)
         report["structures"][name] = json.loads(json.dumps(entry))  # int batch keys become strings
         print(f"{name} done", flush=True)
     report["big_compile_ms"] = bench_big_compile()
+    if args.torch_compile:  # last: see bench_torch_compiled
+        for name in names:
+            for batch, timings in bench_torch_compiled(STRUCTURES[name]()).items():
+                report["structures"][name]["circuitc"][str(batch)].update(timings)
+            print(f"{name} torch.compile done", flush=True)
     if not have_cirkit:
         print("cirkit (pip install libcirkit) is not importable: its columns are n/a")
     text = table(report)

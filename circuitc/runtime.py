@@ -173,7 +173,7 @@ class CompiledCircuit(nn.Module):
 
     def leaf_log_probs(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, Q]`: each leaf's log softmax(L_in[u])[x_variable]."""
-        return self._leaves(x, self._theta(theta), keep=None).t()
+        return self._leaves(x, self._theta(theta), keep=None).t().contiguous()
 
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
