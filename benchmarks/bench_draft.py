@@ -143,7 +143,8 @@ def table(result: dict) -> str:
         rows = [r for r in result["records"] if r["threads"] == threads]
         keys = list(dict.fromkeys((r["structure"], r["parameterisation"]) for r in rows))
         for structure, parameterisation in keys:
-            mine = {r["strategy"]: r for r in rows if (r["structure"], r["parameterisation"]) == (structure, parameterisation)}
+            mine = {r["strategy"]: r for r in rows
+                    if (r["structure"], r["parameterisation"]) == (structure, parameterisation)}
             first = mine["conditional"]
             cells = " ".join(f"{mine[s]['draft_ms']:13.3f}" for s in STRATEGIES)
             frac = f"   {first['cycle_fraction_bf16']:.1%}" if step else ""
