@@ -8,7 +8,11 @@ script also times the two drafts from one theta to show that.
 
 Usage:
     python benchmarks/bench_bonus.py --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8
-        [--prompts 12] [--prompt-len 128] [--new 128] [--out benchmarks/results/bonus.json]
+        [--prompts 12] [--prompt-len 128] [--new 128] [--seeds 3] [--modes greedy sample]
+        [--out benchmarks/results/bonus.json]
+
+Sampled generations differ between the two variants (different random streams, so different texts
+of different difficulty): compare them over several seeds per prompt.
 """
 
 from __future__ import annotations
@@ -44,12 +48,15 @@ def prompts(count: int, length: int, bos: int | None) -> list[torch.Tensor]:
     return out
 
 
-def mean_accepted(decoder: SpeculativeDecoder, batch: list[torch.Tensor], new: int, sample: bool) -> float:
+def mean_accepted(decoder: SpeculativeDecoder, batch: list[torch.Tensor], new: int, sample: bool,
+                  seeds: int) -> float:
+    """Tokens per cycle over all prompts (and, when sampling, `seeds` generations per prompt)."""
     accepted = []
     for i, ids in enumerate(batch):
-        gen = torch.Generator().manual_seed(i)
-        out = decoder.generate(ids, new, do_sample=sample, generator=gen)
-        accepted += out.stats.accepted_per_cycle
+        for seed in range(seeds if sample else 1):
+            gen = torch.Generator().manual_seed(1000 * seed + i)
+            out = decoder.generate(ids, new, do_sample=sample, generator=gen)
+            accepted += out.stats.accepted_per_cycle
     return sum(accepted) / len(accepted)
 
 
@@ -79,6 +86,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=3, help="sampled generations per prompt")
+    parser.add_argument("--modes", nargs="+", default=["greedy", "sample"], choices=["greedy", "sample"])
     parser.add_argument("--out", default="benchmarks/results/bonus.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -92,12 +101,13 @@ def main() -> None:
           f"{'draft ms bonus':>15}")
     for folder in args.heads:
         head = load_head(folder).eval()
-        for mode in ("greedy", "sample"):
+        for mode in args.modes:
             sample = mode == "sample"
             row = {"head": folder, "mode": mode}
             for bonus in (False, True):
                 decoder = SpeculativeDecoder(model, head, bonus=bonus)
-                row[f"accepted_{'bonus' if bonus else 'plain'}"] = mean_accepted(decoder, batch, args.new, sample)
+                row[f"accepted_{'bonus' if bonus else 'plain'}"] = mean_accepted(decoder, batch, args.new, sample,
+                                                                                 args.seeds)
                 row[f"draft_ms_{'bonus' if bonus else 'plain'}"] = draft_ms(decoder, sample)
             rows.append(row)
             print(f"{Path(folder).name:24} {mode:7} {row['accepted_plain']:10.3f} {row['accepted_bonus']:10.3f} "
