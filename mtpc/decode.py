@@ -21,9 +21,13 @@ One cycle, with the verifier's next-token target `p_0` carried over from the pre
 So every cycle makes exactly one backbone call and commits 1 .. n tokens; greedy output equals plain
 greedy decoding, sampled output is exactly distributed as the verifier's (shaped) target.
 
-`bonus=True` (bonus-conditioned drafting): `x_0` is taken from `p_0` directly (argmax or a sample)
-and the circuit drafts `d_1 ..` conditioned on it (exact conditionals of the same circuit), which
-never accepts fewer tokens in greedy mode.
+`bonus=True` (bonus-conditioned drafting, the default): `x_0` is taken from `p_0` directly (argmax
+or a sample) and the circuit drafts `d_1 ..` conditioned on it (exact conditionals of the same
+circuit). It costs the same as `bonus=False` (one backbone call, one circuit program with or without
+`x_0` given) and its drafts are conditioned on the token actually committed, so it accepts at least
+as much: measured on the tiny LM (benchmarks/bench_bonus.py) equal for FF (whose drafts do not depend
+on `x_0`) and up to 1.3x more tokens per cycle for CP in sampling mode. `bonus=False` keeps the
+circuit's own first token when the verifier accepts it (steps 1-2 above).
 
 Greedy draft strategies (`draft=`): `"conditional"` (sequential argmax of the circuit's exact
 conditionals; default: it accepted most in our measurements), `"marginal"` (per-position marginal
@@ -294,12 +298,12 @@ class SpeculativeDecoder:
     """Self-speculative decoding of `model` (verifier) with `head` drafting from the draft path.
 
     `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `draft`: greedy draft strategy
-    (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting. `acceptance`: the speculative-sampling
+    (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
     rule (an `AcceptanceRule`; replace it only to study wrong rules).
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
-                 bonus: bool = False, acceptance: AcceptanceRule | None = None, family=None):
+                 bonus: bool = True, acceptance: AcceptanceRule | None = None, family=None):
         if draft not in DRAFT_STRATEGIES:
             raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
         self.backbone = SplitBackbone(model, lora_layers, family=family)
