@@ -57,6 +57,11 @@ def add_train(sub) -> None:
     p.add_argument("--lora-layers", type=int, default=0, help="LoRA adapters on the last k decoder layers")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--init-head", default=None, help="continue from a trained head folder (two-stage schedule)")
+    p.add_argument("--parameterisation", choices=("full", "shared", "factorised"), default="full",
+                   help="head weights: full (the paper's n*r*v*d), shared (per-position unembedding + low-rank "
+                        "per-unit adapters), factorised (low-rank unembedding + adapters)")
+    p.add_argument("--adapter-rank", type=int, default=16, help="shared/factorised: per-unit adapter rank")
+    p.add_argument("--factor-rank", type=int, default=64, help="factorised: unembedding rank")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=int, help="optimizer steps")
     budget.add_argument("--minutes", type=float, help="time budget (turned into a step count after 2 steps)")
@@ -105,7 +110,8 @@ def run_train(args) -> int:
 
     cfg = TrainConfig(model=args.model, out=args.out, circuit=args.circuit, bindings=parse_defines(args.defines),
                       data=args.data, lora_layers=args.lora_layers, lora_rank=args.lora_rank,
-                      init_head=args.init_head, seq_len=args.seq_len, batch_size=args.batch_size,
+                      init_head=args.init_head, parameterisation=args.parameterisation,
+                      adapter_rank=args.adapter_rank, factor_rank=args.factor_rank, seq_len=args.seq_len, batch_size=args.batch_size,
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
                       lora_lr=args.lora_lr, gamma=args.gamma, window_stride=args.window_stride,
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,

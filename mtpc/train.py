@@ -68,6 +68,9 @@ class TrainConfig:
     gamma: float = 0.9
     window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
     sum_init_std: float = 0.02
+    parameterisation: str = "full"  # full | shared | factorised (see mtpc.head)
+    adapter_rank: int = 16  # shared/factorised: rank of the per-unit adapters
+    factor_rank: int = 64  # factorised: rank of the per-position unembedding
     val_fraction: float = 0.02
     val_every: int = 50
     val_sequences: int = 8
@@ -229,9 +232,10 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device):
         raise ValueError("give --circuit (or --init-head to continue from a trained head)")
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
     unembed = base.get_output_embeddings().weight.detach()  # [V, d]
-    graph = circuitc.load_graph(cfg.circuit, **cfg.bindings) if hasattr(circuitc, "load_graph") else None
-    source = graph if graph is not None else circuitc.compile(cfg.circuit, **cfg.bindings)
-    head = MTPHead(source, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std)
+    graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
+    head = MTPHead(graph, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std,
+                   parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
+                   factor_rank=cfg.factor_rank)
     return head.to(device)
 
 
