@@ -196,8 +196,8 @@ def head_info(head: MTPHead, train_cfg: dict, lora_layers: int) -> dict:
     if structure is None:
         structure = "ff" if head.num_leaves == head.num_variables else "circuit"
     return {"structure": structure, "bindings": train_cfg.get("bindings", {}), "n": head.num_variables,
-            "leaves": head.num_leaves, "parameters": head.weight.numel() + head.bias.numel(),
-            "parameterisation": head.parameterisation, "head_dtype": str(head.weight.dtype).removeprefix("torch."),
+            "leaves": head.num_leaves, "parameters": head.num_weights(),
+            "parameterisation": head.parameterisation, "head_dtype": str(head.dtype).removeprefix("torch."),
             "lora_layers": lora_layers, "train_steps": train_cfg.get("steps"),
             "train_seconds": train_cfg.get("train_seconds"), "val_loss": train_cfg.get("val_loss"),
             "val_accepted": train_cfg.get("val_accepted")}
