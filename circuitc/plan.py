@@ -453,7 +453,7 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
         for s in sources:
             src_offset[m][s] = zero_index[m]
             zero_index[m] += loc.store_size[s][m]
-    needs_zero = {"full": False, "prefix": True}
+    needs_zero = {"full": False, "prefix": False}  # set below when some product row reads the zero
 
     products: list[ProductFold] = []
     part_out: dict[int, dict[str, int]] = {}  # partition -> mode -> flat offset of its row 0 in the products
@@ -468,19 +468,21 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
         for m in MODES:
             out_offset[m] = prod_total[m]
             if cumulative[m]:
-                # each child once (its only row), children in variable order: row j = sum of the first j+1
-                idx = np.empty((len(ks), len(child_units), child_units[0]), dtype=np.int64)
+                # each child once (its only row), read unit-major `[F, K, A]` with the children in
+                # variable order, so that a running sum over the last axis gives row j (the sum of
+                # the first j+1 children) already in the store's `[F, K, R]` order
+                idx = np.empty((len(ks), child_units[0], len(child_units)), dtype=np.int64)
                 for f, k in enumerate(ks):
                     p = graph.partitions[k]
                     part_out.setdefault(k, {})[m] = prod_total[m] + f * rows[m] * outputs
                     ordered = sorted(p.children, key=lambda c: graph.regions[c].scope[0])
                     for c, child in enumerate(ordered):
-                        idx[f, c] = src_offset[m][0] + loc.base[child][m] + np.arange(child_units[0])
+                        idx[f, :, c] = src_offset[m][0] + loc.base[child][m] + np.arange(child_units[0])
                 index[m], start[m] = _contiguous_or_index(idx)
                 prod_total[m] += len(ks) * rows[m] * outputs
                 continue
             # padding rows (parents with fewer variables than the fold's widest) read the zero
-            idx = np.full((len(ks), sum(child_units), rows[m]), zero_index[m] if needs_zero[m] else 0, dtype=np.int64)
+            idx = np.full((len(ks), sum(child_units), rows[m]), zero_index[m] if m == "prefix" else 0, dtype=np.int64)
             for f, k in enumerate(ks):
                 p = graph.partitions[k]
                 part_out.setdefault(k, {})[m] = prod_total[m] + f * rows[m] * outputs
@@ -493,6 +495,7 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
                     read = at + np.arange(units)[:, None] * child_rows + crow[:, c]  # [units, s]
                     idx[f, col:col + units, :crow.shape[0]] = np.where(crow[:, c] < 0, zero_index[m], read)
                     col += units
+            needs_zero[m] = needs_zero[m] or (m == "prefix" and bool((idx == zero_index[m]).any()))
             index[m], start[m] = _contiguous_or_index(idx)
             prod_total[m] += len(ks) * rows[m] * outputs
         products.append(ProductFold(kind, child_units, ks, rows, index, start,

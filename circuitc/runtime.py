@@ -140,6 +140,7 @@ class CompiledCircuit(nn.Module):
         self._layers = tuple(layers)
         self._sum_ops = tuple(op for layer in layers for op in layer.sums)
         self._sum_sizes = [op.size * op.units * op.inputs for op in self._sum_ops]
+        self._sum_rows = [op.size * op.units for op in self._sum_ops]
 
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
@@ -336,19 +337,23 @@ class CompiledCircuit(nn.Module):
         lazily: reads the one observed logit per leaf and subtracts the leaf's logsumexp."""
         x = self._check_x(x, theta)
         batch, bp = x.shape[0], theta.shape[0]
-        state = x.t().contiguous().index_select(0, self.leaf_variable)  # [Q, B] the observed state at each leaf
         kept = None
         if keep is not None:
-            kept = self._keep(keep, batch, x.device).t().index_select(0, self.leaf_variable)  # [Q, B]
-            state = state.masked_fill(~kept, 0)  # unobserved entries may hold anything
-        if bp == 1:
-            logits = theta[0, :self.num_input_params].view(self.num_leaves, self.num_states)  # [Q, v]
-            leaves = logits.gather(1, state) - _logsumexp(logits).unsqueeze(1)  # [Q, B]
+            keep = self._keep(keep, batch, x.device)
+            kept = keep.t().index_select(0, self.leaf_variable)  # [Q, B]
+            x = x.masked_fill(~keep, 0)  # unobserved entries may hold anything
+        if bp == 1:  # shared: normalise the [Q, v] table once (one fused op), then read it
+            table = theta[0, :self.num_input_params].view(self.num_leaves, self.num_states)  # [Q, v]
+            leaves = self._observed(table.log_softmax(-1), x)  # [Q, B]
         else:
             logits = theta[:, :self.num_input_params].view(bp, self.num_leaves, self.num_states)  # [B, Q, v]
-            picked = logits.gather(2, state.t().unsqueeze(-1)).squeeze(-1)  # [B, Q]
+            picked = logits.gather(2, x.index_select(1, self.leaf_variable).unsqueeze(-1)).squeeze(-1)  # [B, Q]
             leaves = (picked - _chunked(_logsumexp, logits)).t().contiguous()  # [Q, B]
         return leaves if kept is None else leaves.masked_fill(~kept, 0.0)
+
+    def _observed(self, table: Tensor, x: Tensor) -> Tensor:
+        """`[Q, B]`: each leaf's entry of `table` `[Q, v]` at its variable's observed state."""
+        return table.gather(1, x.t().contiguous().index_select(0, self.leaf_variable))
 
     def _max_leaves(self, theta: Tensor, batch: int, evidence: Tensor | None, keep: Tensor | None) -> Tensor:
         """`[Q, B]` leaf values of the max-product pass: max_s log p(s), or log p(evidence)."""
@@ -367,32 +372,37 @@ class CompiledCircuit(nn.Module):
         bp = sum_logits.shape[0]
         normalise = torch.log_softmax if log else torch.softmax
         folds = self._sum_ops
-        lead = (bp,) if bp > 1 else ()
         if self._uniform_k and folds:  # one op normalises every fold
             k = folds[0].inputs
+            if bp == 1:
+                rows = normalise(sum_logits.reshape(-1, k), dim=-1).split(self._sum_rows)  # [F*U, K] each
+                return [w.view(op.size, op.units, k) for w, op in zip(rows, folds)]
             flat = normalise(sum_logits.reshape(bp, -1, k), dim=-1).view(bp, -1)
-            pieces = flat[0].split(self._sum_sizes) if bp == 1 else flat.split(self._sum_sizes, dim=1)
-            return [w.view(*lead, op.size, op.units, k) for w, op in zip(pieces, folds)]
+            return [w.view(bp, op.size, op.units, k) for w, op in zip(flat.split(self._sum_sizes, dim=1), folds)]
+        lead = (bp,) if bp > 1 else ()
         return [normalise(sum_logits[:, op.param_offset:op.param_offset + op.size * op.units * op.inputs]
                           .reshape(*lead, op.size, op.units, op.inputs), dim=-1) for op in folds]
 
     # ================================================================== passes
 
     def _read(self, source: Tensor, names: dict[str, str | None], start: dict[str, int], mode: str,
-              length: int) -> Tensor:
-        """`[length, B]` rows of a flat store: a slice when contiguous, else one index_select."""
+              length: int, batch: int) -> Tensor:
+        """Rows of a store (`length` rows of `B` values): the store itself, in whatever shape it
+        was made, when the read is all of it in order; else a `[length, B]` slice or index_select."""
         name = names[mode]
+        if name is None and start[mode] == 0 and source.numel() == length * batch:
+            return source  # the whole store, in order: nothing to do
+        flat = source.reshape(-1, batch)
         if name is None:
-            if start[mode] == 0 and source.shape[0] == length:
-                return source  # the whole store, in order: nothing to do
-            return source.narrow(0, start[mode], length)
-        return source.index_select(0, self._buffers[name])
+            return flat.narrow(0, start[mode], length)
+        return flat.index_select(0, self._buffers[name])
 
     def _upward(self, leaves: Tensor, weights: list[Tensor], mode: str, saved: list[Tensor] | None = None,
                 semiring: str = "sum") -> Tensor:
         """Bottom-up pass over leaves `[Q, B]`. Returns the root's rows `[B, 1]` (full) or `[B, n]`
         (prefix); appends each sum fold's inputs `[F, K, R*B]` to `saved` when given.
-        `weights` are linear for the sum semiring and log weights for the max semiring."""
+        `weights` are linear for the sum semiring and log weights for the max semiring.
+        A store keeps the shape its op made (`[F, U, R*B]`); readers view it as they need."""
         batch = leaves.shape[1]
         stores = [leaves]
         zero = None
@@ -403,44 +413,46 @@ class CompiledCircuit(nn.Module):
                 if zero is None:
                     zero = leaves.new_zeros(1, batch)  # log 1: a child summed out entirely
                 sources.append(zero)
-            source = sources[0] if len(sources) == 1 else torch.cat(sources, dim=0)
+            source = sources[0] if len(sources) == 1 else torch.cat([s.reshape(-1, batch) for s in sources])
             products = [self._product(source, op, mode, batch) for op in layer.products]
-            product = products[0] if len(products) == 1 else torch.cat(products, dim=0)
+            product = products[0] if len(products) == 1 else torch.cat([p.reshape(-1, batch) for p in products])
             outputs = []
             for op in layer.sums:
                 rows = op.rows[mode]
-                inputs = self._read(product, op.index, op.start, mode, op.size * op.inputs * rows)
-                inputs = inputs.view(op.size, op.inputs, rows * batch)  # [F, K, R*B]
+                inputs = self._read(product, op.index, op.start, mode, op.size * op.inputs * rows, batch)
+                inputs = inputs.reshape(op.size, op.inputs, rows * batch)  # [F, K, R*B]
                 if saved is not None:
                     saved.append(inputs)
                 if semiring == "sum":
-                    out = _log_matmul_exp(inputs, weights[fold], rows, batch)
+                    outputs.append(_log_matmul_exp(inputs, weights[fold], rows, batch))  # [F, U, R*B]
                 else:
-                    out = _max_plus(inputs, weights[fold], rows, batch)
-                outputs.append(out.view(-1, batch))  # [F*U*R, B]
+                    outputs.append(_max_plus(inputs, weights[fold], rows, batch))
                 fold += 1
-            stores.append(outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0))
+            stores.append(outputs[0] if len(outputs) == 1 else torch.cat([o.reshape(-1, batch) for o in outputs]))
+        root = stores[self._root_store].reshape(-1, batch)
         rows = self._root_rows[mode]
-        return stores[self._root_store].narrow(0, self._root_start[mode], rows).t()  # [B, rows]
+        if root.shape[0] != rows:
+            root = root.narrow(0, self._root_start[mode], rows)
+        return root.t()  # [B, rows]
 
     def _product(self, source: Tensor, op: _ProductOp, mode: str, batch: int) -> Tensor:
-        """`[F*K_out*R, B]` product units (sums of log values) of one product fold."""
+        """Product units (sums of log values) of one product fold: `F*K_out*R` rows of `B` values,
+        flat or `[F, K_out*R*B]`."""
         rows = op.rows[mode]
         arity = len(op.child_units)
         if op.cumulative[mode]:  # prefix rows of a flat product: running sums over the children
-            read = self._read(source, op.index, op.start, mode, op.size * op.width)  # [F*A*K, B]
-            running = read.view(op.size, arity, op.child_units[0], batch).cumsum(1)  # [F, R=A, K, B]
-            return running.transpose(1, 2).contiguous().view(-1, batch)  # [F*K*R, B]
-        read = self._read(source, op.index, op.start, mode, op.size * op.width * rows)  # [F*width*R, B]
+            read = self._read(source, op.index, op.start, mode, op.size * op.width, batch)  # [F*K*A, B]
+            return read.reshape(op.size, op.child_units[0], arity, batch).cumsum(2)  # [F, K, R=A, B]
+        read = self._read(source, op.index, op.start, mode, op.size * op.width * rows, batch)  # [F*width*R, B]
         if op.kind == "hadamard":
             if arity == 1:
                 return read
-            return read.view(op.size, arity, -1).sum(1).view(-1, batch)  # [F, A, K*R*B] -> [F*K*R, B]
-        parts = read.view(op.size, op.width, rows * batch).split(op.child_units, dim=1)  # [F, K_c, R*B]
+            return read.reshape(op.size, arity, -1).sum(1)  # [F, A, K*R*B] -> [F, K*R*B]
+        parts = read.reshape(op.size, op.width, rows * batch).split(op.child_units, dim=1)  # [F, K_c, R*B]
         out = parts[0]
         for part in parts[1:]:  # row-major: the first child is the slowest index
             out = (out.unsqueeze(2) + part.unsqueeze(1)).flatten(1, 2)
-        return out.reshape(-1, batch)
+        return out
 
     def _topdown(self, choose: Callable[[int, Tensor, Tensor], Tensor], batch: int, num_samples: int,
                  device: torch.device) -> Tensor:
@@ -543,11 +555,12 @@ def _exp_shifted(x: Tensor, shift: Tensor) -> Tensor:
     return torch.exp(x - shift)
 
 
-def _logsumexp(a: Tensor) -> Tensor:
+def _logsumexp(a: Tensor, keepdim: bool = False) -> Tensor:
     """logsumexp over the last dim with the max shift (its gradient cancels exactly).
     For large inputs the shift and the base change to 2 are one fused pass before exp2."""
     shift = a.amax(-1, keepdim=True)
-    return _exp_shifted(a, shift).sum(-1).log() + shift.squeeze(-1)
+    lse = _exp_shifted(a, shift).sum(-1, keepdim=True).log() + shift
+    return lse if keepdim else lse.squeeze(-1)
 
 
 CHUNK_NUMEL = 2**20  # per-example leaf normalisation runs in chunks this big: temporaries stay in cache
@@ -570,20 +583,33 @@ def _max_log_prob(logits: Tensor) -> Tensor:
 
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: log sum_k W[u, k] exp(inputs[k]) for `inputs` `[F, K, R*B]` and linear
-    weights `[Bp, F, U, K]`, via the max shift and one batched matmul."""
+    weights `[Bp, F, U, K]`, via the max shift and one batched matmul. The matmul adds the
+    dtype's smallest normal number (baddbmm: no separate clamp), so a sum whose every term
+    underflows stays finite; any representable sum is unchanged by it."""
     shift = inputs.amax(1, keepdim=True)  # [F, 1, R*B]; its gradient cancels exactly
     scaled = _exp_shifted(inputs, shift)
+    tiny = _tiny(scaled)
     if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
-        mixed = torch.bmm(weights, scaled)
+        mixed = torch.baddbmm(tiny, weights, scaled)
     else:  # per-example weights: batch the matmul over (B, F)
         f, k, _ = scaled.shape
         per_example = scaled.view(f, k, rows, batch).permute(3, 0, 1, 2)  # [B, F, K, R]
-        mixed = torch.matmul(weights, per_example)  # [B, F, U, R]
-        mixed = mixed.permute(1, 2, 3, 0).contiguous().view(f, -1, rows * batch)  # batch last again
-    tiny = torch.finfo(mixed.dtype).tiny
+        mixed = torch.matmul(weights, per_example).add_(tiny)  # [B, F, U, R]
+        mixed = mixed.permute(1, 2, 3, 0).reshape(f, -1, rows * batch)  # batch last again
     if _needs_grad(inputs, weights):
-        return mixed.clamp_min(tiny).log() + shift
-    return mixed.clamp_min_(tiny).log_().add_(shift)  # in place: no fresh large buffers per layer
+        return mixed.log() + shift
+    return mixed.log_().add_(shift)  # in place: no fresh large buffers per layer
+
+
+_TINY: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+
+
+def _tiny(like: Tensor) -> Tensor:
+    """A cached 0-dim tensor holding the smallest normal number of `like`'s dtype."""
+    key = (like.dtype, like.device)
+    if key not in _TINY:
+        _TINY[key] = torch.tensor(torch.finfo(like.dtype).tiny, dtype=like.dtype, device=like.device)
+    return _TINY[key]
 
 
 def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int) -> Tensor:
