@@ -51,10 +51,11 @@ class _SumOp:
     start: dict[str, int]
     param_offset: int  # within the sum logits
     slots: str
-    child_slot: str  # [F*(K+1), A]: row f*(K+1)+k; row f*(K+1)+K (not reached) points at the sink
-    child_unit: str
+    children: str  # [2, F*(K+1), A]: (slot, unit) of each child the input f*(K+1)+k selects;
+    #                entry f*(K+1)+K (not reached) points at the sink
     entry_base: str  # [F] f*(K+1)
     row_base: str  # [F] f*U
+    table_base: str  # [F] this fold's first row in the shared CDF table (uniform K), + f*U
     arity: int  # A
 
 
@@ -106,12 +107,14 @@ class CompiledCircuit(nn.Module):
         if self._one_input_per_variable:
             order = torch.empty_like(plan.input_variable)
             order[plan.input_variable] = torch.arange(len(plan.input_regions))
-            self.register_buffer("_input_of_variable", order, persistent=False)
+            self.register_buffer("_input_of_variable", order, persistent=False)  # input slot = input region
+            self.register_buffer("_leaf_start_of_variable", plan.leaf_start[order], persistent=False)
         # leaves grouped by variable: variable i's leaves are _leaves_by_variable[start[i]:start[i+1]]
         self.register_buffer("_leaves_by_variable", torch.argsort(plan.leaf_variable, stable=True), persistent=False)
         self._leaf_group_start = [0] + torch.bincount(plan.leaf_variable, minlength=self.num_vars).cumsum(0).tolist()
         sink = plan.num_region_slots
         layers = []
+        table_row = 0  # first row of the next sum fold in the shared [sum(F*U), K] weight table
         for li, layer in enumerate(plan.layers):
             products = []
             for pi, pf in enumerate(layer.products):
@@ -125,16 +128,18 @@ class CompiledCircuit(nn.Module):
                 f, k, a = sf.child_slot.shape
                 child_slot = torch.cat([sf.child_slot, torch.full((f, 1, a), sink, dtype=torch.long)], 1)
                 child_unit = torch.cat([sf.child_unit, torch.zeros((f, 1, a), dtype=torch.long)], 1)
+                children = torch.stack([child_slot.reshape(-1, a), child_unit.reshape(-1, a)])  # one gather reads both
                 sums.append(_SumOp(
                     sf.size, sf.units, sf.inputs, dict(sf.rows), names, dict(sf.start),
                     sf.param_offset - plan.num_input_params,
                     self._buffer(f"_s{li}_{si}_slots", sf.slots),
-                    self._buffer(f"_s{li}_{si}_child_slot", child_slot.reshape(-1, a)),
-                    self._buffer(f"_s{li}_{si}_child_unit", child_unit.reshape(-1, a)),
+                    self._buffer(f"_s{li}_{si}_children", children),
                     self._buffer(f"_s{li}_{si}_entry_base", torch.arange(f) * (k + 1)),
                     self._buffer(f"_s{li}_{si}_row_base", torch.arange(f) * sf.units),
+                    self._buffer(f"_s{li}_{si}_table_base", table_row + torch.arange(f) * sf.units),
                     a,
                 ))
+                table_row += sf.size * sf.units
             layers.append(_LayerOp({m: list(s) for m, s in layer.sources.items()}, dict(layer.needs_zero),
                                    tuple(products), tuple(sums)))
         self._layers = tuple(layers)
@@ -231,11 +236,10 @@ class CompiledCircuit(nn.Module):
 
         if evidence is None and theta.shape[0] == 1:
             # shared weights, no evidence: one CDF table per fold, each draw a binary search
-            cdfs = self._sum_cdfs(sum_logits)
+            cdfs, bases = self._sum_cdfs(sum_logits)
 
             def choose(fold: int, unit: Tensor, example: Tensor) -> Tensor:
-                op = self._sum_ops[fold]
-                rows = cdfs[fold].index_select(0, (unit + self._buffers[op.row_base]).view(-1))  # [B*S*F, K]
+                rows = cdfs[fold].index_select(0, (unit + self._buffers[bases[fold]]).view(-1))  # [B*S*F, K]
                 u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=rows.dtype)
                 return torch.searchsorted(rows, u, right=True).view(unit.shape)
         else:
@@ -270,12 +274,22 @@ class CompiledCircuit(nn.Module):
         batch = evidence.shape[0] if evidence is not None else theta.shape[0]
         logw = self._sum_weights(theta[:, self.num_input_params:], log=True)
         leaves = self._max_leaves(theta, batch, evidence, keep)  # [Q, B]
-        saved: list[Tensor] = []
-        self._upward(leaves, logw, "full", saved=saved, semiring="max")
+        if batch == 1:
+            # few ops: the upward pass keeps every unit's best input [F, U, 1] and the backtracking
+            # reads it (at large batch a max with indices over [F, U, K, B] is slower than
+            # re-scoring only the selected units, below)
+            best: list[Tensor] = []
+            self._upward(leaves, logw, "full", best=best, semiring="max")
 
-        def choose(fold: int, unit: Tensor, example: Tensor) -> Tensor:
-            scores = self._weight_rows(fold, logw[fold], unit, example)  # [B, F, K]
-            return (scores + saved[fold].permute(2, 0, 1).index_select(0, example)).argmax(-1)
+            def choose(fold: int, unit: Tensor, example: Tensor) -> Tensor:
+                return best[fold].take(unit + self._buffers[self._sum_ops[fold].row_base])  # [1, F]
+        else:
+            saved: list[Tensor] = []
+            self._upward(leaves, logw, "full", saved=saved, semiring="max")
+
+            def choose(fold: int, unit: Tensor, example: Tensor) -> Tensor:
+                scores = self._weight_rows(fold, logw[fold], unit, example)  # [B, F, K]
+                return (scores + saved[fold].permute(2, 0, 1).index_select(0, example)).argmax(-1)
 
         x = self._best_states(theta, self._topdown(choose, batch, 1, theta.device))
         if evidence is not None:
@@ -284,13 +298,20 @@ class CompiledCircuit(nn.Module):
             x = torch.where(keep, evidence, x)
         return x
 
-    def _sum_cdfs(self, sum_logits: Tensor) -> list[Tensor]:
-        """Per sum fold, `[F*U, K]` cumulative weights of shared parameters, last column exactly 1."""
+    def _sum_cdfs(self, sum_logits: Tensor) -> tuple[list[Tensor], list[str]]:
+        """Cumulative weights of shared parameters, last column exactly 1: per sum fold a table
+        and the buffer naming each region's first row in it. With one K for every fold all folds
+        share one `[sum(F*U), K]` table (three ops in all); else one `[F*U, K]` table per fold."""
+        folds = self._sum_ops
+        if self._uniform_k and folds:
+            cdf = torch.softmax(sum_logits.reshape(-1, folds[0].inputs), dim=-1).cumsum(-1)
+            cdf = cdf / cdf[:, -1:]
+            return [cdf] * len(folds), [op.table_base for op in folds]
         cdfs = []
         for w in self._sum_weights(sum_logits):
             cdf = w.cumsum(-1)  # [F, U, K]
             cdfs.append((cdf / cdf[..., -1:]).reshape(-1, cdf.shape[-1]))
-        return cdfs
+        return cdfs, [op.row_base for op in folds]
 
     # ================================================================== inputs
 
@@ -357,8 +378,12 @@ class CompiledCircuit(nn.Module):
 
     def _max_leaves(self, theta: Tensor, batch: int, evidence: Tensor | None, keep: Tensor | None) -> Tensor:
         """`[Q, B]` leaf values of the max-product pass: max_s log p(s), or log p(evidence)."""
-        logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
-        best = _chunked(_max_log_prob, logits).t().expand(self.num_leaves, batch)  # [Q, B]
+        if theta.shape[0] == 1:  # shared: one fused log_softmax of the [Q, v] table
+            table = theta[0, :self.num_input_params].view(self.num_leaves, self.num_states)
+            best = table.log_softmax(-1).amax(-1, keepdim=True).expand(self.num_leaves, batch)  # [Q, B]
+        else:
+            logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
+            best = _chunked(_max_log_prob, logits).t()  # [Q, B]
         if evidence is None:
             return best.contiguous()
         keep = self._keep(keep if keep is not None else torch.ones_like(evidence, dtype=torch.bool),
@@ -398,9 +423,10 @@ class CompiledCircuit(nn.Module):
         return flat.index_select(0, self._buffers[name])
 
     def _upward(self, leaves: Tensor, weights: list[Tensor], mode: str, saved: list[Tensor] | None = None,
-                semiring: str = "sum") -> Tensor:
+                semiring: str = "sum", best: list[Tensor] | None = None) -> Tensor:
         """Bottom-up pass over leaves `[Q, B]`. Returns the root's rows `[B, 1]` (full) or `[B, n]`
-        (prefix); appends each sum fold's inputs `[F, K, R*B]` to `saved` when given.
+        (prefix); appends each sum fold's inputs `[F, K, R*B]` to `saved` when given, and for the
+        max semiring each sum unit's best input `[F, U, R*B]` to `best`.
         `weights` are linear for the sum semiring and log weights for the max semiring.
         A store keeps the shape its op made (`[F, U, R*B]`); readers view it as they need."""
         batch = leaves.shape[1]
@@ -425,6 +451,10 @@ class CompiledCircuit(nn.Module):
                     saved.append(inputs)
                 if semiring == "sum":
                     outputs.append(_log_matmul_exp(inputs, weights[fold], rows, batch))  # [F, U, R*B]
+                elif best is not None:
+                    value, argmax = _max_plus(inputs, weights[fold], rows, batch, with_argmax=True)
+                    outputs.append(value)
+                    best.append(argmax)
                 else:
                     outputs.append(_max_plus(inputs, weights[fold], rows, batch))
                 fold += 1
@@ -464,7 +494,9 @@ class CompiledCircuit(nn.Module):
         sink = self._num_region_slots
         sel = torch.full((total, sink + 1), -1, dtype=torch.long, device=device)
         sel[:, self._root_slot] = 0
-        example = torch.arange(total, device=device) // num_samples  # [B*S] the example of each draw
+        example = torch.arange(total, device=device)  # [B*S] the example of each draw
+        if num_samples > 1:
+            example = example // num_samples
         for fold in range(len(self._sum_ops) - 1, -1, -1):
             op = self._sum_ops[fold]
             unit = sel.index_select(1, self._buffers[op.slots])  # [B*S, F]
@@ -473,14 +505,13 @@ class CompiledCircuit(nn.Module):
             else:
                 reached = unit >= 0
                 choice = choose(fold, unit.clamp_min(0), example).masked_fill(~reached, op.inputs)  # K: none
-            entry = (choice + self._buffers[op.entry_base]).view(-1)  # [B*S*F] rows of the child tables
-            child_slot = self._buffers[op.child_slot].index_select(0, entry).view(total, -1)  # [B*S, F*A]
-            child_unit = self._buffers[op.child_unit].index_select(0, entry).view(total, -1)
+            entry = (choice + self._buffers[op.entry_base]).view(-1)  # [B*S*F] entries of the child tables
+            child_slot, child_unit = self._buffers[op.children].index_select(1, entry).view(2, total, -1)  # [B*S, F*A]
             sel.scatter_(1, child_slot, child_unit)
+        if self._one_input_per_variable:  # every variable's single input region is always reached
+            return sel.index_select(1, self._input_of_variable) + self._leaf_start_of_variable
         unit = sel[:, :self._num_input_regions]  # [B*S, NI]
         leaf = self._leaf_start + unit.clamp_min(0)
-        if self._one_input_per_variable:  # every variable's single input region is always reached
-            return leaf.index_select(1, self._input_of_variable)
         variable = torch.where(unit >= 0, self._input_variable, self.num_vars)  # unreached -> sink column
         leaf_of_var = torch.zeros(total, self.num_vars + 1, dtype=torch.long, device=device)
         return leaf_of_var.scatter_(1, variable, leaf)[:, :self.num_vars]
@@ -612,13 +643,19 @@ def _tiny(like: Tensor) -> Tensor:
     return _TINY[key]
 
 
-def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int) -> Tensor:
-    """`[F, U, R*B]`: max_k (log W[u, k] + inputs[k])."""
+def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int,
+              with_argmax: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """`[F, U, R*B]`: max_k (log W[u, k] + inputs[k]), and the maximising k if `with_argmax`."""
     if log_weights.dim() == 3:  # shared
-        return (inputs.unsqueeze(1) + log_weights.unsqueeze(-1)).amax(2)
+        scores = inputs.unsqueeze(1) + log_weights.unsqueeze(-1)  # [F, U, K, R*B]
+        return scores.max(2) if with_argmax else scores.amax(2)
     f, k, _ = inputs.shape
     per_example = log_weights.permute(1, 2, 3, 0).unsqueeze(3)  # [F, U, K, 1, B]
-    return (inputs.view(f, 1, k, rows, batch) + per_example).amax(2).contiguous().view(f, -1, rows * batch)
+    scores = inputs.view(f, 1, k, rows, batch) + per_example
+    if with_argmax:
+        value, argmax = scores.max(2)  # [F, U, R, B]
+        return value.view(f, -1, rows * batch), argmax.view(f, -1, rows * batch)
+    return scores.amax(2).view(f, -1, rows * batch)
 
 
 def _categorical(logits: Tensor, generator: torch.Generator | None) -> Tensor:
