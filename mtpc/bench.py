@@ -571,7 +571,20 @@ def _environment(device: torch.device, base) -> dict:
                             ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")}}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
+    env["code"] = _code_version()
     return env
+
+
+def _code_version() -> str | None:
+    """`git describe` of the checkout this module runs from (with `-dirty` for local changes), if any."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _context_warning(cfg: BenchConfig, base) -> str | None:
