@@ -81,6 +81,9 @@ class ProductFold:
     # per mode: rows are a running sum over the children, read once each in variable order
     # (a flat product of single-variable inputs, as in CP and FF: O(n) reads instead of O(n^2))
     cumulative: dict[str, bool] = field(default_factory=lambda: {m: False for m in MODES})
+    # per mode: two children with s rows each, the left's variables before the right's (a balanced
+    # tree's prefix rows): rows are [left rows | left's last row + right rows], no zero row read
+    halves: dict[str, bool] = field(default_factory=lambda: {m: False for m in MODES})
 
     @property
     def size(self) -> int:
@@ -255,6 +258,7 @@ def _layer_json(layer: Layer) -> dict[str, Any]:
         "products": [
             {"product": pf.product, "child_units": list(pf.child_units), "folded": pf.size, "outputs": pf.outputs,
              "rows": pf.rows, "einsum": pf.einsum, "out_offset": pf.out_offset, "cumulative": pf.cumulative,
+             "halves": pf.halves,
              "index": {m: _index_json(pf.index[m], pf.start[m], pf.size * pf.rows[m] * sum(pf.child_units))
                        for m in MODES}}
             for pf in layer.products
@@ -465,8 +469,25 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
         cumulative = {m: m == "prefix" and kind == "hadamard" and len(child_units) > 1 and all(
             loc.store[c] == 0 and len(graph.regions[c].scope) == 1 for k in ks for c in graph.partitions[k].children)
             for m in MODES}
+        halves = {m: m == "prefix" and kind == "hadamard" and not cumulative[m]
+                  and _halves(graph, ks, loc, rows[m], child_units)
+                  for m in MODES}
         for m in MODES:
             out_offset[m] = prod_total[m]
+            if halves[m]:
+                # two children, the left's variables all before the right's, s rows each: parent row
+                # j < s is left row j, row s + j is left row s-1 (all observed) + right row j. Read
+                # the children's rows pair by pair `[F, 2, K, s]`; no row of the zero is needed.
+                half = rows[m] // 2
+                idx = np.empty((len(ks), 2, child_units[0], half), dtype=np.int64)
+                for f, k in enumerate(ks):
+                    part_out.setdefault(k, {})[m] = prod_total[m] + f * rows[m] * outputs
+                    for c, child in enumerate(_left_right(graph, graph.partitions[k])):
+                        at = src_offset[m][loc.store[child]] + loc.base[child][m]
+                        idx[f, c] = at + np.arange(child_units[0])[:, None] * half + np.arange(half)
+                index[m], start[m] = _contiguous_or_index(idx)
+                prod_total[m] += len(ks) * rows[m] * outputs
+                continue
             if cumulative[m]:
                 # each child once (its only row), read unit-major `[F, K, A]` with the children in
                 # variable order, so that a running sum over the last axis gives row j (the sum of
@@ -499,7 +520,7 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
             index[m], start[m] = _contiguous_or_index(idx)
             prod_total[m] += len(ks) * rows[m] * outputs
         products.append(ProductFold(kind, child_units, ks, rows, index, start,
-                                    _product_einsum(kind, len(child_units)), out_offset, cumulative))
+                                    _product_einsum(kind, len(child_units)), out_offset, cumulative, halves))
     fold_outputs = {k: pf.outputs for pf in products for k in pf.partitions}
     fold_rows = {k: pf.rows for pf in products for k in pf.partitions}
 
@@ -539,6 +560,29 @@ def _lower_layer(graph: RegionGraph, d: int, regions: list[str], loc: _Locations
     layer = Layer(depth=d, products=products, sums=sums, sources={m: list(sources) for m in MODES},
                   needs_zero=needs_zero, product_size=prod_total, sum_size=store_total)
     return layer, param_offset, next_slot
+
+
+def _left_right(graph: RegionGraph, p) -> list[str]:
+    """A partition's children in variable order (by first variable)."""
+    return sorted(p.children, key=lambda c: graph.regions[c].scope[0])
+
+
+def _halves(graph: RegionGraph, ks: list[int], loc: _Locations, rows: int, child_units: tuple[int, ...]) -> bool:
+    """Whether a hadamard fold's prefix rows can be built as [left rows | left last + right rows]:
+    every partition has two children of s = rows / 2 variables each (stored with exactly s rows),
+    the left child's variables all before the right child's, and its parent has 2s variables."""
+    if len(child_units) != 2 or child_units[0] != child_units[1] or rows % 2:
+        return False
+    half = rows // 2
+    for k in ks:
+        p = graph.partitions[k]
+        left, right = _left_right(graph, p)
+        scope_l, scope_r = graph.regions[left].scope, graph.regions[right].scope
+        if (len(scope_l) != half or len(scope_r) != half or max(scope_l) >= min(scope_r)
+                or len(graph.regions[p.parent].scope) != rows
+                or loc.rows[left]["prefix"] != half or loc.rows[right]["prefix"] != half):
+            return False
+    return True
 
 
 def _contiguous_or_index(idx: np.ndarray) -> tuple[torch.Tensor | None, int]:

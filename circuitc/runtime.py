@@ -35,6 +35,7 @@ class _ProductOp:
     index: dict[str, str | None]  # buffer names; None: contiguous from start
     start: dict[str, int]
     cumulative: dict[str, bool]
+    halves: dict[str, bool]
 
     @property
     def width(self) -> int:
@@ -120,7 +121,7 @@ class CompiledCircuit(nn.Module):
             for pi, pf in enumerate(layer.products):
                 names = {m: self._buffer(f"_p{li}_{pi}_{m}", pf.index[m]) for m in MODES}
                 products.append(_ProductOp(pf.product, pf.child_units, pf.size, dict(pf.rows), names, dict(pf.start),
-                                           dict(pf.cumulative)))
+                                           dict(pf.cumulative), dict(pf.halves)))
             sums = []
             for si, sf in enumerate(layer.sums):
                 names = {m: self._buffer(f"_s{li}_{si}_{m}", sf.index[m]) for m in MODES}
@@ -473,6 +474,11 @@ class CompiledCircuit(nn.Module):
         if op.cumulative[mode]:  # prefix rows of a flat product: running sums over the children
             read = self._read(source, op.index, op.start, mode, op.size * op.width, batch)  # [F*K*A, B]
             return read.reshape(op.size, op.child_units[0], arity, batch).cumsum(2)  # [F, K, R=A, B]
+        if op.halves[mode]:  # prefix rows of two children over consecutive variables, s rows each
+            half = rows // 2
+            read = self._read(source, op.index, op.start, mode, op.size * op.width * half, batch)  # [F*2*K*s, B]
+            left, right = read.reshape(op.size, 2, op.child_units[0], half, batch).unbind(1)  # [F, K, s, B]
+            return torch.cat([left, left[:, :, half - 1:] + right], dim=2)  # [F, K, 2s, B]
         read = self._read(source, op.index, op.start, mode, op.size * op.width * rows, batch)  # [F*width*R, B]
         if op.kind == "hadamard":
             if arity == 1:

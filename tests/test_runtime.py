@@ -379,3 +379,15 @@ def test_map_from_shared_parameters_reads_only_the_selected_leaves():
     ref = Reference(graph, circ.param_layout, theta.numpy())
     assert ref.max_product(tuple(shared[0].tolist()), [True] * 4) == pytest.approx(
         ref.max_product((0,) * 4, [False] * 4), rel=1e-9)
+
+
+def test_balanced_tree_prefix_rows_from_halves_match_masked_marginals():
+    graph = btree_graph(8, 2, v=3)  # halves of 1, 2 and 4 variables: [left rows | left last + right rows]
+    circ = compiled(graph)
+    assert sum(pf.halves["prefix"] for layer in circ.plan.layers for pf in layer.products) == 2
+    theta = torch.randn(4, circ.num_params, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x = torch.randint(3, (4, 8), generator=torch.Generator().manual_seed(1))
+    prefix = circ.prefix_log_marginals(x, theta)
+    for i in range(8):
+        keep = torch.arange(8) <= i
+        torch.testing.assert_close(prefix[:, i], circ.log_marginal(x, keep, theta))
