@@ -379,12 +379,8 @@ class CompiledCircuit(nn.Module):
 
     def _max_leaves(self, theta: Tensor, batch: int, evidence: Tensor | None, keep: Tensor | None) -> Tensor:
         """`[Q, B]` leaf values of the max-product pass: max_s log p(s), or log p(evidence)."""
-        if theta.shape[0] == 1:  # shared: one fused log_softmax of the [Q, v] table
-            table = theta[0, :self.num_input_params].view(self.num_leaves, self.num_states)
-            best = table.log_softmax(-1).amax(-1, keepdim=True).expand(self.num_leaves, batch)  # [Q, B]
-        else:
-            logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
-            best = _chunked(_max_log_prob, logits).t()  # [Q, B]
+        logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
+        best = _chunked(_max_log_prob, logits).t().expand(self.num_leaves, batch)  # [Q, B]
         if evidence is None:
             return best.contiguous()
         keep = self._keep(keep if keep is not None else torch.ones_like(evidence, dtype=torch.bool),
