@@ -555,7 +555,7 @@ class CompiledCircuit(nn.Module):
         if bp > 1:
             example = torch.arange(leaf_of_var.shape[0], device=leaf_of_var.device) // num_samples
             row = row + (example * q).unsqueeze(1)
-        rows = logits.reshape(bp * q, v).index_select(0, row.view(-1))  # [B*S*n, v] only the selected leaves
+        rows = logits.reshape(bp * q, v).index_select(0, row.reshape(-1))  # [B*S*n, v] only the selected leaves
         return _categorical(rows, generator).view(leaf_of_var.shape)
 
     def _best_states(self, theta: Tensor, leaf_of_var: Tensor) -> Tensor:
@@ -565,7 +565,7 @@ class CompiledCircuit(nn.Module):
         if bp == 1 and leaf_of_var.numel() >= q:  # many draws: every leaf's best state once
             return logits.view(q, v).argmax(-1)[leaf_of_var]
         if bp == 1:  # few draws: only the selected leaves' rows
-            return logits.view(q, v).index_select(0, leaf_of_var.view(-1)).argmax(-1).view(leaf_of_var.shape)
+            return logits.view(q, v).index_select(0, leaf_of_var.reshape(-1)).argmax(-1).view(leaf_of_var.shape)
         example = torch.arange(leaf_of_var.shape[0], device=leaf_of_var.device).unsqueeze(1)
         rows = logits.reshape(bp * q, v).index_select(0, (example * q + leaf_of_var).view(-1))  # [B*n, v]
         return rows.argmax(-1).view(leaf_of_var.shape)
@@ -616,33 +616,22 @@ def _max_log_prob(logits: Tensor) -> Tensor:
 
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: log sum_k W[u, k] exp(inputs[k]) for `inputs` `[F, K, R*B]` and linear
-    weights `[Bp, F, U, K]`, via the max shift and one batched matmul. The matmul adds the
-    dtype's smallest normal number (baddbmm: no separate clamp), so a sum whose every term
-    underflows stays finite; any representable sum is unchanged by it."""
+    weights `[Bp, F, U, K]`, via the max shift and one batched matmul."""
     shift = inputs.amax(1, keepdim=True)  # [F, 1, R*B]; its gradient cancels exactly
     scaled = _exp_shifted(inputs, shift)
-    tiny = _tiny(scaled)
     if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
-        mixed = torch.baddbmm(tiny, weights, scaled)
+        mixed = torch.bmm(weights, scaled)
     else:  # per-example weights: batch the matmul over (B, F)
         f, k, _ = scaled.shape
         per_example = scaled.view(f, k, rows, batch).permute(3, 0, 1, 2)  # [B, F, K, R]
-        mixed = torch.matmul(weights, per_example).add_(tiny)  # [B, F, U, R]
+        mixed = torch.matmul(weights, per_example)  # [B, F, U, R]
         mixed = mixed.permute(1, 2, 3, 0).reshape(f, -1, rows * batch)  # batch last again
+    # floored at the smallest normal number: a sum whose every term underflows stays finite, and
+    # the clamp (not an added constant) stops the gradient there (1/tiny would overflow into NaN)
+    tiny = torch.finfo(mixed.dtype).tiny
     if _needs_grad(inputs, weights):
-        return mixed.log() + shift
-    return mixed.log_().add_(shift)  # in place: no fresh large buffers per layer
-
-
-_TINY: dict[tuple[torch.dtype, torch.device], Tensor] = {}
-
-
-def _tiny(like: Tensor) -> Tensor:
-    """A cached 0-dim tensor holding the smallest normal number of `like`'s dtype."""
-    key = (like.dtype, like.device)
-    if key not in _TINY:
-        _TINY[key] = torch.tensor(torch.finfo(like.dtype).tiny, dtype=like.dtype, device=like.device)
-    return _TINY[key]
+        return mixed.clamp_min(tiny).log() + shift
+    return mixed.clamp_min_(tiny).log_().add_(shift)  # in place: no fresh large buffers per layer
 
 
 def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int,

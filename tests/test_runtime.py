@@ -391,3 +391,23 @@ def test_balanced_tree_prefix_rows_from_halves_match_masked_marginals():
     for i in range(8):
         keep = torch.arange(8) <= i
         torch.testing.assert_close(prefix[:, i], circ.log_marginal(x, keep, theta))
+
+
+@pytest.mark.parametrize("make", [lambda: random_graph(21, max_vars=4), lambda: btree_graph(8, 3, v=5)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_extreme_shared_logits_stay_finite(make, batch):
+    """Shared theta `[P]` takes its own paths (one normalised leaf table, one CDF table, MAP at batch 1)."""
+    circ = compiled(make())
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        theta = (1e4 * (2 * torch.rand(circ.num_params, generator=gen) - 1)).to(dtype).requires_grad_()
+        x = torch.randint(circ.num_states, (batch, circ.num_vars), generator=gen)
+        keep = torch.rand(batch, circ.num_vars, generator=gen) < 0.5
+        outputs = [circ.log_prob(x, theta), circ.log_marginal(x, keep, theta), circ.prefix_log_marginals(x, theta)]
+        assert all(torch.isfinite(out).all() for out in outputs)
+        outputs[2].sum().backward()
+        assert torch.isfinite(theta.grad.float()).all()
+        samples = circ.sample(theta.detach(), 5, generator=gen)  # few draws: only the selected leaves' rows
+        assert 0 <= samples.min() and samples.max() < circ.num_states
+        assert circ.map(theta.detach()).shape == (1, circ.num_vars)
+        assert circ.map(theta.detach(), evidence=x, keep=keep).shape == (batch, circ.num_vars)
