@@ -64,7 +64,8 @@ class DataStats:
         setattr(self, f"skipped_{kind}", getattr(self, f"skipped_{kind}") + 1)
         if len(self.problems) < MAX_LOGGED_PROBLEMS:
             self.problems.append(f"{where}: {why}")
-            log.warning("skipping %s record %s: %s", kind, where, why)
+            # Empty files are routine in source trees (`__init__.py`): the summary counts them.
+            (log.info if kind == "empty" else log.warning)("skipping %s record %s: %s", kind, where, why)
 
     @property
     def skipped(self) -> int:
