@@ -114,6 +114,9 @@ class CompiledCircuit(nn.Module):
         self.register_buffer("_leaves_by_variable", torch.argsort(plan.leaf_variable, stable=True), persistent=False)
         self._leaf_group_start = [0] + torch.bincount(plan.leaf_variable, minlength=self.num_vars).cumsum(0).tolist()
         sink = plan.num_region_slots
+        unselected = torch.full((1, sink + 1), -1, dtype=torch.long)
+        unselected[0, plan.root_slot] = 0
+        self.register_buffer("_unselected", unselected, persistent=False)  # the top-down state before any choice
         layers = []
         table_row = 0  # first row of the next sum fold in the shared [sum(F*U), K] weight table
         for li, layer in enumerate(plan.layers):
@@ -355,8 +358,10 @@ class CompiledCircuit(nn.Module):
         return x
 
     def _leaves(self, x: Tensor, theta: Tensor, keep: Tensor | None) -> Tensor:
-        """`[Q, B]` leaf log-probabilities at `x` (batch last), 0 where `keep` is False. Normalises
-        lazily: reads the one observed logit per leaf and subtracts the leaf's logsumexp."""
+        """`[Q, B]` leaf log-probabilities at `x` (batch last), 0 where `keep` is False. Shared
+        logits: one fused log_softmax of the `[Q, v]` table, then one gather (as cheap as the
+        logsumexps alone, in fewer ops). Per-example logits are normalised lazily: the one observed
+        logit per leaf minus the leaf's logsumexp, never a `[B, Q, v]` log_softmax."""
         x = self._check_x(x, theta)
         batch, bp = x.shape[0], theta.shape[0]
         kept = None
@@ -493,9 +498,7 @@ class CompiledCircuit(nn.Module):
         reached). `choose(fold, unit, example)` picks an input `[B*S, F]` for the units `[B*S, F]`.
         Returns the selected leaf of every variable, `[B*S, n]`."""
         total = batch * num_samples
-        sink = self._num_region_slots
-        sel = torch.full((total, sink + 1), -1, dtype=torch.long, device=device)
-        sel[:, self._root_slot] = 0
+        sel = self._unselected.repeat(total, 1)  # [B*S, NR+1]: -1 everywhere but the root's unit 0
         example = torch.arange(total, device=device)  # [B*S] the example of each draw
         if num_samples > 1:
             example = example // num_samples
@@ -588,12 +591,11 @@ def _exp_shifted(x: Tensor, shift: Tensor) -> Tensor:
     return torch.exp(x - shift)
 
 
-def _logsumexp(a: Tensor, keepdim: bool = False) -> Tensor:
+def _logsumexp(a: Tensor) -> Tensor:
     """logsumexp over the last dim with the max shift (its gradient cancels exactly).
     For large inputs the shift and the base change to 2 are one fused pass before exp2."""
     shift = a.amax(-1, keepdim=True)
-    lse = _exp_shifted(a, shift).sum(-1, keepdim=True).log() + shift
-    return lse if keepdim else lse.squeeze(-1)
+    return _exp_shifted(a, shift).sum(-1).log() + shift.squeeze(-1)
 
 
 CHUNK_NUMEL = 2**20  # per-example leaf normalisation runs in chunks this big: temporaries stay in cache
