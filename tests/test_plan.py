@@ -66,6 +66,17 @@ def test_btree_folds_one_product_and_one_sum_per_layer_with_contiguous_reads():
     assert plan.num_params == 16 * 32 * 256 + 14 * 32 * 32 + 32
 
 
+def test_btree_prefix_rows_need_no_zero_row_and_no_gather():
+    """Layer 1 builds its rows as a running sum over the two leaves, layers 2-4 as [left rows | left
+    last + right rows] read as one slice; no layer concatenates the zero row."""
+    plan = lower(btree_graph(16, 32, v=256))
+    assert [pf.cumulative["prefix"] for layer in plan.layers for pf in layer.products] == [True, False, False, False]
+    assert [pf.halves["prefix"] for layer in plan.layers for pf in layer.products] == [False, True, True, True]
+    assert not any(layer.needs_zero["prefix"] for layer in plan.layers)
+    assert all(pf.index["prefix"] is None for layer in plan.layers[1:] for pf in layer.products)
+    assert json.loads(json.dumps(plan.to_json()))["layers"][1]["products"][0]["halves"] == {"full": False, "prefix": True}
+
+
 def test_hmm_and_cp_and_ff_lower():
     assert len(lower(hmm_graph(8, 4, v=3)).layers) == 7
     cp = lower(cp_graph(8, 4, v=3))
