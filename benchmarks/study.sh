@@ -5,7 +5,8 @@
 #
 #   benchmarks/study.sh train    # heads into $HEADS (skips heads already trained; resumes cut runs)
 #   benchmarks/study.sh bench    # bench reports into $BENCH, figure into docs/
-#   benchmarks/study.sh          # both
+#   benchmarks/study.sh extra    # only the second-pass runs (greedy-64, sample-bf16) and the figure
+#   benchmarks/study.sh          # train + bench
 #
 # Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
 # Every head gets the same wall-clock training budget ($MINUTES) on this machine's CPUs.
@@ -70,33 +71,49 @@ existing() {  # the trained head folders among the arguments
     done
 }
 
+bench_run() {  # report name, then mtpc bench arguments (heads, mode, options)
+    local name=$1
+    shift
+    echo "== bench $name $(date +%T)"
+    python -m mtpc.cli bench --model "$MODEL" "${PROMPTS[@]}" --threads "$THREADS" --no-progress \
+        --out "$BENCH/$name" "$@" | tee "$BENCH/$name.txt" \
+        || echo "!! mtpc bench exited with $? (1 means a greedy output differed from plain greedy: see bench.json)"
+}
+
 bench_all() {
     mkdir -p "$BENCH"
-    local all
+    local all n8
     mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
                                 ff16 cp16-r8 hmm16-r8 btree16-r8)
-    for mode in greedy sample; do
-        echo "== bench $mode $(date +%T)"
-        python -m mtpc.cli bench --model "$MODEL" --heads "${all[@]}" "${PROMPTS[@]}" --mode "$mode" \
-            --bonus both --threads "$THREADS" --no-progress --out "$BENCH/$mode" | tee "$BENCH/$mode.txt" \
-            || echo "!! mtpc bench exited with $? (1: a greedy output differed from plain greedy; see bench.json)"
-    done
-    local n8
     mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
-    echo "== bench draft strategies $(date +%T)"
-    python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy \
-        --draft conditional marginal map --threads "$THREADS" --no-progress --out "$BENCH/drafts" \
-        | tee "$BENCH/drafts.txt" || echo "!! mtpc bench exited with $?"
-    echo "== bench bf16 heads $(date +%T)"
-    python -m mtpc.cli bench --model "$MODEL" --heads "${n8[@]}" "${PROMPTS[@]}" --mode greedy --bonus both \
-        --head-dtype bf16 --threads "$THREADS" --no-progress --out "$BENCH/greedy-bf16" | tee "$BENCH/greedy-bf16.txt" \
-        || echo "!! mtpc bench exited with $?"
-    python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" --out docs/results_tradeoff.png
+    bench_run greedy --heads "${all[@]}" --mode greedy --bonus both
+    bench_run sample --heads "${all[@]}" --mode sample --bonus both
+    bench_run drafts --heads "${n8[@]}" --mode greedy --draft conditional marginal map
+    bench_run greedy-bf16 --heads "${n8[@]}" --mode greedy --bonus both --head-dtype bf16
+    bench_extra
+}
+
+bench_extra() {  # added after the first pass: greedy before the LM's output degenerates; bf16 in sampling
+    mkdir -p "$BENCH"
+    local all n8
+    mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
+                                ff16 cp16-r8 hmm16-r8 btree16-r8)
+    mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
+    bench_run greedy-64 --heads "${all[@]}" --mode greedy --bonus both --max-new-tokens 64
+    bench_run sample-bf16 --heads "${n8[@]}" --mode sample --bonus both --head-dtype bf16
+    figure
+}
+
+figure() {
+    python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
+        --out docs/results_tradeoff.png
 }
 
 case $STAGE in
     train) train_all ;;
     bench) bench_all ;;
+    extra) bench_extra ;;
+    figure) figure ;;
     all) train_all && bench_all ;;
-    *) echo "usage: $0 [train|bench|all]" >&2; exit 2 ;;
+    *) echo "usage: $0 [train|bench|extra|figure|all]" >&2; exit 2 ;;
 esac

@@ -690,7 +690,7 @@ def plot_tradeoff(reports: Sequence[dict], path: Path, title: str | None = None)
         max_lat = max(max_lat, step)
     step = reports[0]["plain"]["mu_lat"]["mean"] * 1e3
     x_top, y_top = max_lat * 1.15, max(max_acc * 1.2, 1.5)
-    for mult in (1, 1.5, 2, 2.5, 3, 4):  # throughput = mult x plain: accepted = mult * latency / step
+    for mult in (0.25, 0.5, 1, 2, 3):  # throughput = mult x plain: accepted = mult * latency / step
         ax.plot([0, x_top], [0, x_top * mult / step], ls="--", lw=0.7, color="grey")
         x, y = min(x_top, y_top * step / mult), min(y_top, x_top * mult / step)  # where it leaves the axes
         ax.annotate(f"{mult:g}x plain", (x, y), fontsize=6, color="grey", ha="right", va="top")
