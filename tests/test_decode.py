@@ -16,13 +16,7 @@ from mtpc.decode import AcceptanceRule, Target, generate_autoregressive
 D = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Batch-1 decoding is many tiny ops: one thread is fastest and immune to other processes' load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def hf_generate(model, ids, **kwargs):

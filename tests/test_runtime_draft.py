@@ -11,13 +11,7 @@ from circuitc.draft import DraftProgram
 from circuitc.load import load_graph
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Batch-1 programs are many tiny ops: one thread is fastest and immune to other processes' load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def graphs(n=4, r=3, v=3):

@@ -1,0 +1,14 @@
+"""Fixtures shared by several test modules."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Batch-1 programs and decoding are many tiny ops: one thread is fastest and immune to other
+    processes' load. Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
