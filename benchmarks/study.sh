@@ -6,7 +6,8 @@
 #   benchmarks/study.sh train    # heads into $HEADS (skips heads already trained; resumes cut runs)
 #   benchmarks/study.sh bench    # bench reports into $BENCH, figure into docs/
 #   benchmarks/study.sh extra    # only the second-pass runs (greedy-64, sample-bf16) and the figure
-#   benchmarks/study.sh          # train + bench
+#   benchmarks/study.sh distilled  # heads trained on the LM's own continuations, and their benches
+#   benchmarks/study.sh          # everything
 #
 # Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
 # Every head gets the same wall-clock training budget ($MINUTES) on this machine's CPUs.
@@ -30,9 +31,11 @@ train_head() {  # name, then mtpc train arguments
         echo "== $name: already trained"
         return
     fi
-    echo "== $name: training ($MINUTES min) $(date +%T)"
+    local budget=(--minutes "$MINUTES")
+    [[ " $* " == *" --steps "* ]] && budget=()  # a head given a fixed number of steps
+    echo "== $name: training (${budget[*]:-fixed steps}) $(date +%T)"
     # shellcheck disable=SC2086
-    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES" $TRAIN_ARGS --no-progress "$@" \
+    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" "${budget[@]}" $TRAIN_ARGS --no-progress "$@" \
         >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
     tail -n 1 "$HEADS/$name.log"
 }
@@ -59,10 +62,19 @@ train_all() {
         train_head $entry
     done
     local base=${LORA_STRUCTURE%% *} args=${LORA_STRUCTURE#* }
-    for k in 1 2; do
-        # shellcheck disable=SC2086
-        train_head "$base-lora$k" $args --lora-layers "$k"
-    done
+    # shellcheck disable=SC2086
+    train_head "$base-lora1" $args --lora-layers 1
+    # The time budget becomes a step count after 2 steps, which under other load gave LoRA-2 half of
+    # LoRA-1's steps; LoRA-2 gets LoRA-1's step count instead (357 in the recorded study).
+    # shellcheck disable=SC2086
+    train_head "$base-lora2" $args --lora-layers 2 --steps "${LORA2_STEPS:-357}"
+}
+
+train_distilled() {  # heads trained on the LM's own continuations (self-distillation)
+    mkdir -p "$HEADS"
+    [[ -f runs/lm-samples.jsonl ]] || python benchmarks/lm_samples.py --model "$MODEL" --out runs/lm-samples.jsonl
+    train_head ff8-sd --circuit examples/ff.pc -D n=8 --data runs/lm-samples.jsonl
+    train_head btree8-r8-sd --circuit examples/btree.pc -D n=8 -D r=8 --data runs/lm-samples.jsonl
 }
 
 existing() {  # the trained head folders among the arguments
@@ -104,6 +116,14 @@ bench_extra() {  # added after the first pass: greedy before the LM's output deg
     figure
 }
 
+bench_distilled() {  # corpus-trained vs self-distilled heads, greedy (256 and 64 new tokens) and sampling
+    local heads
+    mapfile -t heads < <(existing ff8 ff8-sd btree8-r8 btree8-r8-sd btree8-r8-lora1 btree8-r8-lora2)
+    bench_run distilled-greedy --heads "${heads[@]}" --mode greedy
+    bench_run distilled-greedy-64 --heads "${heads[@]}" --mode greedy --max-new-tokens 64
+    bench_run distilled-sample --heads "${heads[@]}" --mode sample
+}
+
 figure() {
     python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
         --out docs/results_tradeoff.png
@@ -113,7 +133,8 @@ case $STAGE in
     train) train_all ;;
     bench) bench_all ;;
     extra) bench_extra ;;
+    distilled) train_distilled && bench_distilled ;;
     figure) figure ;;
-    all) train_all && bench_all ;;
-    *) echo "usage: $0 [train|bench|extra|figure|all]" >&2; exit 2 ;;
+    all) train_all && bench_all && train_distilled && bench_distilled ;;
+    *) echo "usage: $0 [train|bench|extra|distilled|figure|all]" >&2; exit 2 ;;
 esac
