@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,7 @@ class DecoderParts:
     lm_head: nn.Module  # [B, T, d] -> [B, T, V]
 
 
-class BackboneFamily:
+class BackboneFamily(ABC):
     """How to run one model family's decoder layer by layer. Subclass it for a new family.
 
     `parts(model)` finds the modules; `masks(...)` builds one attention mask per layer from the
@@ -59,21 +60,25 @@ class BackboneFamily:
     layer exactly as the family's own `forward` does.
     """
 
+    @abstractmethod
     def parts(self, model: nn.Module) -> DecoderParts:
-        raise NotImplementedError
+        """Defined by each subclass."""
 
     def check_config(self, config) -> None:
         """Raise `ValueError` for configurations the split loop cannot run exactly."""
 
+    @abstractmethod
     def masks(self, config, embeds: torch.Tensor, cache, position_ids: torch.Tensor, num_layers: int) -> list:
-        raise NotImplementedError
+        """Defined by each subclass."""
 
+    @abstractmethod
     def position_embeddings(self, parts: DecoderParts, hidden: torch.Tensor, position_ids: torch.Tensor):
-        raise NotImplementedError
+        """Defined by each subclass."""
 
+    @abstractmethod
     def call_layer(self, layer: nn.Module, hidden: torch.Tensor, mask, position_embeddings,
                    position_ids: torch.Tensor, cache) -> torch.Tensor:
-        raise NotImplementedError
+        """Defined by each subclass."""
 
 
 class LlamaFamily(BackboneFamily):

@@ -46,6 +46,7 @@ the parameterisation and the head options); the round trip is exact in any dtype
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -79,7 +80,7 @@ def _graph_of(circ):
     return graph
 
 
-class MTPHead(nn.Module):
+class MTPHead(nn.Module, ABC):
     """Hidden states `[..., d]` -> flat circuit logits `[..., P]` (see the module docstring).
 
     `circ`: a `CompiledCircuit`, or a source `circuitc.compile` accepts without bindings (RegionGraph,
@@ -130,26 +131,26 @@ class MTPHead(nn.Module):
 
     # ----------------------------------------------------------------- what a parameterisation defines
 
+    @abstractmethod
     def _build(self, dtype: torch.dtype, adapter_rank: int, factor_rank: int) -> None:
         """Create the parameters (all zero)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _init_inputs(self, init_from) -> None:
         """Initialise the input units from `init_from` (or randomly when None)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _sum_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the sum projection `[S, d]` and its bias `[S]`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """`[..., d]` -> `[..., P]`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """`[..., d]` -> `[..., Q_chunk, v]` for the leaves selected by a slice or a LongTensor of leaf
         indices (leaf order as the circuit's)."""
-        raise NotImplementedError
 
     # ----------------------------------------------------------------- shared by all
 
@@ -246,12 +247,13 @@ class _AdapterHead(MTPHead):
     `B` transposed, `[Q, a, v]`. Subclasses say what the first `M` rows are and how they become `[n, v]`
     logits."""
 
+    @abstractmethod
     def _position_rows(self) -> int:  # M
-        raise NotImplementedError
+        """Defined by each subclass."""
 
+    @abstractmethod
     def _position_logits(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`y` `[..., m, M/n]` (the position rows' outputs for `positions` `[m]`) -> `[..., m, v]`."""
-        raise NotImplementedError
 
     def _build(self, dtype, adapter_rank, factor_rank) -> None:
         if adapter_rank < 0:
