@@ -404,7 +404,7 @@ class _ToAst(Transformer_NonRecursive):
     def def_param(self, meta, c):
         return DefParam(str(c[0]), c[1], span=self._span(meta))
 
-    def def_(self, meta, c):
+    def def_stmt(self, meta, c):
         params = tuple(p for p in c[1:-1] if p is not None)
         return Def(str(c[0]), params, c[-1], span=self._span(meta))
 
@@ -514,10 +514,6 @@ class _ToAst(Transformer_NonRecursive):
 
     def list_comp(self, meta, c):
         return ListComp(c[0], str(c[1]), c[2], c[3], span=self._span(meta))
-
-
-# lark calls the method of rule `def` by that name, which Python reserves
-setattr(_ToAst, "def", _ToAst.def_)
 
 
 def _expr_span(node) -> SourceSpan | None:
