@@ -127,14 +127,18 @@ bench_distilled() {  # corpus-trained vs self-distilled heads, greedy (256 and 6
 figure() {
     python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
         --out docs/results_tradeoff.png
+    if [[ -f $BENCH/distilled-greedy/bench.json && -f $BENCH/distilled-sample/bench.json ]]; then
+        python benchmarks/study_figure.py "$BENCH/distilled-greedy/bench.json" "$BENCH/distilled-sample/bench.json" \
+            --out docs/results_tradeoff_distilled.png --title "corpus-trained vs self-distilled heads (-sd)"
+    fi
 }
 
 case $STAGE in
     train) train_all ;;
     bench) bench_all ;;
     extra) bench_extra ;;
-    distilled) train_distilled && bench_distilled ;;
+    distilled) train_distilled && bench_distilled && figure ;;
     figure) figure ;;
-    all) train_all && bench_all && train_distilled && bench_distilled ;;
+    all) train_all && bench_all && train_distilled && bench_distilled && figure ;;
     *) echo "usage: $0 [train|bench|extra|distilled|figure|all]" >&2; exit 2 ;;
 esac
