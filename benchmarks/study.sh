@@ -7,6 +7,7 @@
 #   benchmarks/study.sh bench    # bench reports into $BENCH, figure into docs/
 #   benchmarks/study.sh extra    # only the second-pass runs (greedy-64, sample-bf16) and the figure
 #   benchmarks/study.sh distilled  # heads trained on the LM's own continuations, and their benches
+#   benchmarks/study.sh shared   # BTree heads with the shared (cheap) parameterisation, and their benches
 #   benchmarks/study.sh          # everything
 #
 # Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
@@ -133,12 +134,28 @@ figure() {
     fi
 }
 
+train_shared() {  # issue 7's cheap head: per-position unembedding + low-rank per-unit adapters
+    mkdir -p "$HEADS"
+    train_head btree8-r8-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared
+    [[ -f runs/lm-samples.jsonl ]] || python benchmarks/lm_samples.py --model "$MODEL" --out runs/lm-samples.jsonl
+    train_head btree8-r8-sd-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared \
+        --data runs/lm-samples.jsonl
+}
+
+bench_shared() {
+    local heads
+    mapfile -t heads < <(existing ff8 ff8-sd btree8-r8 btree8-r8-shared btree8-r8-sd btree8-r8-sd-shared)
+    bench_run shared-greedy --heads "${heads[@]}" --mode greedy --bonus both
+    bench_run shared-sample --heads "${heads[@]}" --mode sample --bonus both
+}
+
 case $STAGE in
     train) train_all ;;
     bench) bench_all ;;
     extra) bench_extra ;;
     distilled) train_distilled && bench_distilled && figure ;;
+    shared) train_shared && bench_shared ;;
     figure) figure ;;
-    all) train_all && bench_all && train_distilled && bench_distilled && figure ;;
-    *) echo "usage: $0 [train|bench|extra|distilled|figure|all]" >&2; exit 2 ;;
+    all) train_all && bench_all && train_distilled && bench_distilled && figure && train_shared && bench_shared ;;
+    *) echo "usage: $0 [train|bench|extra|distilled|shared|figure|all]" >&2; exit 2 ;;
 esac
