@@ -608,24 +608,9 @@ class _Elaborator:
         return result.value if result is not None else None
 
     def _bind_arguments(self, fn: Def, args: list, kwargs: dict, node: Call) -> dict:
-        names = [p.name for p in fn.params]
-        signature = f"{fn.name}({', '.join(names)})"
-        if len(args) > len(names):
-            raise _fail(f"{signature} takes {len(names)} argument{'s' if len(names) != 1 else ''}, "
-                        f"got {len(args)}", node.span)
-        env = dict(zip(names, args))
-        for name, (value, span) in kwargs.items():
-            if name not in names:
-                raise _fail(f"{signature} has no parameter {name}", span)
-            if name in env:
-                raise _fail(f"{signature}: argument {name} is given twice", span)
-            env[name] = value
-        for param in fn.params:
-            if param.name not in env:
-                if param.default is None:
-                    raise _fail(f"{signature}: missing argument {param.name}", node.span)
-                env[param.name] = self._eval(param.default, self.globals)
-        return env
+        params = {p.name: _REQUIRED if p.default is None else p.default for p in fn.params}
+        # A default is an expression, evaluated in the file's globals only when it is used.
+        return _bind_call(fn.name, params, args, kwargs, node, lambda default: self._eval(default, self.globals))
 
     def _eval_index(self, node: Index, env: dict) -> Any:
         base = self._eval(node.base, env)
@@ -741,13 +726,16 @@ _INT_OPS: dict[str, Callable[[int, int], Any]] = {
 
 # ----------------------------------------------------------------------------- built-in functions
 
-def _bind_builtin(name: str, params: dict[str, Any], args: list, kwargs: dict, node: Call) -> dict[str, Any]:
-    """Match a call's arguments to a built-in's parameters (`params`: name -> default; a default
-    of `_REQUIRED` must be given)."""
+def _bind_call(name: str, params: dict[str, Any], args: list, kwargs: dict, node: Call,
+               resolve_default=lambda default: default) -> dict[str, Any]:
+    """Match a call's arguments to a function's parameters (`params`: name -> default; a default
+    of `_REQUIRED` must be given), for user functions and built-ins alike."""
     names = list(params)
     signature = f"{name}({', '.join(names)})"
     if len(args) > len(names):
-        raise _fail(f"{signature} takes at most {len(names)} arguments, got {len(args)}", node.span)
+        bound_word = "" if all(d is _REQUIRED for d in params.values()) else "at most "
+        plural = "s" if len(names) != 1 else ""
+        raise _fail(f"{signature} takes {bound_word}{len(names)} argument{plural}, got {len(args)}", node.span)
     bound = dict(zip(names, args))
     for key, (value, span) in kwargs.items():
         if key not in params:
@@ -759,7 +747,7 @@ def _bind_builtin(name: str, params: dict[str, Any], args: list, kwargs: dict, n
         if key not in bound:
             if default is _REQUIRED:
                 raise _fail(f"{signature}: missing argument {key}", node.span)
-            bound[key] = default
+            bound[key] = resolve_default(default)
     return bound
 
 
@@ -776,7 +764,7 @@ def _structure_builtin(name: str, generator: Callable, options: dict[str, Any], 
     def run(el: _Elaborator, args: list, kwargs: dict, node: Call) -> RegionRef:
         if el.varset is None:
             raise _fail(f"{name}: declare the variables first, e.g. `vars x[16] states 256`", node.span)
-        bound = _bind_builtin(name, params, args, kwargs, node)
+        bound = _bind_call(name, params, args, kwargs, node)
         region = bound.pop("region")
         if isinstance(region, VarSet):
             region = el._region_ref(tuple(range(region.count)), None, node.span)
