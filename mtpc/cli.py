@@ -1,10 +1,55 @@
-"""The `mtpc` command line: one `add_*` (arguments) and one `run_*` (action) function per subcommand."""
+"""The `mtpc` command line: one `add_*` (arguments) and one `run_*` (action) function per subcommand.
+
+Every subcommand shares one error path (`main`): a mistake is one `mtpc: error: <message>` line on
+stderr with exit status 2 (usage and input errors: bad flags, missing or damaged files, unsupported
+models), a run that fails exits with 1, and tracebacks are printed only with `--debug`. Parsers made
+by `sub.add_parser(...)` inherit this (and `--debug`, and defaults in `--help`) from `Parser`.
+
+Importing this module must stay cheap (`mtpc --help` runs in a fraction of a second): torch,
+transformers and the training/decoding modules are imported inside the `run_*` functions only.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from .checks import non_negative_int, positive_float, positive_int, probability
+from .errors import InputError, MtpcError
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends `(default: X)` to every option with a default worth showing (not None, not False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose mistakes become `InputError`s (reported by `main`), with `--debug` on
+    every (sub)command and defaults shown in `--help`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="print the full traceback of an error")
+
+    def error(self, message: str):
+        where = self.prog.removeprefix("mtpc").strip()
+        raise InputError(f"{where + ': ' if where else ''}{message} (see {self.prog} --help)")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("circuitc")  # the distribution that ships both circuitc and mtpc
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def add_tiny_lm(sub) -> None:
@@ -13,23 +58,34 @@ def add_tiny_lm(sub) -> None:
                                    "standard library sources) and save it as a local Hugging Face checkpoint.")
     p.add_argument("--out", required=True, help="output folder (save_pretrained layout)")
     p.add_argument("--data", default=None, help="file, folder, glob or .jsonl (default: the Python stdlib)")
-    p.add_argument("--minutes", type=float, default=10.0, help="wall-clock training budget (default 10)")
-    p.add_argument("--steps", type=int, default=None, help="train a fixed number of steps instead")
-    p.add_argument("--context", type=int, default=1024, help="sequence length in bytes (default 1024)")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=704)
-    p.add_argument("--vocab-size", type=int, default=None, help="pad the vocabulary (e.g. 320)")
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--minutes", type=positive_float, default=10.0, help="wall-clock training budget")
+    p.add_argument("--steps", type=positive_int, default=None, help="train a fixed number of steps instead")
+    p.add_argument("--context", type=positive_int, default=1024, help="sequence length in bytes")
+    p.add_argument("--d-model", type=positive_int, default=256, help="hidden size")
+    p.add_argument("--layers", type=positive_int, default=4, help="decoder layers")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --d-model)")
+    p.add_argument("--ffn", type=positive_int, default=704, help="MLP intermediate size")
+    p.add_argument("--vocab-size", type=positive_int, default=None,
+                   help="pad the vocabulary (e.g. 320; at least 256 bytes + 8 specials)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step")
+    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="autocast dtype (auto: bf16 where the hardware has it)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_tiny_lm)
 
 
 def run_tiny_lm(args) -> int:
+    from . import checks
+
+    checks.output_folder(args.out)
+    checks.data_source(args.data)
+    if args.d_model % args.heads:
+        raise InputError(f"--heads {args.heads} must divide --d-model {args.d_model}")
+    if args.vocab_size is not None and args.vocab_size < checks.MIN_BYTE_VOCAB:
+        raise InputError(f"--vocab-size {args.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
+                         f"{checks.MIN_BYTE_VOCAB}")
     from .tinylm import TinyLMConfig, train_tiny_lm
 
     cfg = TinyLMConfig(out=args.out, data=args.data, minutes=args.minutes, steps=args.steps, context=args.context,
@@ -47,41 +103,51 @@ def add_train(sub) -> None:
     p = sub.add_parser("train", help="train an MTP circuit head (and LoRA adapters) on a frozen LM",
                        description="Train a circuit draft head on a frozen byte-level LM; the same command under "
                                    "`torchrun --nproc_per_node N` trains data-parallel. Rerunning it resumes from "
-                                   "OUT/checkpoint.pt.")
+                                   "OUT/checkpoint.pt when its settings match the checkpoint's (only --steps, "
+                                   "--minutes, --val-every, --save-every, --stop-after and --no-progress may "
+                                   "change); --no-resume starts over.")
     p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--allow-non-byte-vocab", action="store_true",
+                   help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
     p.add_argument("--circuit", default=None, help=".pc or graph-spec .json file (optional with --init-head)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                    help="bind a .pc parameter, e.g. -D n=16 -D r=32 (repeatable)")
     p.add_argument("--data", default=None, help="file, folder, glob or .jsonl (default: the Python stdlib)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--lora-layers", type=int, default=0, help="LoRA adapters on the last k decoder layers")
-    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--out", required=True, help="output folder: the head, checkpoint, config and log")
+    p.add_argument("--lora-layers", type=non_negative_int, default=0,
+                   help="LoRA adapters on the last k decoder layers")
+    p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank")
     p.add_argument("--init-head", default=None, help="continue from a trained head folder (two-stage schedule)")
     p.add_argument("--parameterisation", choices=("full", "shared", "factorised"), default="full",
                    help="head weights: full (the paper's n*r*v*d), shared (per-position unembedding + low-rank "
                         "per-unit adapters), factorised (low-rank unembedding + adapters)")
-    p.add_argument("--adapter-rank", type=int, default=16, help="shared/factorised: per-unit adapter rank")
-    p.add_argument("--factor-rank", type=int, default=64, help="factorised: unembedding rank")
+    p.add_argument("--adapter-rank", type=positive_int, default=16, help="shared/factorised: per-unit adapter rank")
+    p.add_argument("--factor-rank", type=positive_int, default=64, help="factorised: unembedding rank")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--steps", type=int, help="optimizer steps")
-    budget.add_argument("--minutes", type=float, help="time budget (turned into a step count after 2 steps)")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step over all ranks")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--lora-lr", type=float, default=2e-4)
-    p.add_argument("--gamma", type=float, default=0.9, help="discount of window position j: gamma**(j-1)")
-    p.add_argument("--window-stride", type=int, default=1,
-                   help="score the windows at every s-th position only (s x cheaper head; default 1)")
-    p.add_argument("--val-every", type=int, default=50)
-    p.add_argument("--val-sequences", type=int, default=8, help="held-out sequences scored at each validation")
-    p.add_argument("--val-windows", type=int, default=1024, help="of their windows, how many score acceptance")
-    p.add_argument("--save-every", type=int, default=50)
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    budget.add_argument("--steps", type=positive_int, help="optimizer steps")
+    budget.add_argument("--minutes", type=positive_float,
+                        help="time budget (turned into a step count after 2 steps)")
+    p.add_argument("--seq-len", type=positive_int, default=512, help="tokens per training sequence")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step over all ranks")
+    p.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per step")
+    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate of the head")
+    p.add_argument("--lora-lr", type=positive_float, default=2e-4, help="peak learning rate of the LoRA adapters")
+    p.add_argument("--gamma", type=probability, default=0.9, help="discount of window position j: gamma**(j-1)")
+    p.add_argument("--window-stride", type=positive_int, default=1,
+                   help="score the windows at every s-th position only (s x cheaper head)")
+    p.add_argument("--val-every", type=positive_int, default=50, help="validate every this many steps")
+    p.add_argument("--val-sequences", type=positive_int, default=8,
+                   help="held-out sequences scored at each validation")
+    p.add_argument("--val-windows", type=positive_int, default=1024,
+                   help="of their windows, how many score acceptance")
+    p.add_argument("--save-every", type=positive_int, default=50, help="write OUT/checkpoint.pt every this many steps")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="autocast dtype (auto: bf16 where the hardware has it)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (head init, data order)")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
-    p.add_argument("--stop-after", type=int, default=None, help="leave at this step with a checkpoint (resume later)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stop-after", type=positive_int, default=None,
+                   help="leave at this step with a checkpoint (resume later)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
 
 
@@ -90,9 +156,12 @@ def parse_defines(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"mtpc train: -D expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = _number(value.strip())
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise InputError(f"-D expects NAME=VALUE with NAME a parameter name, got {item!r}")
+        if key in out:
+            raise InputError(f"-D {key} is given twice")
+        out[key] = _number(value.strip())
     return out
 
 
@@ -117,7 +186,7 @@ def run_train(args) -> int:
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
                       save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
-                      stop_after=args.stop_after)
+                      stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab)
     s = train(cfg)
     if s.get("val_accepted") is not None:
         print(f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s; "
@@ -134,31 +203,33 @@ def add_bench(sub) -> None:
                                    "Greedy runs are checked token for token against plain greedy decoding "
                                    "(exit status 1 on any mismatch).")
     p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--allow-non-byte-vocab", action="store_true",
+                   help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
     p.add_argument("--heads", nargs="+", required=True, metavar="DIR", help="head folders written by mtpc train")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help=".txt (one prompt per line) or .jsonl (strings or {\"prompt\": ...})")
     source.add_argument("--corpus", help="sample prompts from the held-out documents of this corpus "
                                          "('stdlib': the Python standard library, mtpc tiny-lm's default)")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts per set (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="K disjoint prompt sets; mean ± std over them (default 3)")
-    p.add_argument("--prompt-len", type=int, default=128, help="corpus prompts: tokens per prompt (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-prompts", type=positive_int, default=8, help="prompts per set")
+    p.add_argument("--repeats", type=positive_int, default=3, help="K disjoint prompt sets; mean ± std over them")
+    p.add_argument("--prompt-len", type=positive_int, default=128, help="corpus prompts: tokens per prompt")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens generated per prompt")
+    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy", help="decoding mode")
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample: keep the k most likely tokens")
+    p.add_argument("--top-p", type=probability, default=None, help="sample: nucleus mass in (0, 1]")
     p.add_argument("--draft", nargs="+", default=["conditional"], metavar="STRATEGY",
-                   help="greedy draft strategies to compare: conditional, marginal, map, sample (default conditional)")
+                   help="greedy draft strategies to compare: conditional, marginal, map, sample")
     p.add_argument("--bonus", choices=("off", "on", "both"), default="off",
-                   help="bonus-conditioned drafting: off, on, or both side by side (default off)")
+                   help="bonus-conditioned drafting: off, on, or both side by side")
     p.add_argument("--dtype", choices=("fp32", "fp64", "bf16"), default="fp32", help="the LM's dtype")
     p.add_argument("--head-dtype", choices=("fp32", "fp64", "bf16"), default=None,
                    help="cast the heads for inference (default: as saved)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (prompt choice, sampling)")
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md, tradeoff.png")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
 
 
@@ -171,7 +242,7 @@ def run_bench(args) -> int:
                       top_k=args.top_k, top_p=args.top_p, drafts=args.draft,
                       bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus], dtype=args.dtype,
                       head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
-                      out=args.out, progress=not args.no_progress)
+                      out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab)
     report = bench(cfg)
     print(format_table(report))
     if report["context_warning"]:
@@ -185,8 +256,9 @@ def run_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_tiny_lm(sub)
     add_train(sub)
     add_bench(sub)
@@ -194,8 +266,59 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Run the command line; returns the exit status (0 done, 1 the run failed, 2 bad usage or input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # known even when parsing fails
+    try:
+        args = build_parser().parse_args(argv)
+        debug = getattr(args, "debug", False)
+        return args.func(args)
+    except SystemExit as e:  # --help and --version (argparse errors are InputErrors, see Parser.error)
+        if isinstance(e.code, int) or e.code is None:
+            return e.code or 0
+        return _report(InputError(str(e.code)), debug)
+    except KeyboardInterrupt:
+        print("mtpc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 -- the one place that turns every error into one line
+        return _report(e, debug)
+
+
+def _report(e: Exception, debug: bool) -> int:
+    status, message = describe_error(e)
+    if debug:
+        import traceback
+
+        traceback.print_exception(e)
+    print(f"mtpc: error: {message}", file=sys.stderr)
+    return status
+
+
+def describe_error(e: BaseException) -> tuple[int, str]:
+    """(exit status, message) for an exception reaching the command line.
+
+    `InputError` 2 and `MtpcError` 1 carry their own message; a circuit error (bad `.pc`, unknown
+    `-D` name) is an input error; a missing or unreadable file the user named is an input error, other
+    OS errors (disk full) a failure; anything else is an internal error (a bug): one line naming the
+    exception, exit status 1, the traceback with `--debug`."""
+    from circuitc.errors import CircuitError
+
+    if isinstance(e, MtpcError):
+        return e.exit_status, str(e)
+    if isinstance(e, CircuitError):
+        return 2, f"circuit: {e}"
+    if isinstance(e, OSError):
+        message = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+        user = isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
+        return (2 if user else 1), message
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+        return 1, f"out of memory: {_first_line(e)} (try a smaller --batch-size or --seq-len)"
+    return 1, f"internal error: {type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)"
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "(no message)"
 
 
 if __name__ == "__main__":

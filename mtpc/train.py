@@ -13,7 +13,14 @@
 - Validation (rank 0) reports the loss and the teacher-forced mean accepted length of the circuit's
   greedy draft on held-out windows.
 - `OUT/checkpoint.pt` holds everything needed to resume exactly (trainable weights, optimizer, step
-  and schedule, data position, RNG states); rerunning the same command continues from it.
+  and schedule, data position, RNG states: tensors and plain values only, loaded with
+  `torch.load(weights_only=True)`, so a planted file cannot run code). Rerunning the same command
+  continues from it; a command whose settings differ from the checkpoint's is refused with the list
+  of differing settings, except `RESUMABLE` ones (`--steps`/`--minutes` extend or shorten the run:
+  the schedule is re-stretched to the new length from the current step on).
+- Inputs are checked before any slow work (`mtpc.checks`): model folder, circuit, init head, data,
+  output folder. A non-finite loss or gradient stops the run with an `MtpcError` at that step,
+  before the optimizer touches the weights; the last checkpoint stays as it was.
 - `OUT` is self-describing: `head.safetensors` + `head.json` (graph spec; `mtpc.load_head(OUT)`),
   `lora/` (peft adapter, when `k > 0`), `train_config.json`, `train_log.jsonl`.
 - Two-stage schedule: `--init-head DIR` continues from a trained head (and its adapter, if any),
@@ -23,6 +30,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -34,13 +42,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import checks
 from .data import PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
 from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
 from .tinylm import advance, autocast, autocast_dtype, cosine_lr, progress_bar
-from .tokenizer import ByteTokenizer
+from .errors import InputError, MtpcError
 
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = "mtpc-train-checkpoint-2"
 LORA_DIR = "lora"
+LOG = "train_log.jsonl"
+# Settings that may differ between a checkpoint and the command resuming it: the length of the run,
+# how often it validates and saves, and presentation. Everything else must match.
+RESUMABLE = ("steps", "minutes", "val_every", "save_every", "stop_after", "progress", "resume",
+             "allow_non_byte_vocab")
 
 
 @dataclass
@@ -82,6 +97,7 @@ class TrainConfig:
     progress: bool = True
     resume: bool = True
     stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
+    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
 
 
 # ------------------------------------------------------------------ distributed
@@ -188,51 +204,50 @@ class DraftModel(nn.Module):
 
 def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
-    from transformers import AutoModelForCausalLM
-
     from .backbone import attach_draft_lora
 
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    model.requires_grad_(False)
-    model.eval()
-    previous = Path(cfg.init_head) / LORA_DIR if cfg.init_head else None
-    if previous is not None and previous.exists():
+    model, _ = checks.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    previous = _init_adapter(cfg)
+    if previous is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(previous), is_trainable=True)
-        k = _adapter_layers(previous)
-        if cfg.lora_layers and cfg.lora_layers != k:
-            raise ValueError(f"{cfg.init_head} carries LoRA on the last {k} layers; --lora-layers {cfg.lora_layers} "
-                             "would change them (omit it, or start from a head without an adapter)")
-        cfg.lora_layers = k
     elif cfg.lora_layers > 0:
         model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     return model.to(device)
 
 
+def _init_adapter(cfg: TrainConfig) -> Path | None:
+    """The init head's LoRA adapter folder, if it has one."""
+    folder = Path(cfg.init_head) / LORA_DIR if cfg.init_head else None
+    return folder if folder is not None and (folder / "adapter_config.json").exists() else None
+
+
 def _adapter_layers(adapter_dir: Path) -> int:
-    meta = json.loads((adapter_dir / "adapter_config.json").read_text())
+    meta = checks.json_object(adapter_dir / "adapter_config.json", "the LoRA adapter of the init head")
     layers = meta.get("layers_to_transform") or []
     return len(layers)
 
 
-def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device):
-    import circuitc
+def load_init_head(cfg: TrainConfig):
+    """The `--init-head` head (an `InputError` for a folder that is not one)."""
+    from .head import load_head
 
-    from .head import MTPHead, load_head
+    folder = checks.head_folder(cfg.init_head)
+    try:
+        return load_head(folder)
+    except (ValueError, KeyError, OSError) as e:
+        raise InputError(f"--init-head {cfg.init_head}: {e}") from None
 
-    if cfg.init_head:
-        head = load_head(cfg.init_head)
-        if cfg.circuit is not None:
-            wanted = circuitc.compile(cfg.circuit, **cfg.bindings)
-            if wanted.num_params != head.num_params or wanted.num_leaves != head.num_leaves:
-                raise ValueError(f"--circuit differs from the circuit of the head in {cfg.init_head}")
-        return head.float().to(device)
-    if cfg.circuit is None:
-        raise ValueError("give --circuit (or --init-head to continue from a trained head)")
+
+def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, init=None):
+    """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
+    from .head import MTPHead
+
+    if init is not None:
+        return init.float().to(device)
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
     unembed = base.get_output_embeddings().weight.detach()  # [V, d]
-    graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
     head = MTPHead(graph, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
                    factor_rank=cfg.factor_rank)
@@ -247,11 +262,14 @@ class Trainer:
         self.cfg, self.d = cfg, init_distributed()
         torch.manual_seed(cfg.seed)
         self.out = Path(cfg.out)
-        if self.d.main:
-            self.out.mkdir(parents=True, exist_ok=True)
-        self.tok = ByteTokenizer.load(cfg.model)
+        # Everything a user can get wrong is checked here, before the model and the data are loaded.
+        self.init = load_init_head(cfg) if cfg.init_head else None
+        self.graph = self._check_inputs()
+        self.resume_state = self._read_checkpoint()
+        self.tok = checks.byte_tokenizer(cfg.model)
         self.lm = load_lm(cfg, self.d.device)
-        self.head = build_head(cfg, self.lm, self.d.device)
+        self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init)
+        self.saved_step = self.resume_state["step"] if self.resume_state else None
         self.amp = autocast_dtype(self.d.device, cfg.precision)
         self.module = DraftModel(self.lm, self.head, cfg.gamma, cfg.chunk_elements, self.amp)
         self.ddp = self._wrap(self.module)
@@ -260,7 +278,6 @@ class Trainer:
         self.opt = self._optimizer()
         self.sampler = EpochSampler(len(self.train_set), cfg.seed)
         self.step, self.total_steps, self.tokens, self.elapsed = 0, cfg.steps, 0, 0.0
-        self._check_batch()
 
     # -------------------------------------------------------------- setup
 
@@ -289,9 +306,45 @@ class Trainer:
     def _check_batch(self) -> None:
         per = self.cfg.grad_accum * self.d.world
         if self.cfg.batch_size % per:
-            raise ValueError(f"batch_size {self.cfg.batch_size} must be divisible by grad_accum x world size = {per}")
-        if self.cfg.steps is None and self.cfg.minutes is None:
-            raise ValueError("give --steps or --minutes")
+            raise InputError(f"--batch-size {self.cfg.batch_size} must be divisible by --grad-accum x world size "
+                             f"= {per}")
+
+    def _check_inputs(self):
+        """Check settings, files and how they fit together; returns the circuit's region graph."""
+        import circuitc
+
+        cfg = self.cfg
+        _check_numbers(cfg)
+        self._check_batch()
+        checks.output_folder(cfg.out)
+        checks.data_source(cfg.data)
+        info = checks.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+        graph = None
+        if cfg.circuit is not None:
+            graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
+        elif cfg.bindings:
+            raise InputError(f"-D {', '.join(cfg.bindings)} given without --circuit")
+        if self.init is not None:
+            checks.hidden_sizes_match(self.init.hidden_size, info.hidden_size, cfg.init_head, cfg.model)
+            if graph is not None and _graph_digest(graph) != _graph_digest(self.init.graph):
+                raise InputError(f"--circuit differs from the circuit of the head in {cfg.init_head} (omit --circuit "
+                                 "to continue that head)")
+            graph = self.init.graph
+            adapter = _init_adapter(cfg)
+            k = _adapter_layers(adapter) if adapter is not None else 0
+            if adapter is not None and cfg.lora_layers and cfg.lora_layers != k:
+                raise InputError(f"{cfg.init_head} carries LoRA on the last {k} layers; --lora-layers "
+                                 f"{cfg.lora_layers} would change them (omit it, or start from a head without an "
+                                 "adapter)")
+            cfg.lora_layers = k or cfg.lora_layers
+        if graph is None:
+            raise InputError("give --circuit (or --init-head to continue from a trained head)")
+        checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
+        config = checks.json_object(info.path / "config.json", "")
+        layers = config.get("num_hidden_layers")
+        if isinstance(layers, int) and cfg.lora_layers > layers:
+            raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")
+        return graph
 
     # -------------------------------------------------------------- one step
 
@@ -319,10 +372,14 @@ class Trainer:
                 (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        total = _all_sum(loss_sum, d).item()  # the same on every rank, so all ranks stop together
+        if not (math.isfinite(total) and math.isfinite(float(grad_norm))):
+            what = f"loss {total}" if not math.isfinite(total) else f"gradient norm {float(grad_norm)}"
+            raise MtpcError(f"non-finite {what} at step {self.step + 1}; training stopped before the update. "
+                            f"{self._kept()} (lower --lr, or check the model's weights and the data)")
         self.opt.step()
         self.step += 1
         self.tokens += int(batch["tokens"].numel())
-        total = _all_sum(loss_sum, d).item()
         return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"]}
 
     def _window_mask(self, shape: torch.Size) -> torch.Tensor:
@@ -356,7 +413,7 @@ class Trainer:
         chosen = torch.tensor(_spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
         x, hw = x[chosen], hw[chosen]
         accepted = torch.cat([teacher_forced_accepted(self.head, hw[i:i + 128], x[i:i + 128])
-                              for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0)
+                              for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0, dtype=torch.long)
         return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
                 "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
 
@@ -365,39 +422,126 @@ class Trainer:
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {k: p.detach().cpu().clone() for k, p in self.module.named_parameters() if p.requires_grad}
 
+    def settings(self) -> dict:
+        """The settings a checkpoint must share with the command resuming it (paths resolved, the
+        circuit as a digest of its region graph, so a moved file or equal bindings still match)."""
+        cfg = asdict(self.cfg)
+        for name in (*RESUMABLE, "circuit", "bindings"):
+            cfg.pop(name)
+        for name in ("model", "data", "init_head"):
+            if cfg[name] is not None and Path(cfg[name]).exists():
+                cfg[name] = str(Path(cfg[name]).resolve())
+        return {**cfg, "circuit_graph": _graph_digest(self.graph)}
+
     def save_checkpoint(self) -> None:
         if not self.d.main:
             return
+        self._check_finite()
         state = {
-            "step": self.step, "total_steps": self.total_steps, "tokens": self.tokens, "elapsed": self.elapsed,
-            "trainable": self.trainable_state(), "optimizer": self.opt.state_dict(),
-            "sampler": self.sampler.state_dict(), "rng": _rng_state(), "config": asdict(self.cfg),
+            "format": CHECKPOINT_FORMAT, "step": self.step, "total_steps": self.total_steps,
+            "budget": {"steps": self.cfg.steps, "minutes": self.cfg.minutes}, "tokens": self.tokens,
+            "elapsed": self.elapsed, "trainable": self.trainable_state(), "optimizer": self.opt.state_dict(),
+            "sampler": self.sampler.state_dict(), "rng": _rng_state(), "settings": self.settings(),
         }
         tmp = self.out / (CHECKPOINT + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.out / CHECKPOINT)
+        self.saved_step = self.step
+
+    def _read_checkpoint(self) -> dict | None:
+        """The checkpoint to resume from (None: start afresh), loaded without unpickling code and
+        checked against this command's settings."""
+        path = self.out / CHECKPOINT
+        if not (self.cfg.resume and path.is_file()):
+            return None
+        again = "pass --no-resume to start over (the checkpoint is then overwritten)"
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{path} cannot be loaded as an mtpc checkpoint ({reason}); {again}") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise InputError(f"{path} is not an mtpc training checkpoint of this version; {again}")
+        mine, theirs = self.settings(), state["settings"]
+        differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        if differing:
+            changes = "; ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in differing)
+            raise InputError(f"{path} was written with other settings ({changes}); rerun with the checkpoint's "
+                             f"settings to resume, or {again} (only {', '.join(RESUMABLE[:5])} may change across "
+                             "a resume)")
+        if self.cfg.steps is not None and self.cfg.steps < state["step"]:
+            raise InputError(f"--steps {self.cfg.steps} is below the checkpoint's step {state['step']}; give at "
+                             f"least {state['step']}, or {again}")
+        return state
 
     def load_checkpoint(self) -> bool:
-        path = self.out / CHECKPOINT
-        if not (self.cfg.resume and path.exists()):
+        state = self.resume_state
+        if state is None:
             return False
-        state = torch.load(path, map_location="cpu", weights_only=False)
         params = dict(self.module.named_parameters())
+        wanted = {k: tuple(p.shape) for k, p in params.items() if p.requires_grad}
+        stored = {k: tuple(t.shape) for k, t in state["trainable"].items()}
+        if wanted != stored:
+            raise InputError(f"{self.out / CHECKPOINT} holds the weights of another head ({len(stored)} tensors, "
+                             f"{len(wanted)} expected, or other shapes); pass --no-resume to start over")
         with torch.no_grad():
             for k, t in state["trainable"].items():
                 params[k].copy_(t)
         self.opt.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
-        self.step, self.total_steps = state["step"], state["total_steps"]
-        self.tokens, self.elapsed = state["tokens"], state["elapsed"]
+        self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
+        self.total_steps = self._resumed_total(state)
         _set_rng_state(state["rng"])
         return True
+
+    def _resumed_total(self, state: dict) -> int | None:
+        """The run's length after a resume: `--steps` as given now; `--minutes` as before if unchanged,
+        else re-sized from the checkpoint's time per step (unknown before step 2)."""
+        cfg = self.cfg
+        if cfg.steps is not None:
+            return cfg.steps
+        if cfg.minutes == state["budget"]["minutes"]:
+            return state["total_steps"]
+        if self.step < 2:
+            return None
+        return max(self.step, int(cfg.minutes * 60 / (self.elapsed / self.step)))
+
+    def _check_finite(self) -> None:
+        bad = [k for k, p in self.module.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+        if bad:
+            raise MtpcError(f"non-finite weights ({', '.join(bad[:3])}) at step {self.step}; nothing saved. "
+                            f"{self._kept()}")
+
+    def _kept(self) -> str:
+        if self.saved_step is None:
+            return (f"No checkpoint was written yet (the first is due at step {self.cfg.save_every}, "
+                    "see --save-every).")
+        return f"{self.out / CHECKPOINT} keeps step {self.saved_step}."
+
+    def _trim_log(self) -> None:
+        """Drop log records after the checkpoint's step (written before a kill; the resumed run writes
+        them again) and a last line cut short by the kill."""
+        path = self.out / LOG
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= self.step:
+                kept.append(line)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
 
     def save_outputs(self, summary: dict) -> None:
         if not self.d.main:
             return
         from .head import save_head
 
+        self._check_finite()
         save_head(self.head, self.out)
         if self.cfg.lora_layers > 0:
             self.lm.save_pretrained(str(self.out / LORA_DIR))
@@ -409,15 +553,19 @@ class Trainer:
 
     def log(self, record: dict) -> None:
         if self.d.main:
-            with (self.out / "train_log.jsonl").open("a") as f:
+            with (self.out / LOG).open("a") as f:
                 f.write(json.dumps(record) + "\n")
 
     def run(self) -> dict:
         cfg, d = self.cfg, self.d
         resumed = self.load_checkpoint()
-        if not resumed and d.main:
-            (self.out / "train_log.jsonl").write_text("")
-            self.log({"step": 0, **self.validate()})
+        if d.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            if resumed:
+                self._trim_log()
+            else:
+                (self.out / LOG).write_text("")
+                self.log({"step": 0, **self.validate()})
         _barrier(d)
         bar = progress_bar(self.total_steps or 0, "step", cfg.progress and d.main, "mtpc train")
         advance(bar, self.step)
@@ -474,15 +622,58 @@ def _spread(size: int, count: int) -> list[int]:
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Train (or resume) and write the outputs; returns the summary."""
-    return Trainer(cfg).run()
+    """Train (or resume) and write the outputs; returns the summary. Bad input raises `InputError`
+    before slow work; a run that fails raises `MtpcError`. An output folder this call created is
+    removed again if the run fails before writing anything into it."""
+    out = Path(cfg.out)
+    existed = out.exists()
+    try:
+        return Trainer(cfg).run()
+    except BaseException:
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    """The numeric settings of the Python API, checked as the command line's parser checks its flags."""
+    positive = ("seq_len", "batch_size", "grad_accum", "window_stride", "val_every", "val_sequences", "val_windows",
+                "save_every", "lora_rank", "adapter_rank", "factor_rank", "steps", "stop_after")
+    for name in positive:
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not isinstance(cfg.lora_layers, int) or cfg.lora_layers < 0:
+        raise InputError(f"--lora-layers must be an integer >= 0, got {cfg.lora_layers!r}")
+    for name in ("lr", "lora_lr", "minutes", "grad_clip"):
+        value = getattr(cfg, name)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
+    if not (isinstance(cfg.gamma, (int, float)) and 0 < cfg.gamma <= 1):
+        raise InputError(f"--gamma must be in (0, 1], got {cfg.gamma!r}")
+    if cfg.steps is None and cfg.minutes is None:
+        raise InputError("give --steps or --minutes")
+
+
+def _graph_digest(graph) -> str:
+    """A digest of a region graph's structure (its JSON form), to tell circuits apart."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(graph.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------ RNG state
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG's state as tensors and plain values (what `torch.load(weights_only=True)` reads)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                        "gauss_next": gauss_next},
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                       "has_gauss": has_gauss, "gauss": gauss}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -490,7 +681,9 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss_next"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -108,7 +108,8 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     from mtpc.decode import generate_autoregressive
 
     train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
-    stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, init_head=str(tmp_path / "stage1"),
+    stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, bindings={},
+                    init_head=str(tmp_path / "stage1"),
                     lora_layers=1)
     train(stage2)
     assert not torch.equal(weights(tmp_path / "stage1")["weight"], weights(tmp_path / "stage2")["weight"])
