@@ -39,8 +39,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from . import checks
 from .decode import DRAFT_STRATEGIES, SpeculativeDecoder, generate_autoregressive
 from .head import MTPHead, load_head
+from .errors import InputError
 from .tokenizer import ByteTokenizer
 
 __all__ = ["BenchConfig", "run_bench", "load_prompts", "format_table", "write_markdown", "plot_tradeoff",
@@ -76,6 +78,7 @@ class BenchConfig:
     val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
     out: str | None = None
     progress: bool = True
+    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
 
 
 # --------------------------------------------------------------------------- prompts
@@ -84,11 +87,11 @@ def load_prompts(cfg: BenchConfig, tok: ByteTokenizer) -> list[list[int]]:
     """`repeats * num_prompts` prompts (token ids), from `cfg.prompts` or sampled from `cfg.corpus`."""
     need = cfg.repeats * cfg.num_prompts
     if (cfg.prompts is None) == (cfg.corpus is None):
-        raise ValueError("give exactly one of prompts (a file) or corpus (a path)")
+        raise InputError("give exactly one of prompts (a file) or corpus (a path)")
     if cfg.prompts is not None:
         prompts = prompts_from_file(Path(cfg.prompts), tok)
         if len(prompts) < need:
-            raise ValueError(f"{cfg.prompts} has {len(prompts)} prompts; {cfg.repeats} sets of {cfg.num_prompts} "
+            raise InputError(f"{cfg.prompts} has {len(prompts)} prompts; {cfg.repeats} sets of {cfg.num_prompts} "
                              f"need {need}")
         return prompts[:need]
     return prompts_from_corpus(cfg.corpus, tok, need, cfg.prompt_len, cfg.seed, cfg.val_fraction)
@@ -103,10 +106,13 @@ def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
             continue
         text = line
         if path.suffix == ".jsonl":
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{number}: invalid JSON: {e.msg}") from None
             text = record.get("prompt") if isinstance(record, dict) else record
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{number}: expected a JSON string or an object with a string 'prompt'")
+                raise InputError(f"{path}:{number}: expected a JSON string or an object with a string 'prompt'")
         prompts.append(tok.encode(text, add_bos=True))
     return prompts
 
@@ -121,7 +127,7 @@ def prompts_from_corpus(corpus: str, tok: ByteTokenizer, count: int, length: int
     _, held_out = split_documents(docs, val_fraction)
     candidates = [(d, s) for d in held_out for s in _line_starts(d.tokens, length)]
     if len(candidates) < count:
-        raise ValueError(f"the held-out part of {corpus} has only {len(candidates)} spans of {length} tokens; "
+        raise InputError(f"the held-out part of {corpus} has only {len(candidates)} spans of {length} tokens; "
                          f"{count} prompts were asked for")
     rng = random.Random(seed)
     picked = rng.sample(candidates, count)
@@ -163,18 +169,21 @@ class Variant:
     decoder: SpeculativeDecoder
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+def load_model(path: str, dtype: torch.dtype, device: torch.device, allow_non_byte_vocab: bool = True
+               ) -> torch.nn.Module:
+    """The LM in eval mode (`checks.open_model`: a folder that cannot be one is an `InputError`)."""
+    model, _ = checks.open_model(path, allow_non_byte_vocab=allow_non_byte_vocab, dtype=dtype)
     return model.to(device).eval()
 
 
 def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: torch.dtype,
                     head_dtype: torch.dtype | None, device: torch.device) -> HeadEntry:
     """A head folder written by `mtpc train` (or `save_head`): head, LoRA adapter if any, its config."""
-    folder = Path(path)
-    head = load_head(folder, device=device)
+    folder = checks.head_folder(path)
+    try:
+        head = load_head(folder, device=device)
+    except (ValueError, KeyError, OSError) as e:
+        raise InputError(f"head folder {path}: {e}") from None
     head = head.to(head_dtype) if head_dtype is not None else head
     head.eval()
     train_cfg = _read_json(folder / "train_config.json")
@@ -359,6 +368,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
 
     `decoder_cls` builds the decoders (`SpeculativeDecoder` or a subclass, e.g. to study a change)."""
     _check_config(cfg)
+    _check_inputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = _device(cfg.device)
@@ -379,20 +389,39 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
 
 def _check_config(cfg: BenchConfig) -> None:
     if cfg.mode not in ("greedy", "sample"):
-        raise ValueError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
+        raise InputError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
     if not cfg.heads:
-        raise ValueError("give at least one head folder")
+        raise InputError("give at least one head folder")
     unknown = [d for d in cfg.drafts if d not in DRAFT_STRATEGIES]
     if unknown:
-        raise ValueError(f"unknown draft strategies {unknown}; choose from {DRAFT_STRATEGIES}")
+        raise InputError(f"unknown draft strategies {unknown}; choose from {DRAFT_STRATEGIES}")
     if cfg.dtype not in DTYPES or cfg.head_dtype not in (None, *DTYPES):
-        raise ValueError(f"dtype and head_dtype must be one of {sorted(DTYPES)}")
+        raise InputError(f"dtype and head_dtype must be one of {sorted(DTYPES)}")
     for name in ("num_prompts", "repeats", "max_new_tokens"):
         if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+            raise InputError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     labels = [Path(p).name for p in cfg.heads]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"head folders must have distinct names (they label the report): {labels}")
+        raise InputError(f"head folders must have distinct names (they label the report): {labels}")
+
+
+def _check_inputs(cfg: BenchConfig) -> None:
+    """Files and how they fit, before any model is loaded: model folder, head folders (hidden size,
+    states within the vocabulary), prompts file, output folder."""
+    info = checks.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    for path in cfg.heads:
+        spec = checks.json_object(checks.head_folder(path) / "head.json", "")
+        hidden, graph = spec.get("hidden_size"), spec.get("graph")
+        if isinstance(hidden, int):
+            checks.hidden_sizes_match(hidden, info.hidden_size, path, cfg.model)
+        if isinstance(graph, dict) and isinstance(graph.get("states"), int):
+            checks.states_fit_vocabulary(graph["states"], info.vocab_size, f"head {path} with model {cfg.model}")
+    if cfg.prompts is not None and not Path(cfg.prompts).is_file():
+        raise InputError(f"--prompts {cfg.prompts!r} is not a file")
+    if cfg.corpus not in (None, "stdlib"):
+        checks.data_source(cfg.corpus, "--corpus")
+    if cfg.out:
+        checks.output_folder(cfg.out)
 
 
 def _device(name: str) -> torch.device:

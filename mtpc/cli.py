@@ -19,11 +19,13 @@ from .errors import InputError, MtpcError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends `(default: X)` to every option with a default worth showing (not None, not False)."""
+    """Appends `(default: X)` to every option with a default worth showing (not None, False or empty)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        default = action.default
+        hidden = default is None or default is False or default is argparse.SUPPRESS or default == []
+        if "%(default)" in text or hidden or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import InputError
 from .tokenizer import ROLES, ByteTokenizer, to_bytes
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ def load_documents(source: str | Path | None, tok: ByteTokenizer, *,
     if stats.skipped:
         log.warning("data %s: %s", source, stats.summary())
     if not docs:
-        raise ValueError(f"no usable documents in {source}: {stats.summary()}")
+        raise InputError(f"no usable documents in {source}: {stats.summary()}")
     return docs, stats
 
 
@@ -236,7 +237,7 @@ def _unit_hash(name: str) -> float:
 
 def _cut(doc: Document, fraction: float) -> tuple[Document, Document]:
     if len(doc) < 4:
-        raise ValueError(f"cannot split a corpus of one {len(doc)}-token document into train and validation")
+        raise InputError(f"cannot split a corpus of one {len(doc)}-token document into train and validation")
     k = min(max(int(len(doc) * fraction), 2), len(doc) - 2)
     return (Document(doc.name + "#train", doc.tokens[:k], doc.mask[:k]),
             Document(doc.name + "#val", doc.tokens[k:], doc.mask[k:]))

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import checks
 from .data import DataStats, PackedDataset, collate, load_documents, split_documents, target_validity
 from .tokenizer import NUM_BYTES, ByteTokenizer
 
@@ -151,10 +152,11 @@ def bits_per_byte(model, data: PackedDataset, max_tokens: int, dtype: torch.dtyp
 def train_tiny_lm(cfg: TinyLMConfig) -> dict:
     """Train, evaluate and save; returns the summary also written to `OUT/tiny_lm.json`."""
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = checks.output_folder(cfg.out)
+    checks.data_source(cfg.data)
     tok = ByteTokenizer(cfg.vocab_size)
     train_set, val_set, stats = _datasets(cfg, tok)
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable
     model = build_model(cfg, tok)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).train()
