@@ -307,8 +307,9 @@ def describe_error(e: BaseException) -> tuple[int, str]:
 
     if isinstance(e, MtpcError):
         return e.exit_status, str(e)
-    if isinstance(e, CircuitError):
-        return 2, f"circuit: {e}"
+    if isinstance(e, CircuitError):  # circuitc's rendering: `[file:line:col: ]error: message` (+ source, caret)
+        text = str(e)
+        return 2, f"--circuit: {text.removeprefix('error: ')}" if "\n" not in text else f"invalid --circuit:\n{text}"
     if isinstance(e, OSError):
         message = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
         user = isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
