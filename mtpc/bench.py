@@ -179,10 +179,12 @@ def load_model(path: str, dtype: torch.dtype, device: torch.device, allow_non_by
 def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: torch.dtype,
                     head_dtype: torch.dtype | None, device: torch.device) -> HeadEntry:
     """A head folder written by `mtpc train` (or `save_head`): head, LoRA adapter if any, its config."""
+    from safetensors import SafetensorError
+
     folder = checks.head_folder(path)
     try:
         head = load_head(folder, device=device)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, SafetensorError) as e:
         raise InputError(f"head folder {path}: {e}") from None
     head = head.to(head_dtype) if head_dtype is not None else head
     head.eval()

@@ -158,17 +158,22 @@ def _byte_level(folder: Path, vocab: int) -> bool:
 def _check_weights(folder: Path) -> None:
     """Every safetensors file has a whole header and data section (a truncated copy is caught here,
     in milliseconds, instead of deep inside `from_pretrained`)."""
-    from safetensors import SafetensorError, safe_open
-
     files = sorted(folder.glob("*.safetensors"))
     if not files and not any(folder.glob("*.bin")):
         raise InputError(f"{folder} holds no model weights (*.safetensors)")
     for file in files:
-        try:
-            with safe_open(str(file), "pt") as f:
-                f.keys()
-        except (SafetensorError, OSError) as e:
-            raise InputError(f"{file} is damaged (truncated or not safetensors): {e}") from None
+        safetensors_file(file)
+
+
+def safetensors_file(file: Path) -> None:
+    """A safetensors file whose header parses and whose data section is as long as it says."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), "pt") as f:
+            f.keys()
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"{file} is damaged (truncated or not safetensors): {e}") from None
 
 
 def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=None):
@@ -203,6 +208,7 @@ def head_folder(path: str | Path) -> Path:
     if missing:
         raise InputError(f"{folder} is not a head folder (no {' or '.join(missing)}; heads are written by "
                          "mtpc train)")
+    safetensors_file(folder / HEAD_FILES[1])
     return folder
 
 

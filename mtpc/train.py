@@ -233,10 +233,12 @@ def load_init_head(cfg: TrainConfig):
     """The `--init-head` head (an `InputError` for a folder that is not one)."""
     from .head import load_head
 
+    from safetensors import SafetensorError
+
     folder = checks.head_folder(cfg.init_head)
     try:
         return load_head(folder)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, SafetensorError) as e:
         raise InputError(f"--init-head {cfg.init_head}: {e}") from None
 
 
@@ -465,7 +467,8 @@ class Trainer:
         mine, theirs = self.settings(), state["settings"]
         differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         if differing:
-            changes = "; ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in differing)
+            changes = "; ".join("circuit: another region graph" if k == "circuit_graph" else
+                                f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in differing)
             raise InputError(f"{path} was written with other settings ({changes}); rerun with the checkpoint's "
                              f"settings to resume, or {again} (only {', '.join(RESUMABLE[:5])} may change across "
                              "a resume)")

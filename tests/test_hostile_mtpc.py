@@ -251,6 +251,16 @@ def test_init_head_mistakes(capsys, lm, corpus, head, tmp_path):
           "hidden states of size 32", "hidden size 48")
     fails(capsys, train_args(lm, corpus, tmp_path / "o", "--init-head", head, r=8), 2,
           "--circuit differs from the circuit of the head")
+    cut = Path(shutil.copytree(head, tmp_path / "cut"))
+    weights = cut / "head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    fails(capsys, train_args(lm, corpus, tmp_path / "o", "--init-head", str(cut), circuit=None), 2,
+          "cut/head.safetensors is damaged")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("x\n")
+    fails(capsys, ["bench", "--model", lm, "--heads", str(cut), "--prompts", str(prompts), "--num-prompts", "1",
+                   "--repeats", "1"], 2, "cut/head.safetensors is damaged")
+    assert not (tmp_path / "o").exists()
 
 
 def test_batch_not_divisible_by_accumulation(capsys, lm, corpus, tmp_path):
@@ -312,7 +322,7 @@ def test_resume_refuses_other_settings_and_another_circuit(capsys, lm, corpus, t
     err = fails(capsys, train_args(lm, corpus, out, "--steps", "4", "--lr", "0.01"), 2,
                 "other settings", "lr: 0.002 -> 0.01", "--no-resume")
     assert "steps" not in err.split("other settings")[1].split(")")[0]
-    fails(capsys, train_args(lm, corpus, out, "--steps", "4", r=8), 2, "circuit_graph")
+    fails(capsys, train_args(lm, corpus, out, "--steps", "4", r=8), 2, "circuit: another region graph")
     fails(capsys, train_args(lm, corpus, out, "--steps", "1"), 2, "below the checkpoint's step 2")
     assert not (out / "head.safetensors").exists()
     # settings that may change: a longer run, other validation/save frequencies, no progress bar
