@@ -231,9 +231,9 @@ def _adapter_layers(adapter_dir: Path) -> int:
 
 def load_init_head(cfg: TrainConfig):
     """The `--init-head` head (an `InputError` for a folder that is not one)."""
-    from .head import load_head
-
     from safetensors import SafetensorError
+
+    from .head import load_head
 
     folder = checks.head_folder(cfg.init_head)
     try:
@@ -462,7 +462,10 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 -- any unreadable file is the same user-facing problem
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"{path} cannot be loaded as an mtpc checkpoint ({reason}); {again}") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        fields = {"step", "total_steps", "budget", "tokens", "elapsed", "trainable", "optimizer", "sampler", "rng",
+                  "settings"}
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not fields <= state.keys() \
+                or not isinstance(state["settings"], dict):
             raise InputError(f"{path} is not an mtpc training checkpoint of this version; {again}")
         mine, theirs = self.settings(), state["settings"]
         differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))

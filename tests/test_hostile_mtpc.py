@@ -285,6 +285,8 @@ def test_planted_pickle_checkpoint_is_refused_and_not_executed(capsys, lm, corpu
         torch.load(out / CHECKPOINT, weights_only=True)
     torch.load(out / CHECKPOINT, weights_only=False)
     assert (tmp_path / "pwned").exists()
+    torch.save({"format": "mtpc-train-checkpoint-2", "step": 1}, out / CHECKPOINT)  # loads, but is no checkpoint
+    fails(capsys, train_args(lm, corpus, out), 2, "is not an mtpc training checkpoint")
     assert main(train_args(lm, corpus, out, "--no-resume")) == 0  # --no-resume overwrites it
 
 
