@@ -412,3 +412,32 @@ def test_real_processes_print_one_line_and_the_exit_status(lm, tmp_path):
                 str(tmp_path / "o"), "--steps", "1")
     assert debug.returncode == 2 and "Traceback" in debug.stderr and "mtpc: error: model folder" in debug.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_duplicate_log_steps(lm, corpus, tmp_path):
+    """A real SIGKILL after a checkpoint, while later steps are already logged; the rerun finishes
+    with each step logged once."""
+    import signal
+    import time
+
+    out = tmp_path / "o"
+    argv = [sys.executable, "-m", "mtpc.cli", *train_args(lm, corpus, out, "--steps", "400", "--save-every", "3")]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "train_log.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        steps = [json.loads(x)["step"] for x in log.read_text().splitlines() if x.endswith("}")] if log.exists() else []
+        if (out / CHECKPOINT).exists() and steps and steps[-1] % 3 == 1 and steps[-1] > 3:  # 2 steps to the next save
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = torch.load(out / CHECKPOINT, weights_only=True)["step"]
+    logged = [json.loads(x)["step"] for x in log.read_text().splitlines() if x.endswith("}")]
+    assert max(logged) > saved  # the kill really left steps after the checkpoint in the log
+    longer = [str(saved + 4) if a == "400" else a for a in argv]  # --steps may change across a resume
+    resumed = subprocess.run(longer, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(x)["step"] for x in log.read_text().splitlines()]
+    assert steps == list(range(saved + 5))
