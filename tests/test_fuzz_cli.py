@@ -1,5 +1,5 @@
 """Fuzzing the CLI with mutated example files: whatever the damage, `circuitc check` (and `fmt`)
-never shows a traceback; invalid input exits 1 with a located `file:line:col: error:` message."""
+never shows a traceback; invalid input exits 2 with a located `file:line:col: error:` message."""
 
 import contextlib
 import io
@@ -68,8 +68,8 @@ def test_mutated_examples_never_crash_the_cli(workdir, mutated):
     for command in (["check", path], ["fmt", path]):
         status, out, err = run(command)
         assert "Traceback" not in out + err
-        assert status in (0, 1), err  # 2 would be an internal error
-        if status == 1:
+        assert status in (0, 2), err  # 1 would be an internal error
+        if status == 2:
             first = err.splitlines()[0]
             assert LOCATED.match(first), err
             assert first.startswith(f"{path}:") or "examples" in first, err
@@ -79,4 +79,4 @@ def test_the_fuzzer_sees_invalid_input(workdir):
     path = workdir / "broken.pc"
     path.write_text(SOURCES["btree.pc"].replace("tree(mid, hi)", "tree(mid, hi + 1)"))
     status, _, err = run(["check", path])
-    assert status == 1 and LOCATED.match(err)
+    assert status == 2 and LOCATED.match(err)
