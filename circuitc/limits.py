@@ -57,19 +57,20 @@ def flag(name: str) -> str:
     return "--max-" + name.replace("_", "-")
 
 
-def limit_message(name: str, value: int | str | None, limits: Limits, what: str | None = None) -> str:
+def limit_message(name: str, value: int | str | None, limits: Limits, what: str | None = None,
+                  detail: str = "") -> str:
     """`too many regions (1,000,001; the limit is 1,000,000): raise it with --max-regions or
     circuitc.Limits(regions=...)`; without a value the limit is left to `what` to say."""
     bound = getattr(limits, name)
     shown = f"{value:,}" if isinstance(value, int) else value
-    amount = "" if value is None else f" ({shown}; the limit is {bound:,})"
+    amount = "" if value is None else f" ({shown}; the limit is {bound:,}{detail})"
     return (f"{what or 'too many ' + _WHAT[name]}{amount}: raise it with {flag(name)} or "
             f"circuitc.Limits({name}=...)")
 
 
 def limit_error(name: str, value: int | str | None, limits: Limits, span: SourceSpan | None = None,
-                what: str | None = None) -> CircuitError:
-    return CircuitError(Diagnostic(limit_message(name, value, limits, what), span))
+                what: str | None = None, detail: str = "") -> CircuitError:
+    return CircuitError(Diagnostic(limit_message(name, value, limits, what, detail), span))
 
 
 def check_at_most(name: str, value: int, limits: Limits, span: SourceSpan | None = None,
@@ -119,11 +120,11 @@ def check_compiled_size(graph, limits: Limits) -> CompiledSize:
     """Refuse a graph whose compiled circuit would exceed `limits.parameters` (before lowering)."""
     size = compiled_size(graph)
     if size.parameters > limits.parameters:
-        where = f" (the largest sum region {size.largest_region} alone has {size.largest_units:,} x " \
-                f"{size.largest_inputs:,})" if size.largest_region is not None else ""
+        largest = f"; the largest sum region, {size.largest_region}, has {size.largest_units:,} x " \
+                  f"{size.largest_inputs:,}" if size.largest_region is not None else ""
         span = graph.regions[size.largest_region].span if size.largest_region is not None else graph.span
         raise limit_error("parameters", size.parameters, limits, span,
-                          what=f"the compiled circuit would have too many parameters{where}")
+                          what="the compiled circuit would have too many parameters", detail=largest)
     return size
 
 
