@@ -221,14 +221,17 @@ class _Elaborator:
         if not written.endswith(".pc"):
             raise _fail(f"include {_quoted(written)}: only .pc files can be included", stmt.span)
         base = Path(module.file).parent if module.file else Path.cwd()
-        candidates = [(base / written).resolve()] + [(root / written).resolve() for root in self.include_roots[1:]]
-        found = next((c for c in candidates if c.exists()), None)
+        try:
+            candidates = [(folder / written).resolve() for folder in [base, *self.include_roots[1:]]]
+            found = next((c for c in candidates if c.exists()), None)
+        except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+            raise _fail(f"cannot include {_quoted(written)}: {getattr(e, 'strerror', None) or e}", stmt.span) from None
         if found is None:
             where = " or the include paths" if len(self.include_roots) > 1 else ""
-            raise _fail(f'cannot include "{written}": no such file in {self._display_path(str(base))}{where}',
+            raise _fail(f"cannot include {_quoted(written)}: no such file in {self._display_path(str(base))}{where}",
                         stmt.span)
         if not any(found.is_relative_to(root) for root in self.include_roots):
-            raise _fail(f'cannot include "{written}": {self._display_path(str(found))} is outside '
+            raise _fail(f"cannot include {_quoted(written)}: {self._display_path(str(found))} is outside "
                         f"{self._display_path(str(self.include_roots[0]))} and the include paths "
                         f"(add its folder with -I DIR on the command line, or include_paths=[...])", stmt.span)
         self.include_targets[(self._module_key(module), written)] = str(found)
