@@ -8,7 +8,9 @@ output, graphviz failing, a bug) exits 1. `--debug` shows the traceback of an un
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -49,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("circuitc: error: interrupted", file=err)
         return 130
+    except BrokenPipeError:  # `circuitc show big.pc | head`: the reader left; nothing more to say
+        _silence_stdout()
+        return EXIT_FAILED
     except Exception as e:  # a bug in circuitc, not in the input: say so plainly
         if args.debug:
             traceback.print_exc(file=err)
@@ -56,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"circuitc: error: {what}; rerun with --debug for the traceback and please report it with the "
               f"input file", file=err)
         return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit cannot raise again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
 
 
 def _with_prefix(report: str) -> str:
@@ -83,7 +96,7 @@ def _version() -> str:
 _LIMIT_HELP = {
     "variables": "most variables of a structure", "states": "most states of a variable",
     "regions": "most regions (and partitions) of a structure", "units": "most units of one region",
-    "parameters": "most parameters of the compiled circuit", "steps": "most evaluation steps of a .pc program",
+    "parameters": "most parameters of the compiled circuit", "steps": "most evaluation steps (statements, calls, loop turns) of a .pc program",
     "scope_entries": "most variables named by all region scopes together",
     "int_bits": "largest integer a .pc program may compute, in bits", "call_depth": "most nested function calls",
     "loop": "longest for loop, list comprehension or list", "repetitions": "most random_tree repetitions",

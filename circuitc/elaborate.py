@@ -146,8 +146,7 @@ class _Elaborator:
         self.main = module
         self.bindings = bindings
         self.limits = limits
-        self.steps = 0
-        self.max_steps = limits.steps  # read on every evaluation
+        self.steps = 0  # statements run, calls and loop turns: every repetition of work is one of these
         self.entries = 0  # scope entries named and held so far (bounded by limits.scope_entries)
         main_folder = Path(module.file).parent if module.file else Path.cwd()
         self.include_roots = [main_folder.resolve()] + [Path(p).resolve() for p in include_paths]
@@ -342,6 +341,7 @@ class _Elaborator:
         return self._exec_by_type[type(stmt)](stmt, env)
 
     def _exec_block(self, block: Block, env: dict) -> _Returned | None:
+        self._step(len(block.body), block.span)
         for stmt in block.body:
             result = self._exec_by_type[type(stmt)](stmt, env)
             if result is not None:
@@ -515,9 +515,6 @@ class _Elaborator:
     # ------------------------------------------------------------------ expressions
 
     def _eval(self, node, env: dict) -> Any:
-        self.steps += 1
-        if self.steps > self.max_steps:
-            raise self._too_many_steps(node.span)
         return self._eval_by_type[type(node)](node, env)
 
     def _step(self, cost: int, span: SourceSpan | None) -> None:
@@ -680,6 +677,7 @@ class _Elaborator:
             raise limit_error("call_depth", None, self.limits, node.span,
                               what=f"recursion too deep: more than {self.limits.call_depth} nested calls (here "
                                    f"{fn.name}); recursion is meant for trees, write long chains with a for loop")
+        self._step(1, node.span)
         self.depth += 1
         try:
             result = self._exec_block(fn.body, env)

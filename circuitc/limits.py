@@ -25,7 +25,7 @@ class Limits:
     regions: int = 1_000_000  # regions of a structure (partitions are bounded by the same number)
     units: int = 65_536  # units of one region
     parameters: int = 2**30  # logits of the compiled circuit (4 GiB in float32); also bounds the plan
-    steps: int = 1_000_000  # evaluation steps of a .pc program (expressions and loop turns; ~5 s)
+    steps: int = 1_000_000  # evaluation steps of a .pc program: statements run, calls, loop turns
     scope_entries: int = 20_000_000  # variables named by subscripts and held by all regions' scopes
     int_bits: int = 256  # size of any integer a .pc program computes or binds
     call_depth: int = 64  # nested calls of user functions (recursion is for trees, depth log n)

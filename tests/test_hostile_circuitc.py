@@ -5,6 +5,7 @@ a fragment of the message, and (CLI) that no traceback is printed and the exit s
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -318,6 +319,17 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
                             text=True, env=env, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "only .pc files can be included" in result.stderr and "root:" not in result.stderr
+
+
+def test_a_closed_pipe_ends_the_command_quietly(capsys, monkeypatch):
+    """`circuitc show big.pc | head -1`: the reader leaves, the command stops without a message."""
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["show", str(EXAMPLES / "btree.pc")]) == 1
+    assert capsys.readouterr().err == ""
 
 
 # ----------------------------------------------------------------------------- fmt: JSON back to .pc
