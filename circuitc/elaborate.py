@@ -30,6 +30,7 @@ from .syntax import (Assign, BinOp, Block, Bool, Call, Def, ExprStmt, For, If, I
 # (depth log n) and chains are written with `for`, so `call_depth` keeps the interpreter well inside
 # Python's own recursion limit; `int_bits` stops `10**10**10` and `k = k * k` from hanging; `steps`
 # stops exponential recursion; `loop` stops `for i in 0..10**18` before its first turn.
+STEPS_PER_GENERATED_REGION = 4
 
 
 # ----------------------------------------------------------------------------- values
@@ -151,6 +152,7 @@ class _Elaborator:
         main_folder = Path(module.file).parent if module.file else Path.cwd()
         self.include_roots = [main_folder.resolve()] + [Path(p).resolve() for p in include_paths]
         self.include_targets: dict[tuple[str, str], str] = {}  # (including file, written path) -> file
+        self.generated: dict[tuple, RegionRef] = {}  # built-in structure calls already merged
         self.modules: dict[str, Module] = {}  # included files by resolved path
         self.executed: set[str] = set()
         self.params: dict[str, Param] = {}
@@ -736,7 +738,7 @@ class _Elaborator:
         value = self._eval(sub, env)
         if _is_int(value):
             return (value,)
-        if isinstance(value, (range, tuple)) and all(_is_int(i) for i in value):
+        if isinstance(value, range) or (isinstance(value, tuple) and all(_is_int(i) for i in value)):
             return value
         raise _fail(f"variables are chosen by numbers, slices or lists of numbers, got {describe_value(value)}",
                     sub.span)
@@ -744,6 +746,7 @@ class _Elaborator:
     def _eval_tagged(self, node: Tagged, env: dict) -> RegionRef:
         base = self._eval(node.base, env)
         if isinstance(base, VarSet):  # `x@a`: the region over all variables, tagged
+            self._entries(base.count, node.span)
             base = self._region_ref(tuple(range(base.count)), None, node.span)
         if not isinstance(base, RegionRef):
             raise _fail(f"only regions take a tag, got {describe_value(base)}", node.base.span)
@@ -879,6 +882,7 @@ def _structure_builtin(name: str, generator: Callable, options: dict[str, Any], 
         bound = _bind_call(name, params, args, kwargs, node)
         region = bound.pop("region")
         if isinstance(region, VarSet):
+            el._entries(region.count, node.span)
             region = el._region_ref(tuple(range(region.count)), None, node.span)
         if not isinstance(region, RegionRef):
             raise _fail(f"{name} builds over a region like x[0:n] (or the variable set), got "
@@ -894,7 +898,11 @@ def _structure_builtin(name: str, generator: Callable, options: dict[str, Any], 
         for key, limit in (("units", "units"), ("top", "units"), ("repetitions", "repetitions")):
             if key in bound:
                 check_at_most(limit, bound[key], el.limits, node.span, what=f"{name}: {key} is too large")
-        return _merge_structure(el, generator, region, bound, node)
+        # a generator is deterministic: the same call again adds nothing, so it is not run again
+        key = (name, region.id, tuple(sorted(bound.items())))
+        if key not in el.generated:
+            el.generated[key] = _merge_structure(el, generator, region, bound, node)
+        return el.generated[key]
 
     return Builtin(name, run, f"{name}({', '.join(params)})  {doc}")
 
@@ -914,6 +922,10 @@ def _merge_structure(el: _Elaborator, generator: Callable, region: RegionRef, op
                               what="this structure has too many regions") from None
         raise limit_error("scope_entries", f"more than {el.limits.scope_entries:,}", el.limits, node.span,
                           what="this structure's scopes name too many variables in all") from None
+    # generating is work even where the regions exist already: its scopes, and steps per region
+    # (merging a region costs about as much as running a few statements)
+    el._entries(el.limits.scope_entries - el.entries + 1 - b.entries_left, node.span)
+    el._step(STEPS_PER_GENERATED_REGION * len(b.regions), node.span)
 
     def ref(rid: str) -> RegionRef:
         return RegionRef(rid if region.tag is None else f"{rid}@{region.tag}", b.regions[rid].scope, region.tag,
@@ -961,6 +973,8 @@ def _run_range(el: _Elaborator, args: list, kwargs: dict, node: Call) -> range:
 def _min_max(name: str, pick: Callable) -> Builtin:
     def run(el: _Elaborator, args: list, kwargs: dict, node: Call) -> int:
         values = args[0] if len(args) == 1 and isinstance(args[0], (tuple, range)) else args
+        if isinstance(values, range) and values and not kwargs:  # by its ends: 0..10**70 is not walked
+            return pick(values[0], values[-1])
         if kwargs or not values or not all(_is_int(v) for v in values):
             raise _fail(f"{name} takes numbers: {name}(a, b, ...) or {name}(list)", node.span)
         return pick(values)

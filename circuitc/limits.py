@@ -22,7 +22,7 @@ class Limits:
 
     variables: int = 100_000  # variables of a structure
     states: int = 1_000_000  # states of each variable
-    regions: int = 1_000_000  # regions of a structure (partitions are bounded by the same number)
+    regions: int = 250_000  # regions of a structure (partitions are bounded by the same number)
     units: int = 65_536  # units of one region
     parameters: int = 2**30  # logits of the compiled circuit (4 GiB in float32); also bounds the plan
     steps: int = 1_000_000  # evaluation steps of a .pc program: statements run, calls, loop turns
