@@ -153,6 +153,8 @@ class RegionGraph:
         if isinstance(data, (str, Path)):
             path = Path(data)
             source_name = source_name or str(path)
+            if path.suffix != ".json":  # never read (and echo in a message) a file that is not a spec
+                raise CircuitError(f"cannot read {path}: a graph spec file ends in .json")
             data = parse_json(read_source(path, limits), source_name)
         return _graph_from_dict(data, source_name, limits)
 

@@ -119,6 +119,16 @@ def test_cli_reads_only_pc_and_json_files_and_never_echoes_others(capsys, tmp_pa
     assert status == 2 and "fmt reads a .pc file or a graph-spec .json file" in err
 
 
+def test_from_json_reads_only_json_files(tmp_path):
+    from circuitc.graph import RegionGraph
+
+    with pytest.raises(CircuitError, match="a graph spec file ends in .json") as info:
+        RegionGraph.from_json("/etc/passwd")
+    assert "root:" not in str(info.value)
+    path = write(tmp_path / "g.json", json.dumps(load_graph(EXAMPLES / "cp.pc").to_json()))
+    assert RegionGraph.from_json(path).variables == 16
+
+
 def test_cli_include_paths(capsys, tmp_path):
     write(tmp_path / "lib" / "defs.pc", "def leaf() { return x[0] }\n")
     main_file = write(tmp_path / "src" / "main.pc", 'include "defs.pc"\nvars x[1] states 2\nroot leaf()\n')
