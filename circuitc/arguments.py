@@ -47,10 +47,14 @@ def states(circ, value, name: str, observed=None) -> int:
     if value.numel():
         if observed is not None:
             value = value.masked_fill(~observed.to(value.device), 0)
-        low, high = torch.aminmax(value)
+        if value.numel() <= 1024 and value.device.type == "cpu":  # a few states: Python is quicker than ops
+            flat = value.reshape(-1).tolist()
+            low, high = min(flat), max(flat)
+        else:
+            low, high = (int(t) for t in torch.aminmax(value))
         if low < 0 or high >= v:
-            bad = int(low) if low < 0 else int(high)
-            raise ValueError(f"{name} holds the state {bad}; the states of this circuit are 0 .. {v - 1}")
+            raise ValueError(f"{name} holds the state {low if low < 0 else high}; the states of this circuit "
+                             f"are 0 .. {v - 1}")
     return 1 if value.dim() == 1 else value.shape[0]
 
 
@@ -72,7 +76,7 @@ def same_batch(theta_batch: int, batch: int, name: str = "x") -> None:
 def finite_logits(value: Tensor, program: str) -> None:
     """No NaN or +inf logit: softmax would turn them into NaN weights and every draw into one fixed
     state (-inf is fine: a state or input of probability 0)."""
-    if value.numel() and not bool(value.max() < math.inf):  # max is NaN if any entry is
+    if value.numel() and not value.max().item() < math.inf:  # max is NaN if any entry is
         raise ValueError(f"{program}: theta holds NaN or +inf logits; only finite values and -inf are allowed")
 
 

@@ -481,7 +481,9 @@ class CompiledCircuit(nn.Module):
         rows = self._root_rows[mode]
         if root.shape[0] != rows:
             root = root.narrow(0, self._root_start[mode], rows)
-        return root.t()  # [B, rows]
+        if semiring == "max" or saved is not None:  # no one reads these roots' values
+            return root.t()  # [B, rows]
+        return _impossible_as_minus_inf(root.t())
 
     def _product(self, source: Tensor, op: _ProductOp, mode: str, batch: int) -> Tensor:
         """Product units (sums of log values) of one product fold: `F*K_out*R` rows of `B` values,
@@ -632,13 +634,24 @@ def _max_log_prob(logits: Tensor) -> Tensor:
     return -_exp_shifted(logits, shift).sum(-1).log()
 
 
+def _impossible_as_minus_inf(values: Tensor) -> Tensor:
+    """The lowest finite value (where a sum's every input was log 0) is a probability of 0: -inf."""
+    lowest = torch.finfo(values.dtype).min
+    if values.numel() <= 64 and values.device.type == "cpu" and not values.requires_grad:
+        if min(values.reshape(-1).tolist(), default=0.0) > lowest:  # batch 1: one look, not two ops
+            return values
+    return values.masked_fill(values <= lowest, float("-inf"))
+
+
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: log sum_k W[u, k] exp(inputs[k]) for `inputs` `[F, K, R*B]` and linear
     weights `[Bp, F, U, K]`, via the max shift and one batched matmul."""
-    shift = inputs.amax(1, keepdim=True)  # [F, 1, R*B]; its gradient cancels exactly
-    # every input log 0 (a state no unit allows): the sum is exactly 0, not the NaN of -inf - -inf
-    dead = shift == float("-inf")
-    shift = shift.masked_fill(dead, 0.0)
+    # [F, 1, R*B]; its gradient cancels exactly. Floored at the dtype's lowest value: when every
+    # input is log 0 (a state no unit allows) the sum is that lowest value (read as -inf at the
+    # root, `_impossible_as_minus_inf`), not the NaN of -inf - -inf.
+    shift = inputs.amax(1, keepdim=True)
+    shift = shift.clamp_min(torch.finfo(shift.dtype).min) if _needs_grad(inputs) else \
+        shift.clamp_min_(torch.finfo(shift.dtype).min)
     scaled = _exp_shifted(inputs, shift)
     if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
         mixed = torch.bmm(weights, scaled)
@@ -651,9 +664,8 @@ def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> T
     # the clamp (not an added constant) stops the gradient there (1/tiny would overflow into NaN)
     tiny = torch.finfo(mixed.dtype).tiny
     if _needs_grad(inputs, weights):
-        return (mixed.clamp_min(tiny).log() + shift).masked_fill(dead, float("-inf"))
-    # in place: no fresh large buffers per layer
-    return mixed.clamp_min_(tiny).log_().add_(shift).masked_fill_(dead, float("-inf"))
+        return mixed.clamp_min(tiny).log() + shift
+    return mixed.clamp_min_(tiny).log_().add_(shift)  # in place: no fresh large buffers per layer
 
 
 def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int,
