@@ -9,10 +9,12 @@ from .errors import CircuitError, Diagnostic, SourceSpan
 from .graph import Partition, Region, RegionGraph
 from .check import check_graph
 from .elaborate import elaborate
+from .limits import Limits
 from .load import load_graph
 from .syntax import parse
-__all__ = ["CircuitError", "Diagnostic", "SourceSpan", "Partition", "Region", "RegionGraph", "check_graph",
-           "compile", "elaborate", "load_graph", "parse"]
+
+__all__ = ["CircuitError", "Diagnostic", "Limits", "SourceSpan", "Partition", "Region", "RegionGraph",
+           "check_graph", "compile", "elaborate", "load_graph", "parse"]
 
 
 def __getattr__(name: str):

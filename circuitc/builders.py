@@ -16,13 +16,22 @@ from .errors import CircuitError, SourceSpan
 from .graph import Partition, Region, RegionGraph, scope_name
 
 
-class GraphBuilder:
-    """Collects regions and partitions; asking twice for the same region id returns it once."""
+class BuilderLimit(Exception):
+    """A generator outgrew its builder's budget; `args[0]` names the bound (`regions` or `steps`)."""
 
-    def __init__(self, variable: str = "x"):
+
+class GraphBuilder:
+    """Collects regions and partitions; asking twice for the same region id returns it once.
+
+    `max_regions` and `max_entries` (scope entries of all regions) bound what a generator may add:
+    going past them raises `BuilderLimit`, before the structure is generated in full."""
+
+    def __init__(self, variable: str = "x", max_regions: int | None = None, max_entries: int | None = None):
         self.variable = variable
         self.regions: dict[str, Region] = {}
         self.partitions: list[Partition] = []
+        self.max_regions = max_regions
+        self.entries_left = max_entries
 
     def region(self, scope: Sequence[int], units: int, *, prefix: str = "", name: str | None = None,
                span: SourceSpan | None = None) -> str:
@@ -30,6 +39,12 @@ class GraphBuilder:
         rid = name if name is not None else prefix + scope_name(scope, self.variable)
         existing = self.regions.get(rid)
         if existing is None:
+            if self.max_regions is not None and len(self.regions) >= self.max_regions:
+                raise BuilderLimit("regions")
+            if self.entries_left is not None:
+                self.entries_left -= len(scope)
+                if self.entries_left < 0:
+                    raise BuilderLimit("scope_entries")
             self.regions[rid] = Region(rid, scope, units, span)
         elif existing.scope != scope or existing.units != units:
             raise CircuitError(

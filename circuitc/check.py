@@ -1,4 +1,4 @@
-"""Structural checks of a region graph: every rule of `shared/spec/graph-spec.md`.
+"""Structural checks of a region graph: every rule of the graph spec (docs/graph-spec.md).
 
 `check_graph` runs every rule and raises one `CircuitError` listing all violations, each naming the
 regions and variables involved and located at the source span that created them (`.pc` input).
@@ -55,9 +55,16 @@ def _name(graph: RegionGraph, region_id: str) -> str:
     return graph.describe(region_id)
 
 
-def _vars(scope) -> str:
-    """Variables in a message: `x4`, or `x4, x7` (each named, since they are the point)."""
-    return ", ".join(f"x{i}" for i in sorted(scope))
+def _vars(scope, shown: int = 8) -> str:
+    """Variables in a message: `x4`, `x4, x7`, runs as ranges (`x0..x999999`), at most `shown` items."""
+    runs: list[list[int]] = []
+    for i in sorted(scope):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    items = [f"x{a}" if a == b else f"x{a}, x{b}" if b == a + 1 else f"x{a}..x{b}" for a, b in runs]
+    return _few(items, shown)
 
 
 def _few(names: list[str], shown: int = 3) -> str:

@@ -1,68 +1,162 @@
 """The `circuitc` command: check, export, show, fmt and compile `.pc` (or graph-spec `.json`) files.
 
-Bad input never ends in a traceback: every command prints located diagnostics on stderr and exits 1.
+Bad input never ends in a traceback: a usage or input error prints `circuitc: error: <message>` (or
+located `file:line:col: error:` diagnostics) on stderr and exits 2; a failed run (an unwritable
+output, graphviz failing, a bug) exits 1. `--debug` shows the traceback of an unexpected error.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+import traceback
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from .errors import CircuitError
 from .graph import RegionGraph
+from .limits import DEFAULT_LIMITS, Limits, compiled_size, flag
 from .load import load_graph
 
-EXIT_OK, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
+
+
+class RunFailed(Exception):
+    """A run that could not finish for a reason outside the input (exit status 1)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 invalid input, 2 internal error)."""
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error, 1 failure)."""
     out, err = sys.stdout, sys.stderr
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed its usage message
-        return int(e.code or 0)
+    except SystemExit as e:  # argparse has printed its help, version or error message
+        return e.code if isinstance(e.code, int) else EXIT_INPUT
     try:
         return args.run(args, out, err)
     except CircuitError as e:
-        print(e.render(), file=err)
-        return EXIT_INVALID
+        print(_with_prefix(e.render()), file=err)
+        return EXIT_INPUT
+    except RunFailed as e:
+        print(f"circuitc: error: {e}", file=err)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("circuitc: error: interrupted", file=err)
+        return 130
+    except BrokenPipeError:  # `circuitc show big.pc | head`: the reader left; nothing more to say
+        _silence_stdout()
+        return EXIT_FAILED
     except Exception as e:  # a bug in circuitc, not in the input: say so plainly
-        print(f"circuitc: internal error ({type(e).__name__}: {e}); please report it with the input file",
-              file=err)
-        return EXIT_INTERNAL
+        if args.debug:
+            traceback.print_exc(file=err)
+        what = "out of memory" if isinstance(e, MemoryError) else f"internal error ({type(e).__name__}: {e})"
+        print(f"circuitc: error: {what}; rerun with --debug for the traceback and please report it with the "
+              f"input file", file=err)
+        return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit cannot raise again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+
+
+def _with_prefix(report: str) -> str:
+    """Unlocated diagnostics (`error: ...`) name the program, as every other CLI error does."""
+    return "\n".join(f"circuitc: {line}" if line.startswith("error: ") else line for line in report.split("\n"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one error line: `circuitc: error: <message>` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_INPUT, f"circuitc: error: {message}\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"circuitc {version('circuitc')}"
+    except PackageNotFoundError:
+        return "circuitc (not installed as a package)"
+
+
+_LIMIT_HELP = {
+    "variables": "most variables of a structure", "states": "most states of a variable",
+    "regions": "most regions (and partitions) of a structure", "units": "most units of one region",
+    "parameters": "most parameters of the compiled circuit", "steps": "most evaluation steps (statements, calls, loop turns) of a .pc program",
+    "scope_entries": "most variables named by all region scopes together",
+    "int_bits": "largest integer a .pc program may compute, in bits", "call_depth": "most nested function calls",
+    "loop": "longest for loop, list comprehension or list", "repetitions": "most random_tree repetitions",
+    "file_bytes": "largest source file, in bytes",
+}
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("-I", dest="include_paths", action="append", default=[], metavar="DIR",
+                        help="a folder `include` may read .pc files from, besides the file's own folder tree "
+                             "(repeatable)")
+    limits = common.add_argument_group("limits", "bounds on the work a structure may ask for (docs/language.md)")
+    for f in fields(Limits):
+        limits.add_argument(flag(f.name), dest=f"max_{f.name}", type=_positive_int, metavar="N",
+                            default=getattr(DEFAULT_LIMITS, f.name), help=_LIMIT_HELP[f.name])
+    common.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    return common
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="circuitc", description="A compiler for probabilistic circuits.")
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="circuitc", description="A compiler for probabilistic circuits.", formatter_class=formatter)
+    parser.add_argument("--version", action="version", version=_version())
+    parser.set_defaults(debug=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
 
-    def command(name: str, run, help: str, bindings: bool = True) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        sub.add_argument("file", metavar="FILE", help=".pc structure file or graph-spec .json")
+    def command(name: str, run, help: str, bindings: bool = True, what: str = ".pc structure file or "
+                "graph-spec .json") -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, formatter_class=formatter, parents=[common])
+        sub.add_argument("file", metavar="FILE", help=what)
         if bindings:
             sub.add_argument("-D", dest="bindings", action="append", default=[], type=_binding,
                              metavar="NAME=VALUE", help="set a parameter of the file, e.g. -D n=16 (repeatable)")
         sub.set_defaults(run=run)
         return sub
 
-    command("check", _check, "check a structure; print a one-line summary")
+    command("check", _check, "check a structure; print a one-line summary with its compiled size")
     export = command("export", _export, "write the graph-spec JSON of the elaborated structure")
     export.add_argument("-o", "--output", metavar="OUT", help="output file (default: standard output)")
     show = command("show", _show, "show the region graph as a text tree, graphviz DOT or PNG")
-    show.add_argument("--format", choices=("text", "dot", "png"), default="text")
+    show.add_argument("--format", choices=("text", "dot", "png"), default="text", help="what to draw")
     show.add_argument("-o", "--output", metavar="OUT", help="output file (PNG default: <stem>.png)")
-    fmt = command("fmt", _fmt, "print a .pc file in canonical form", bindings=False)
-    fmt.add_argument("--in-place", action="store_true", help="rewrite the file instead of printing it")
+    fmt = command("fmt", _fmt, "print a .pc file in canonical form, or a graph-spec .json as an equivalent .pc file",
+                  bindings=False)
+    fmt.add_argument("--in-place", action="store_true", help="rewrite a .pc file instead of printing it")
     compile_ = command("compile", _compile, "check and lower a structure; write the plan JSON, print a summary")
     compile_.add_argument("-o", "--output", metavar="OUT", help="plan JSON file (default: <stem>.plan.json)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    if not re.fullmatch(r"[0-9_]{1,30}", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def _limits(args) -> Limits:
+    return Limits(**{f.name: getattr(args, f"max_{f.name}") for f in fields(Limits)})
 
 
 def _binding(text: str) -> tuple[str, Any]:
@@ -71,7 +165,10 @@ def _binding(text: str) -> tuple[str, Any]:
     if not sep or not name.strip().isidentifier():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     value = value.strip()
-    if value.lstrip("-").isdigit():
+    if re.fullmatch(r"-?[0-9]+", value):
+        if len(value) > 100:  # int() of thousands of digits is slow, and no parameter needs it
+            raise argparse.ArgumentTypeError(f"the number given to {name.strip()} has {len(value):,} digits; "
+                                             f"at most 100 are accepted")
         return name.strip(), int(value)
     if value in ("true", "false"):
         return name.strip(), value == "true"
@@ -81,7 +178,8 @@ def _binding(text: str) -> tuple[str, Any]:
 
 
 def _load(args) -> RegionGraph:
-    return load_graph(Path(args.file), **dict(args.bindings))
+    return load_graph(Path(args.file), include_paths=args.include_paths, limits=_limits(args),
+                      **dict(getattr(args, "bindings", [])))
 
 
 def _write(text: str, output: str | None, out: TextIO) -> None:
@@ -91,14 +189,14 @@ def _write(text: str, output: str | None, out: TextIO) -> None:
     try:
         Path(output).write_text(text, encoding="utf-8")
     except OSError as e:
-        raise CircuitError(f"cannot write {output}: {e.strerror or e}") from None
+        raise RunFailed(f"cannot write {output}: {e.strerror or e}") from None
 
 
 # ----------------------------------------------------------------------------- commands
 
 def _check(args, out: TextIO, err: TextIO) -> int:
-    graph = _load(args)
-    print(f"{args.file}: ok: {summary(graph)}", file=out)
+    graph = _load(args)  # refuses a graph whose compiled size exceeds the limits
+    print(f"{args.file}: ok: {summary(graph)}; compiled: {compiled_size(graph).describe()}", file=out)
     return EXIT_OK
 
 
@@ -143,14 +241,22 @@ def _show(args, out: TextIO, err: TextIO) -> int:
 
 def _fmt(args, out: TextIO, err: TextIO) -> int:
     from .format import format_module
+    from .graph import read_source
     from .syntax import parse
 
     path = Path(args.file)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CircuitError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    formatted = format_module(parse(text, file=str(path)))
+    if path.suffix == ".json":  # a graph spec: print the .pc file that elaborates to the same graph
+        from .decompile import decompile
+
+        if args.in_place:
+            raise CircuitError(f"--in-place rewrites a .pc file; {path} is a graph spec: print its .pc form "
+                               f"with `circuitc fmt {path} > FILE.pc`")
+        out.write(decompile(_load(args)))
+        return EXIT_OK
+    if path.suffix != ".pc":
+        raise CircuitError(f"cannot read {path}: fmt reads a .pc file or a graph-spec .json file")
+    text = read_source(path, _limits(args))
+    formatted = format_module(parse(text, file=str(path), limits=_limits(args)))
     if args.in_place:
         if formatted != text:
             _write(formatted, str(path), out)
@@ -231,11 +337,11 @@ def _quote(text: str, escape: bool = True) -> str:
 def _render_png(dot_text: str, output: str) -> None:
     program = shutil.which("dot")
     if program is None:
-        raise CircuitError("cannot draw a PNG: the graphviz program `dot` is not installed; "
+        raise RunFailed("cannot draw a PNG: the graphviz program `dot` is not installed; "
                            "install graphviz, or use `--format dot` and render the DOT text elsewhere")
     result = subprocess.run([program, "-Tpng", "-o", output], input=dot_text, text=True, capture_output=True)
     if result.returncode != 0:
-        raise CircuitError(f"graphviz `dot` failed: {result.stderr.strip()}")
+        raise RunFailed(f"graphviz `dot` failed: {result.stderr.strip()}")
 
 
 if __name__ == "__main__":

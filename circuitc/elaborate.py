@@ -12,7 +12,7 @@ Every error is a `CircuitError` located at the source span of the offending expr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,16 +20,17 @@ from typing import Any
 from . import builders
 from .builders import GraphBuilder
 from .errors import CircuitError, Diagnostic, SourceSpan
-from .graph import PRODUCTS, RegionGraph, scope_name
+from .graph import PRODUCTS, RegionGraph, read_source, scope_name
+from .limits import DEFAULT_LIMITS, Limits, check_at_most, limit_error
 from .syntax import (Assign, BinOp, Block, Bool, Call, Def, ExprStmt, For, If, Include, Index, Int, ListComp,
                      ListLit, Module, Name, Param, Return, Root, SetUnits, Slice, Str, Tagged, UnaryOp, Vars,
                      parse)
 
-# User recursion is for trees (depth log n); chains are written with `for`. The limit keeps the
-# interpreter well inside Python's own recursion limit, so going too deep is a located error.
-MAX_CALL_DEPTH = 64
-# `**` on ints stops here: unit counts and indices never need more, and 10**10**10 would hang.
-MAX_INT_BITS = 256
+# The bounds on a program's work live in `circuitc.limits.Limits`: user recursion is for trees
+# (depth log n) and chains are written with `for`, so `call_depth` keeps the interpreter well inside
+# Python's own recursion limit; `int_bits` stops `10**10**10` and `k = k * k` from hanging; `steps`
+# stops exponential recursion; `loop` stops `for i in 0..10**18` before its first turn.
+STEPS_PER_GENERATED_REGION = 4
 
 
 # ----------------------------------------------------------------------------- values
@@ -129,18 +130,29 @@ def _fail(message: str, span: SourceSpan | None) -> CircuitError:
 
 # ----------------------------------------------------------------------------- entry point
 
-def elaborate(module: Module, **bindings: Any) -> RegionGraph:
+def elaborate(module: Module, *, include_paths: Sequence[str | Path] = (), limits: Limits = DEFAULT_LIMITS,
+              **bindings: Any) -> RegionGraph:
     """Run `module` with its parameters bound (`n=16`) and return the region graph it describes.
 
+    `include` reads `.pc` files below the main file's folder (the working directory for text
+    without a file) or below one of `include_paths`; `limits` bounds the work (`circuitc.Limits`).
     Structural rules (smoothness, decomposability, ...) are left to `circuitc.check.check_graph`.
     """
-    return _Elaborator(module, bindings).run()
+    return _Elaborator(module, bindings, include_paths, limits).run()
 
 
 class _Elaborator:
-    def __init__(self, module: Module, bindings: dict[str, Any]):
+    def __init__(self, module: Module, bindings: dict[str, Any], include_paths: Sequence[str | Path] = (),
+                 limits: Limits = DEFAULT_LIMITS):
         self.main = module
         self.bindings = bindings
+        self.limits = limits
+        self.steps = 0  # statements run, calls and loop turns: every repetition of work is one of these
+        self.entries = 0  # scope entries named and held so far (bounded by limits.scope_entries)
+        main_folder = Path(module.file).parent if module.file else Path.cwd()
+        self.include_roots = [main_folder.resolve()] + [Path(p).resolve() for p in include_paths]
+        self.include_targets: dict[tuple[str, str], str] = {}  # (including file, written path) -> file
+        self.generated: dict[tuple, RegionRef] = {}  # built-in structure calls already merged
         self.modules: dict[str, Module] = {}  # included files by resolved path
         self.executed: set[str] = set()
         self.params: dict[str, Param] = {}
@@ -188,21 +200,43 @@ class _Elaborator:
         for stmt in module.body:
             if not isinstance(stmt, Include):
                 continue
-            path = self._include_path(module, stmt)
+            path = self._resolve_include(module, stmt)
             if path in stack:
                 cycle = " -> ".join(Path(p).name for p in stack[stack.index(path):] + (path,))
                 raise _fail(f"include cycle: {cycle}", stmt.span)
             if path in self.modules:
                 continue
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except OSError as e:
-                raise _fail(f'cannot include "{stmt.path}": {e.strerror or e}', stmt.span) from None
-            self._load(parse(text, file=self._display_path(path)), stack)
+            text = read_source(Path(path), self.limits, stmt.span, shown=f'"{stmt.path}" ({path})')
+            self._load(parse(text, file=self._display_path(path), limits=self.limits), stack)
 
     def _include_path(self, module: Module, stmt: Include) -> str:
+        return self.include_targets[(self._module_key(module), stmt.path)]
+
+    def _resolve_include(self, module: Module, stmt: Include) -> str:
+        """The file an include names: relative to the including file, else to an include path; it
+        must be a `.pc` file below the main file's folder or an include path (no `/etc/passwd`,
+        `../../..`, `/dev/zero`), so a structure file can read nothing else."""
+        written = stmt.path
+        if not written or any(ord(ch) < 32 for ch in written) or not _is_text(written):
+            raise _fail(f"include {_quoted(written)}: not a valid file name", stmt.span)
+        if not written.endswith(".pc"):
+            raise _fail(f"include {_quoted(written)}: only .pc files can be included", stmt.span)
         base = Path(module.file).parent if module.file else Path.cwd()
-        return str((base / stmt.path).resolve())
+        try:
+            candidates = [(folder / written).resolve() for folder in [base, *self.include_roots[1:]]]
+            found = next((c for c in candidates if c.exists()), None)
+        except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+            raise _fail(f"cannot include {_quoted(written)}: {getattr(e, 'strerror', None) or e}", stmt.span) from None
+        if found is None:
+            where = " or the include paths" if len(self.include_roots) > 1 else ""
+            raise _fail(f"cannot include {_quoted(written)}: no such file in {self._display_path(str(base))}{where}",
+                        stmt.span)
+        if not any(found.is_relative_to(root) for root in self.include_roots):
+            raise _fail(f"cannot include {_quoted(written)}: {self._display_path(str(found))} is outside "
+                        f"{self._display_path(str(self.include_roots[0]))} and the include paths "
+                        f"(add its folder with -I DIR on the command line, or include_paths=[...])", stmt.span)
+        self.include_targets[(self._module_key(module), written)] = str(found)
+        return str(found)
 
     @staticmethod
     def _display_path(path: str) -> str:
@@ -230,7 +264,11 @@ class _Elaborator:
         for name, value in self.bindings.items():
             if not isinstance(value, (int, str)):
                 raise CircuitError(Diagnostic(
-                    f"parameter {name} = {value!r}: bound values must be integers, booleans or strings"))
+                    f"parameter {name} = {type(value).__name__}: bound values must be integers, booleans or "
+                    f"strings"))
+            if _is_int(value) and value.bit_length() > self.limits.int_bits:
+                raise limit_error("int_bits", f"{value.bit_length():,} bits", self.limits,
+                                  what=f"parameter {name} is bound to a number too large")
 
     def _hoist_definitions(self) -> None:
         """Functions are visible everywhere in the program, so they may call each other in any order."""
@@ -273,6 +311,9 @@ class _Elaborator:
                 self._exec(stmt, self.globals)
         except RecursionError:  # nesting far beyond anything written by hand
             raise _fail("this statement nests expressions too deeply to evaluate", stmt.span) from None
+        except MemoryError:  # the limits should prevent this; if not, a located message still beats a crash
+            raise _fail("out of memory while evaluating this statement; lower the sizes it asks for",
+                        stmt.span) from None
 
     def _build(self) -> RegionGraph:
         end = self._end_of_main()
@@ -302,6 +343,7 @@ class _Elaborator:
         return self._exec_by_type[type(stmt)](stmt, env)
 
     def _exec_block(self, block: Block, env: dict) -> _Returned | None:
+        self._step(len(block.body), block.span)
         for stmt in block.body:
             result = self._exec_by_type[type(stmt)](stmt, env)
             if result is not None:
@@ -329,11 +371,14 @@ class _Elaborator:
         if self.vars_node is not None:
             raise _fail(f"variables are declared twice (first at {self.vars_node.span})", stmt.span)
         count = self._positive_int(stmt.count, env, "the number of variables")
+        check_at_most("variables", count, self.limits, stmt.count.span)
         if stmt.states is None:
             raise _fail(f"say how many states each variable has: `vars {stmt.name}[...] states 256`", stmt.span)
         self.states = self._positive_int(stmt.states, env, "the number of states")
+        check_at_most("states", self.states, self.limits, stmt.states.span)
         if stmt.units is not None:
             self.default_units = self._positive_int(stmt.units, env, "the default number of units")
+            check_at_most("units", self.default_units, self.limits, stmt.units.span)
         if stmt.product is not None:
             if stmt.product not in PRODUCTS:
                 raise _fail(f"unknown product kind {stmt.product!r}: use hadamard or kronecker", stmt.span)
@@ -348,8 +393,10 @@ class _Elaborator:
         items = self._eval(stmt.iterable, env)
         if not isinstance(items, (range, tuple)):
             raise _fail(f"for needs a list or a range like 0..n, got {describe_value(items)}", stmt.iterable.span)
+        self._check_length(items, stmt.iterable.span, "a for loop")
         self._check_assignable(stmt.var, env, stmt.span)
         for item in items:
+            self._step(1, stmt.span)
             env[stmt.var] = item
             result = self._exec_block(stmt.body, env)
             if result is not None:
@@ -397,6 +444,7 @@ class _Elaborator:
     def _exec_set_units(self, stmt: SetUnits, env: dict) -> None:
         region = self._region(stmt.target, env, "`.units =`")
         units = self._positive_int(stmt.value, env, "a unit count")
+        check_at_most("units", units, self.limits, stmt.value.span)
         self._materialize(region)
         self._set_units(region.id, units, stmt.span)
 
@@ -419,6 +467,8 @@ class _Elaborator:
     def _materialize(self, region: RegionRef) -> _RegionInfo:
         info = self.regions.get(region.id)
         if info is None:
+            check_at_most("regions", len(self.regions) + 1, self.limits, region.span)
+            self._entries(len(region.scope), region.span)  # a region holds its scope
             info = self.regions[region.id] = _RegionInfo(region.scope, region.span)
         elif info.scope != region.scope:
             raise _fail(f"region {region.id} is used for {scope_name(region.scope, self.varset.name)} here, "
@@ -468,6 +518,25 @@ class _Elaborator:
 
     def _eval(self, node, env: dict) -> Any:
         return self._eval_by_type[type(node)](node, env)
+
+    def _step(self, cost: int, span: SourceSpan | None) -> None:
+        """Count `cost` steps of work (a loop turn, the entries of a scope or a list)."""
+        self.steps += cost
+        if self.steps > self.limits.steps:
+            raise self._too_many_steps(span)
+
+    def _entries(self, count: int, span: SourceSpan | None) -> None:
+        self.entries += count
+        if self.entries > self.limits.scope_entries:
+            raise limit_error("scope_entries", self.entries, self.limits, span,
+                              what="the regions' scopes name too many variables in all")
+
+    def _too_many_steps(self, span: SourceSpan | None) -> CircuitError:
+        return limit_error("steps", self.steps, self.limits, span,
+                           what="the program takes too many evaluation steps (is a recursion exponential?)")
+
+    def _check_length(self, items: range | tuple, span: SourceSpan | None, what: str) -> None:
+        check_at_most("loop", _length(items), self.limits, span, what=f"{what} is too long")
 
     def _eval_literal(self, node, env: dict) -> Any:
         return node.value
@@ -541,19 +610,30 @@ class _Elaborator:
         if op == "!=":
             return left != right
         if op == "+" and isinstance(left, (tuple, range)) and isinstance(right, (tuple, range)):
+            total = _length(left) + _length(right)
+            check_at_most("loop", total, self.limits, node.span, what="a list is too long")
+            self._entries(total, node.span)
             return tuple(left) + tuple(right)
         raise _fail(f"cannot apply {op} to {describe_value(left)} and {describe_value(right)}", node.span)
 
     def _int_op(self, op: str, a: int, b: int, node: BinOp) -> Any:
         if op in ("//", "%") and b == 0:
             raise _fail("division by zero", node.right.span)
-        if op == "**":
-            if b < 0:
-                raise _fail(f"negative exponent {b}: numbers here are integers", node.right.span)
-            if abs(a) > 1 and b * (abs(a).bit_length() - 1) > MAX_INT_BITS:
-                raise _fail(f"{a} ** {b} is too large", node.span)
         if op == "|":
             raise _fail("| separates partitions of a region; it does not apply to numbers", node.span)
+        if op == "**" and b < 0:
+            raise _fail(f"negative exponent {b}: numbers here are integers", node.right.span)
+        # the result's size, bounded before it is computed
+        if op in ("+", "-", "*", "**"):
+            la, lb = a.bit_length(), b.bit_length()
+            if op == "**":
+                bits = 0 if abs(a) <= 1 else min(b, self.limits.int_bits + 1) * (la - 1)
+            else:
+                bits = la + lb if op == "*" else max(la, lb) + 1
+            if bits > self.limits.int_bits:
+                shown = f"{a} {op} {b}" if la + lb < 200 else f"the result of {op}"
+                raise limit_error("int_bits", f"at least {bits:,} bits", self.limits, node.span,
+                                  what=f"{shown} is too large")
         return _INT_OPS[op](a, b)
 
     def _multiply(self, op: str, left: Any, right: Any, node: BinOp) -> Product:
@@ -595,9 +675,11 @@ class _Elaborator:
 
     def _call_function(self, fn: Def, args: list, kwargs: dict, node: Call) -> Any:
         env = self._bind_arguments(fn, args, kwargs, node)
-        if self.depth >= MAX_CALL_DEPTH:
-            raise _fail(f"recursion too deep: more than {MAX_CALL_DEPTH} nested calls (here {fn.name}); "
-                        f"recursion is meant for trees, write long chains with a for loop", node.span)
+        if self.depth >= self.limits.call_depth:
+            raise limit_error("call_depth", None, self.limits, node.span,
+                              what=f"recursion too deep: more than {self.limits.call_depth} nested calls (here "
+                                   f"{fn.name}); recursion is meant for trees, write long chains with a for loop")
+        self._step(1, node.span)
         self.depth += 1
         try:
             result = self._exec_block(fn.body, env)
@@ -620,16 +702,23 @@ class _Elaborator:
             if len(node.subscripts) != 1 or isinstance(node.subscripts[0], Slice):
                 raise _fail("a list takes one index, like xs[i]", node.span)
             i = self._int(node.subscripts[0], env, "an index")
-            if not -len(base) <= i < len(base):
-                raise _fail(f"index {i} is out of range for a list of {len(base)}", node.subscripts[0].span)
+            if not -_length(base) <= i < _length(base):
+                raise _fail(f"index {i} is out of range for a list of {_length(base)}", node.subscripts[0].span)
             return base[i]
         raise _fail(f"cannot index {describe_value(base)}", node.base.span)
 
     def _scope(self, varset: VarSet, node: Index, env: dict) -> tuple[int, ...]:
         """The variables a subscript list names: `x[0:4]`, `x[3]`, `x[0, 2, 5:7]`, `x[evens]`."""
+        if len(node.subscripts) == 1:  # the common `x[a:b]`: checked by its ends, built in C
+            indices = self._subscript_indices(varset, node.subscripts[0], env)
+            if isinstance(indices, range) and indices.step == 1 and 0 <= indices.start < indices.stop <= varset.count:
+                self._entries(_length(indices), node.span)
+                return tuple(indices)
         seen: set[int] = set()
         for sub in node.subscripts:
-            for i in self._subscript_indices(varset, sub, env):
+            indices = self._subscript_indices(varset, sub, env)
+            self._entries(min(_length(indices), varset.count + 1), sub.span)
+            for i in indices:
                 if not 0 <= i < varset.count:
                     raise _fail(f"variable {varset.name}{i} does not exist: there are {varset.count} variables, "
                                 f"{varset.name}0 .. {varset.name}{varset.count - 1}", sub.span)
@@ -644,11 +733,12 @@ class _Elaborator:
         if isinstance(sub, Slice):
             start = 0 if sub.start is None else self._int(sub.start, env, "a slice bound")
             stop = varset.count if sub.stop is None else self._int(sub.stop, env, "a slice bound")
-            return range(start, stop)
+            # a slice past the end names a missing variable: clip it so the message comes at once
+            return range(start, min(stop, max(start, varset.count) + 1))
         value = self._eval(sub, env)
         if _is_int(value):
             return (value,)
-        if isinstance(value, (range, tuple)) and all(_is_int(i) for i in value):
+        if isinstance(value, range) or (isinstance(value, tuple) and all(_is_int(i) for i in value)):
             return value
         raise _fail(f"variables are chosen by numbers, slices or lists of numbers, got {describe_value(value)}",
                     sub.span)
@@ -656,6 +746,7 @@ class _Elaborator:
     def _eval_tagged(self, node: Tagged, env: dict) -> RegionRef:
         base = self._eval(node.base, env)
         if isinstance(base, VarSet):  # `x@a`: the region over all variables, tagged
+            self._entries(base.count, node.span)
             base = self._region_ref(tuple(range(base.count)), None, node.span)
         if not isinstance(base, RegionRef):
             raise _fail(f"only regions take a tag, got {describe_value(base)}", node.base.span)
@@ -674,9 +765,11 @@ class _Elaborator:
         items = self._eval(node.iterable, env)
         if not isinstance(items, (range, tuple)):
             raise _fail(f"for needs a list or a range like 0..n, got {describe_value(items)}", node.iterable.span)
+        self._check_length(items, node.iterable.span, "a list comprehension")
         inner = dict(env)  # the loop variable stays inside the brackets
         result = []
         for item in items:
+            self._step(1, node.span)
             inner[node.var] = item
             if node.condition is None or self._condition(node.condition, inner):
                 result.append(self._eval(node.element, inner))
@@ -700,6 +793,28 @@ def _show_argument(value: Any) -> str:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _length(items: range | tuple) -> int:
+    """len() of a list or range, exact however long (len(range(10**70)) overflows in Python)."""
+    if isinstance(items, range):
+        return max(0, (items.stop - items.start + items.step - (1 if items.step > 0 else -1)) // items.step)
+    return len(items)
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (text decoded with surrogateescape)
+        return False
+    return True
+
+
+def _quoted(text: str) -> str:
+    """A user-written string in a message: quoted, escaped, cut at 80 characters."""
+    shown = text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+    shown = "".join(ch if ord(ch) >= 32 else f"\\x{ord(ch):02x}" for ch in shown)
+    return '"' + (shown if len(shown) <= 80 else shown[:77] + "...") + '"'
 
 
 def _kind(value: Any) -> str:
@@ -767,6 +882,7 @@ def _structure_builtin(name: str, generator: Callable, options: dict[str, Any], 
         bound = _bind_call(name, params, args, kwargs, node)
         region = bound.pop("region")
         if isinstance(region, VarSet):
+            el._entries(region.count, node.span)
             region = el._region_ref(tuple(range(region.count)), None, node.span)
         if not isinstance(region, RegionRef):
             raise _fail(f"{name} builds over a region like x[0:n] (or the variable set), got "
@@ -779,16 +895,37 @@ def _structure_builtin(name: str, generator: Callable, options: dict[str, Any], 
                             node.span)
         if "seed" in bound and not _is_int(bound["seed"]):
             raise _fail(f"{name}: seed must be a number, got {describe_value(bound['seed'])}", node.span)
-        return _merge_structure(el, generator, region, bound, node)
+        for key, limit in (("units", "units"), ("top", "units"), ("repetitions", "repetitions")):
+            if key in bound:
+                check_at_most(limit, bound[key], el.limits, node.span, what=f"{name}: {key} is too large")
+        # a generator is deterministic: the same call again adds nothing, so it is not run again
+        key = (name, region.id, tuple(sorted(bound.items())))
+        if key not in el.generated:
+            el.generated[key] = _merge_structure(el, generator, region, bound, node)
+        return el.generated[key]
 
     return Builtin(name, run, f"{name}({', '.join(params)})  {doc}")
 
 
 def _merge_structure(el: _Elaborator, generator: Callable, region: RegionRef, options: dict[str, Any],
                      node: Call) -> RegionRef:
-    b = GraphBuilder(el.varset.name)
+    # the builder stops at the regions still allowed, before generating more
+    b = GraphBuilder(el.varset.name, max_regions=el.limits.regions - len(el.regions) + 1,
+                     max_entries=el.limits.scope_entries - el.entries + 1)
     keywords = {"top_units": options.pop("top")} if "top" in options else {}
-    top = generator(b, region.scope, *([options.pop("units")] if "units" in options else []), **keywords, **options)
+    try:
+        top = generator(b, region.scope, *([options.pop("units")] if "units" in options else []), **keywords,
+                        **options)
+    except builders.BuilderLimit as e:
+        if e.args[0] == "regions":
+            raise limit_error("regions", f"more than {el.limits.regions:,}", el.limits, node.span,
+                              what="this structure has too many regions") from None
+        raise limit_error("scope_entries", f"more than {el.limits.scope_entries:,}", el.limits, node.span,
+                          what="this structure's scopes name too many variables in all") from None
+    # generating is work even where the regions exist already: its scopes, and steps per region
+    # (merging a region costs about as much as running a few statements)
+    el._entries(el.limits.scope_entries - el.entries + 1 - b.entries_left, node.span)
+    el._step(STEPS_PER_GENERATED_REGION * len(b.regions), node.span)
 
     def ref(rid: str) -> RegionRef:
         return RegionRef(rid if region.tag is None else f"{rid}@{region.tag}", b.regions[rid].scope, region.tag,
@@ -821,7 +958,7 @@ def _product_builtin(name: str, kind: str | None) -> Builtin:
 def _run_len(el: _Elaborator, args: list, kwargs: dict, node: Call) -> int:
     if kwargs or len(args) != 1 or not isinstance(args[0], (tuple, range, RegionRef)):
         raise _fail("len takes one list or region", node.span)
-    return len(args[0].scope) if isinstance(args[0], RegionRef) else len(args[0])
+    return len(args[0].scope) if isinstance(args[0], RegionRef) else _length(args[0])
 
 
 def _run_range(el: _Elaborator, args: list, kwargs: dict, node: Call) -> range:
@@ -836,6 +973,8 @@ def _run_range(el: _Elaborator, args: list, kwargs: dict, node: Call) -> range:
 def _min_max(name: str, pick: Callable) -> Builtin:
     def run(el: _Elaborator, args: list, kwargs: dict, node: Call) -> int:
         values = args[0] if len(args) == 1 and isinstance(args[0], (tuple, range)) else args
+        if isinstance(values, range) and values and not kwargs:  # by its ends: 0..10**70 is not walked
+            return pick(values[0], values[-1])
         if kwargs or not values or not all(_is_int(v) for v in values):
             raise _fail(f"{name} takes numbers: {name}(a, b, ...) or {name}(list)", node.span)
         return pick(values)

@@ -1,6 +1,6 @@
 """The region graph: the plain data structure every stage after elaboration works on.
 
-A `RegionGraph` is exactly the meaning of `shared/spec/graph-spec.md` (`circuitc-graph/1`): regions
+A `RegionGraph` is exactly the meaning of `docs/graph-spec.md` (`circuitc-graph/1`): regions
 with a scope and a unit count, partitions (parent, children, product kind) in order, a root, the
 number of variables and their number of states. Regions and partitions remember the source span that
 created them, so structural errors found later still point into the `.pc` file.
@@ -19,6 +19,7 @@ from typing import Any
 import networkx as nx
 
 from .errors import CircuitError, Diagnostic, SourceSpan
+from .limits import DEFAULT_LIMITS, Limits, check_at_most, limit_error
 
 FORMAT = "circuitc-graph/1"
 PRODUCTS = ("hadamard", "kronecker")
@@ -145,20 +146,78 @@ class RegionGraph:
         return json.dumps(self.to_json(), indent=indent)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | str | Path, *, source_name: str | None = None) -> "RegionGraph":
-        """Read a graph spec dict (or a path to a `.json` file). Malformed JSON raises
-        `CircuitError`; structural rules are left to `circuitc.check`."""
+    def from_json(cls, data: dict[str, Any] | str | Path, *, source_name: str | None = None,
+                  limits: Limits = DEFAULT_LIMITS) -> "RegionGraph":
+        """Read a graph spec dict (or a path to a `.json` file). Malformed JSON, duplicate keys and
+        sizes beyond `limits` raise `CircuitError`; structural rules are left to `circuitc.check`."""
         if isinstance(data, (str, Path)):
             path = Path(data)
             source_name = source_name or str(path)
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                span = SourceSpan(str(path), e.lineno, e.colno, source_line=_line_of(e.doc, e.lineno))
-                raise CircuitError(Diagnostic(f"invalid JSON: {e.msg}", span)) from None
-            except OSError as e:
-                raise CircuitError(f"cannot read {path}: {e.strerror}") from None
-        return _graph_from_dict(data, source_name)
+            if path.suffix != ".json":  # never read (and echo in a message) a file that is not a spec
+                raise CircuitError(f"cannot read {path}: a graph spec file ends in .json")
+            data = parse_json(read_source(path, limits), source_name)
+        return _graph_from_dict(data, source_name, limits)
+
+
+def read_source(path: Path, limits: Limits = DEFAULT_LIMITS, span: SourceSpan | None = None,
+                shown: str | None = None) -> str:
+    """The UTF-8 text of a regular file no larger than `limits.file_bytes` (no FIFOs or devices:
+    reading one could block or never end)."""
+    import stat
+
+    shown = shown or str(path)
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CircuitError(Diagnostic(f"cannot read {shown}: not a regular file", span))
+        check_at_most("file_bytes", info.st_size, limits, span, what=f"{shown} is too large")
+        with path.open("rb") as f:
+            data = f.read(limits.file_bytes + 1)
+        check_at_most("file_bytes", len(data), limits, span, what=f"{shown} is too large")
+        return data.decode("utf-8")
+    except OSError as e:
+        raise CircuitError(Diagnostic(f"cannot read {shown}: {e.strerror or e}", span)) from None
+    except UnicodeDecodeError as e:
+        raise CircuitError(Diagnostic(f"cannot read {shown}: not UTF-8 text (byte {e.start})", span)) from None
+    except ValueError as e:  # a NUL byte in the path
+        raise CircuitError(Diagnostic(f"cannot read {shown}: {e}", span)) from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
+def parse_json(text: str, file: str | None) -> Any:
+    """JSON text -> data; a syntax error, a repeated key in one object (JSON leaves its meaning open,
+    so it is refused rather than resolved) or nesting too deep for the parser is a `CircuitError`."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        span = SourceSpan(file, e.lineno, e.colno, source_line=_line_of(e.doc, e.lineno))
+        raise CircuitError(Diagnostic(f"invalid JSON: {e.msg}", span)) from None
+    except _DuplicateKey as e:
+        raise CircuitError(f"{file or 'graph spec'}: invalid JSON: the key {_quoted(e.args[0])} appears "
+                           f"twice in one object") from None
+    except RecursionError:
+        raise CircuitError(f"{file or 'graph spec'}: invalid JSON: arrays or objects nest too deeply") from None
+
+
+def _quoted(text: str) -> str:
+    """A user-supplied string in a message: JSON-quoted (no control characters or lone surrogates),
+    cut at 80 characters."""
+    quoted = json.dumps(text)
+    return quoted if len(quoted) <= 80 else quoted[:77] + '..."'
 
 
 def scope_name(scope: tuple[int, ...] | list[int], var: str = "x") -> str:
@@ -176,17 +235,21 @@ def _line_of(text: str, lineno: int) -> str | None:
     return lines[lineno - 1] if 0 < lineno <= len(lines) else None
 
 
-def _graph_from_dict(data: Any, source_name: str | None) -> RegionGraph:
+def _graph_from_dict(data: Any, source_name: str | None, limits: Limits = DEFAULT_LIMITS) -> RegionGraph:
     where = source_name or "graph spec"
     problems: list[str] = []
 
     def fail() -> CircuitError:
         return CircuitError([Diagnostic(f"{where}: {p}") for p in problems])
 
+    def bounded(name: str, value: int, what: str | None = None) -> None:
+        if value > getattr(limits, name):
+            raise limit_error(name, value, limits, what=f"{where}: {what or _TOO_MANY[name]}")
+
     if not isinstance(data, dict):
         raise CircuitError(f"{where}: a graph spec is a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT:
-        problems.append(f'"format" must be "{FORMAT}", got {data.get("format")!r}')
+        problems.append(f'"format" must be "{FORMAT}", got {_shown(data.get("format"))}')
     for key in ("variables", "states", "root", "regions", "partitions"):
         if key not in data:
             problems.append(f'missing key "{key}"')
@@ -196,47 +259,63 @@ def _graph_from_dict(data: Any, source_name: str | None) -> RegionGraph:
     names = None
     variables = data["variables"]
     if isinstance(variables, list):
-        if len(set(map(str, variables))) != len(variables):
+        bounded("variables", len(variables))
+        if not all(isinstance(v, str) and _is_text(v) for v in variables):
+            problems.append('"variables" names must be strings')
+        elif len(set(variables)) != len(variables):
             problems.append('"variables" names must be distinct')
-        names = [str(v) for v in variables]
+        names = list(variables)
         variables = len(variables)
     elif not _is_int(variables) or variables < 1:
-        problems.append(f'"variables" must be a positive integer or a list of names, got {variables!r}')
+        problems.append(f'"variables" must be a positive integer or a list of names, got {_shown(variables)}')
+    else:
+        bounded("variables", variables)
     states = data["states"]
     if not _is_int(states) or states < 1:
-        problems.append(f'"states" must be a positive integer, got {states!r}')
+        problems.append(f'"states" must be a positive integer, got {_shown(states)}')
+    else:
+        bounded("states", states)
     units = data.get("units", 1)
     if not _is_int(units) or units < 1:
-        problems.append(f'"units" must be a positive integer, got {units!r}')
+        problems.append(f'"units" must be a positive integer, got {_shown(units)}')
+    else:
+        bounded("units", units, 'the default "units" is too large')
     product = data.get("product", "hadamard")
     if product not in PRODUCTS:
-        problems.append(f'"product" must be "hadamard" or "kronecker", got {product!r}')
+        problems.append(f'"product" must be "hadamard" or "kronecker", got {_shown(product)}')
     root = data["root"]
-    if not isinstance(root, str):
-        problems.append(f'"root" must be a region id (a string), got {root!r}')
+    if not _is_id(root):
+        problems.append(f'"root" must be a region id (a string), got {_shown(root)}')
     if not isinstance(data["regions"], dict):
         problems.append('"regions" must be an object mapping region ids to {"scope": [...]}')
     if not isinstance(data["partitions"], list):
         problems.append('"partitions" must be a list')
     if problems:
         raise fail()
+    bounded("regions", len(data["regions"]))
+    bounded("regions", len(data["partitions"]), "too many partitions")
 
     regions: dict[str, Region] = {}
     for rid, entry in data["regions"].items():
+        if not _is_id(rid):
+            problems.append(f"region ids must be non-empty strings of valid Unicode, got {_shown(rid)}")
+            continue
+        name = _quoted(rid)
         if not isinstance(entry, dict) or "scope" not in entry:
-            problems.append(f'region "{rid}" must be an object with a "scope"')
+            problems.append(f'region {name} must be an object with a "scope"')
             continue
         scope = entry["scope"]
         if not isinstance(scope, list) or not all(_is_int(i) for i in scope):
-            problems.append(f'region "{rid}": "scope" must be a list of variable indices')
+            problems.append(f'region {name}: "scope" must be a list of variable indices')
             continue
         if len(set(scope)) != len(scope):
-            problems.append(f'region "{rid}": "scope" repeats a variable')
+            problems.append(f'region {name}: "scope" repeats a variable')
             continue
         region_units = entry.get("units", 1 if rid == root else units)
         if not _is_int(region_units) or region_units < 1:
-            problems.append(f'region "{rid}": "units" must be a positive integer, got {region_units!r}')
+            problems.append(f'region {name}: "units" must be a positive integer, got {_shown(region_units)}')
             continue
+        bounded("units", region_units, f"region {name} has too many units")
         regions[rid] = Region(rid, tuple(sorted(scope)), region_units)
 
     partitions: list[Partition] = []
@@ -245,14 +324,17 @@ def _graph_from_dict(data: Any, source_name: str | None) -> RegionGraph:
             problems.append(f'partition {k} must be an object with "parent" and "children"')
             continue
         children = entry["children"]
-        if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
-            problems.append(f'partition {k}: "children" must be a list of region ids')
+        if not _is_id(entry["parent"]):
+            problems.append(f'partition {k}: "parent" must be a region id (a string), got {_shown(entry["parent"])}')
+            continue
+        if not isinstance(children, list) or not all(_is_id(c) for c in children):
+            problems.append(f'partition {k}: "children" must be a list of region ids (strings)')
             continue
         kind = entry.get("product", product)
         if kind not in PRODUCTS:
-            problems.append(f'partition {k}: "product" must be "hadamard" or "kronecker", got {kind!r}')
+            problems.append(f'partition {k}: "product" must be "hadamard" or "kronecker", got {_shown(kind)}')
             continue
-        partitions.append(Partition(str(entry["parent"]), tuple(children), kind))
+        partitions.append(Partition(entry["parent"], tuple(children), kind))
     if problems:
         raise fail()
 
@@ -267,6 +349,31 @@ def _graph_from_dict(data: Any, source_name: str | None) -> RegionGraph:
         variable_names=names,
         source_name=source_name,
     )
+
+
+_TOO_MANY = {"variables": "too many variables", "states": "too many states", "regions": "too many regions"}
+
+
+def _is_text(value: str) -> bool:
+    """Valid Unicode (no lone surrogates, which no file or terminal can hold)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and value != "" and _is_text(value)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value in a message, short: its JSON text cut at 80 characters, or its Python type."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_int(value: Any) -> bool:

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from . import arguments
 from .plan import MODES, ParamSlot, Plan
 
 
@@ -165,33 +166,45 @@ class CompiledCircuit(nn.Module):
 
     def log_prob(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x) for `x` `[B, n]` and logits `theta` `[B, P]` or `[P]`."""
+        if (empty := arguments.upward(self, x, theta)) is not None:
+            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
     def log_marginal(self, x: Tensor, keep: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x[keep]): variables where `keep` (`[n]` or `[B, n]`) is False are summed out."""
+        if (empty := arguments.upward(self, x, theta, keep)) is not None:
+            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=keep)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
     def prefix_log_marginals(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, n]`: column `i` is log q(x_0..x_i), all columns from one pass (the row trick)."""
+        if (empty := arguments.upward(self, x, theta, rows=self.num_vars)) is not None:
+            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "prefix")
 
     def leaf_log_probs(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, Q]`: each leaf's log softmax(L_in[u])[x_variable]."""
+        if (empty := arguments.upward(self, x, theta, rows=self.num_leaves)) is not None:
+            return empty
         return self._leaves(x, self._theta(theta), keep=None).t().contiguous()
 
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
+        if (empty := arguments.from_leaves(self, leaf_log_probs, sum_logits)) is not None:
+            return empty
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "full")[:, 0]
 
     def prefix_log_marginals_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits."""
+        if (empty := arguments.from_leaves(self, leaf_log_probs, sum_logits, rows=self.num_vars)) is not None:
+            return empty
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "prefix")
 
@@ -201,11 +214,10 @@ class CompiledCircuit(nn.Module):
         The circuit is linear in the leaves of one variable, so q(s, x[keep]) = sum_l g_l p_l(s) with
         g_l the derivative of q(x[keep]) by leaf l. One marginal pass and its backward give every
         `d_l = g_l / q(x[keep])` (the posterior of selecting leaf l; they sum to 1)."""
+        if (empty := arguments.conditional(self, x, keep, theta, variable)) is not None:
+            return empty
         theta = self._theta(theta)
         x = self._check_x(x, theta)
-        n = self.num_vars
-        if not 0 <= variable < n:
-            raise ValueError(f"variable {variable} is out of range for a circuit over {n} variables")
         keep = self._keep(keep, x.shape[0], x.device).clone()
         keep[:, variable] = False
         first, last = self._leaf_group_start[variable], self._leaf_group_start[variable + 1]
@@ -229,7 +241,9 @@ class CompiledCircuit(nn.Module):
                evidence: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
         """`[B, num_samples, n]` samples, top-down and layer-parallel; with `evidence` (`[B, n]`)
         and `keep`, the unobserved variables are drawn from q(. | evidence[keep]) (an upward
-        marginal pass weights every choice) and the observed ones copied."""
+        marginal pass weights every choice) and the observed ones copied. NaN or +inf logits raise."""
+        if (empty := arguments.sample(self, theta, num_samples, generator, evidence, keep)) is not None:
+            return empty
         theta = self._theta(theta)
         sum_logits = theta[:, self.num_input_params:]
         if evidence is not None:
@@ -271,7 +285,9 @@ class CompiledCircuit(nn.Module):
 
         For non-deterministic circuits this is the usual approximate MAP: the best single induced
         tree, not necessarily the most probable assignment. Optional `evidence`/`keep` fix the
-        observed variables."""
+        observed variables. NaN or +inf logits raise."""
+        if (empty := arguments.map_(self, theta, evidence, keep)) is not None:
+            return empty
         theta = self._theta(theta)
         if evidence is not None:
             evidence = self._check_x(evidence, theta)
@@ -465,7 +481,9 @@ class CompiledCircuit(nn.Module):
         rows = self._root_rows[mode]
         if root.shape[0] != rows:
             root = root.narrow(0, self._root_start[mode], rows)
-        return root.t()  # [B, rows]
+        if semiring == "max" or saved is not None:  # no one reads these roots' values
+            return root.t()  # [B, rows]
+        return _impossible_as_minus_inf(root.t())
 
     def _product(self, source: Tensor, op: _ProductOp, mode: str, batch: int) -> Tensor:
         """Product units (sums of log values) of one product fold: `F*K_out*R` rows of `B` values,
@@ -616,10 +634,24 @@ def _max_log_prob(logits: Tensor) -> Tensor:
     return -_exp_shifted(logits, shift).sum(-1).log()
 
 
+def _impossible_as_minus_inf(values: Tensor) -> Tensor:
+    """The lowest finite value (where a sum's every input was log 0) is a probability of 0: -inf."""
+    lowest = torch.finfo(values.dtype).min
+    if values.numel() <= 64 and values.device.type == "cpu" and not values.requires_grad:
+        if min(values.reshape(-1).tolist(), default=0.0) > lowest:  # batch 1: one look, not two ops
+            return values
+    return values.masked_fill(values <= lowest, float("-inf"))
+
+
 def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> Tensor:
     """`[F, U, R*B]`: log sum_k W[u, k] exp(inputs[k]) for `inputs` `[F, K, R*B]` and linear
     weights `[Bp, F, U, K]`, via the max shift and one batched matmul."""
-    shift = inputs.amax(1, keepdim=True)  # [F, 1, R*B]; its gradient cancels exactly
+    # [F, 1, R*B]; its gradient cancels exactly. Floored at the dtype's lowest value: when every
+    # input is log 0 (a state no unit allows) the sum is that lowest value (read as -inf at the
+    # root, `_impossible_as_minus_inf`), not the NaN of -inf - -inf.
+    shift = inputs.amax(1, keepdim=True)
+    shift = shift.clamp_min(torch.finfo(shift.dtype).min) if _needs_grad(inputs) else \
+        shift.clamp_min_(torch.finfo(shift.dtype).min)
     scaled = _exp_shifted(inputs, shift)
     if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
         mixed = torch.bmm(weights, scaled)

@@ -18,6 +18,7 @@ from lark import Lark, Token, v_args
 from lark.visitors import Transformer_NonRecursive
 
 from .errors import CircuitError, Diagnostic, SourceSpan
+from .limits import DEFAULT_LIMITS, Limits, limit_error
 
 
 def _span_field():
@@ -255,15 +256,18 @@ def _parser() -> Lark:
     return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 
-def parse(text: str, file: str | None = None) -> Module:
-    """Parse `.pc` source text. Raises `CircuitError` with a located diagnostic on a syntax error."""
+def parse(text: str, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> Module:
+    """Parse `.pc` source text. Raises `CircuitError` with a located diagnostic on a syntax error
+    (and on an integer literal larger than `limits.int_bits`)."""
+    if not isinstance(text, str):
+        raise TypeError(f".pc source must be a str, got {type(text).__name__}")
     lines = text.splitlines()
     try:
         tree = _parser().parse(text)
     except lark.exceptions.UnexpectedInput as e:
         raise CircuitError(_syntax_diagnostic(e, text, lines, file)) from None
     try:
-        body = _ToAst(file, lines).transform(tree)
+        body = _ToAst(file, lines, limits).transform(tree)
     except lark.exceptions.VisitError as e:  # a rule method rejected its input (a CircuitError)
         raise e.orig_exc from None
     comments = tuple(Comment(t.value.rstrip(), span=_token_span(t, file, lines)) for t in _comment_tokens(text))
@@ -359,10 +363,11 @@ class _ToAst(Transformer_NonRecursive):
     """lark tree -> dataclasses, one method per grammar rule (same names as in pc.lark).
     Non-recursive: generated files hold chains like `x[0] * x[1] * ... * x[4095]`."""
 
-    def __init__(self, file: str | None, lines: list[str]):
+    def __init__(self, file: str | None, lines: list[str], limits: Limits):
         super().__init__()
         self.file = file
         self.lines = lines
+        self.limits = limits
 
     def _span(self, meta) -> SourceSpan | None:
         if getattr(meta, "empty", True):
@@ -434,7 +439,13 @@ class _ToAst(Transformer_NonRecursive):
 
     # expressions
     def int(self, meta, c):
-        return Int(int(c[0]), span=self._span(meta))
+        digits = str(c[0]).lstrip("0") or "0"
+        # decimal digits of the largest allowed integer, with one to spare; checked before int()
+        # so that a 100,000-digit literal costs nothing (and never meets Python's own digit limit)
+        if len(digits) > self.limits.int_bits * 0.302 + 2 or int(digits).bit_length() > self.limits.int_bits:
+            raise limit_error("int_bits", f"about {int(len(digits) * 3.32):,} bits", self.limits,
+                              self._span(meta), what=f"integer literal of {len(digits):,} digits is too large")
+        return Int(int(digits), span=self._span(meta))
 
     def string(self, meta, c):
         token = c[0]

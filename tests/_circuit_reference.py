@@ -1,5 +1,5 @@
 """Test helpers for the compiler back end: a random region-graph generator and a brute-force
-evaluator written straight from shared/spec/graph-spec.md (recursion over the graph, no plan).
+evaluator written straight from docs/graph-spec.md (recursion over the graph, no plan).
 
 Only the parameter layout (`circ.param_layout`, the runtime contract) is shared with the code under
 test; the evaluator reads each region's logits from its slot and recomputes everything else.

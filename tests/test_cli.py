@@ -26,14 +26,18 @@ def test_check_prints_a_one_line_summary(capsys):
     status, out, err = run(capsys, "check", EXAMPLES / "btree.pc", "-D", "n=8", "-D", "r=4")
     assert status == 0 and err == ""
     assert out == (f"{EXAMPLES / 'btree.pc'}: ok: 8 variables, 256 states, 15 regions (8 input, 7 inner), "
-                   f"7 partitions, root x[0:8]\n")
+                   f"7 partitions, root x[0:8]; compiled: 8,292 parameters, largest sum region x[0:2] "
+                   f"(4 x 4 weights)\n")
+    import circuitc  # the estimate is the parameter count compile gives
+
+    assert circuitc.compile(EXAMPLES / "btree.pc", n=8, r=4).num_params == 8292
 
 
 def test_check_reports_every_problem_with_location_and_caret(capsys, tmp_path):
     path = tmp_path / "bad.pc"
     path.write_text("vars x[8] states 2 units 3\nx[0:8] = x[0:5] * x[4:8]\nroot x[0:8]\n")
     status, out, err = run(capsys, "check", path)
-    assert status == 1 and out == ""
+    assert status == 2 and out == ""
     lines = err.splitlines()
     assert lines[0] == f"{path}:2:1: error: partition of x[0:8] is not decomposable: children x[0:5] and x[4:8] " \
                        f"share x4"
@@ -45,9 +49,9 @@ def test_parse_errors_and_unknown_parameters(capsys, tmp_path):
     path = tmp_path / "typo.pc"
     path.write_text("vars x[4] states 2\nroot x[0:4] *\n")
     status, _, err = run(capsys, "check", path)
-    assert status == 1 and err.startswith(f"{path}:2:14: error: unexpected end of file; expected an expression")
+    assert status == 2 and err.startswith(f"{path}:2:14: error: unexpected end of file; expected an expression")
     status, _, err = run(capsys, "check", EXAMPLES / "hmm.pc", "-D", "m=3")
-    assert status == 1 and err == "error: unknown parameter m; the parameters of " \
+    assert status == 2 and err == "circuitc: error: unknown parameter m; the parameters of " \
                                   f"{EXAMPLES / 'hmm.pc'} are: n, r, v\n"
 
 
@@ -55,14 +59,14 @@ def test_binding_values(capsys):
     assert run(capsys, "check", EXAMPLES / "builtin.pc", "-D", "structure=cp", "-D", "n=3")[0] == 0
     assert run(capsys, "check", EXAMPLES / "builtin.pc", "-D", 'structure="hmm"')[0] == 0
     status, _, err = run(capsys, "check", EXAMPLES / "btree.pc", "-D", "n=true")
-    assert status == 1 and "parameter n is a number (default 16), but it was bound to true" in err
+    assert status == 2 and "parameter n is a number (default 16), but it was bound to true" in err
     status, _, err = run(capsys, "check", EXAMPLES / "btree.pc", "-D", "n")
-    assert status == 2 and "expected NAME=VALUE" in err  # argparse's usage error
+    assert status == 2 and "circuitc: error: argument -D: expected NAME=VALUE" in err  # a usage error
 
 
 def test_missing_files(capsys, tmp_path):
     status, _, err = run(capsys, "check", tmp_path / "nope.pc")
-    assert status == 1 and err.startswith(f"error: cannot read {tmp_path / 'nope.pc'}: No such file")
+    assert status == 2 and err.startswith(f"circuitc: error: cannot read {tmp_path / 'nope.pc'}: No such file")
 
 
 def test_export_and_json_round_trip(capsys, tmp_path):
@@ -91,10 +95,10 @@ def test_json_files_take_no_parameters(capsys, tmp_path):
     saved = tmp_path / "g.json"
     saved.write_text(json.dumps(load_graph(EXAMPLES / "ff.pc").to_json()))
     status, _, err = run(capsys, "check", saved, "-D", "n=3")
-    assert status == 1 and "parameters (n) apply to .pc sources" in err
+    assert status == 2 and "parameters (n) apply to .pc sources" in err
     saved.write_text('{"format": "circuitc-graph/1",\n "variables": 2,, }')
     status, _, err = run(capsys, "check", saved)
-    assert status == 1 and err.startswith(f"{saved}:2:17: error: invalid JSON")
+    assert status == 2 and err.startswith(f"{saved}:2:17: error: invalid JSON")
 
 
 def test_show_text_tree(capsys):
@@ -142,7 +146,7 @@ def test_fmt_prints_and_rewrites_in_place(capsys, tmp_path):
     assert path.read_text() == out
     path.write_text("vars x[2] states\n")
     status, _, err = run(capsys, "fmt", path)
-    assert status == 1 and err.startswith(f"{path}:1:17: error: unexpected end of file")
+    assert status == 2 and err.startswith(f"{path}:1:17: error: unexpected end of file")
 
 
 def test_compile_writes_the_plan_and_prints_its_summary(capsys, monkeypatch, tmp_path):
@@ -180,7 +184,10 @@ def test_internal_errors_are_reported_without_a_traceback(capsys, monkeypatch):
 
     monkeypatch.setattr("circuitc.cli._check", broken)
     status, _, err = run(capsys, "check", EXAMPLES / "ff.pc")
-    assert status == 2 and "internal error (RuntimeError: boom)" in err
+    assert status == 1 and "circuitc: error: internal error (RuntimeError: boom); rerun with --debug" in err
+    assert "Traceback" not in err
+    status = main(["check", str(EXAMPLES / "ff.pc"), "--debug"])
+    assert status == 1 and "Traceback" in capsys.readouterr().err
 
 
 def test_generated_files_with_long_chains_and_deep_nesting(capsys, tmp_path):
@@ -194,6 +201,6 @@ def test_generated_files_with_long_chains_and_deep_nesting(capsys, tmp_path):
     deep = tmp_path / "deep.pc"
     deep.write_text("vars x[2] states 2\ny = " + "-" * 5000 + "1\nroot x[0:2] = x[0] * x[1]\n")
     status, _, err = run(capsys, "check", deep)
-    assert status == 1 and err.startswith(f"{deep}:2:1: error: this statement nests expressions too deeply")
+    assert status == 2 and err.startswith(f"{deep}:2:1: error: this statement nests expressions too deeply")
     status, _, err = run(capsys, "fmt", deep)
-    assert status == 1 and err.startswith(f"{deep}:1:1: error: expressions nest too deeply to format")
+    assert status == 2 and err.startswith(f"{deep}:1:1: error: expressions nest too deeply to format")

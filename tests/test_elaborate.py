@@ -259,7 +259,11 @@ def test_include_is_relative_to_the_including_file_and_runs_once(tmp_path):
                                        "vars x[4] states 2 units r\nx[0:4] = pair(0) * pair(2)\nroot x[0:4]\n")
     graph = load_graph(main, r=7)  # parameters of included files are bindable
     assert graph.regions["x0"].units == 7
-    assert load_graph(main.read_text().replace('"lib/', f'"{tmp_path}/lib/')).regions["x0"].units == 5
+    # text without a file reads includes below the working directory or an include path only
+    absolute = main.read_text().replace('"lib/', f'"{tmp_path}/lib/')
+    assert load_graph(absolute, include_paths=[tmp_path]).regions["x0"].units == 5
+    with pytest.raises(CircuitError, match="is outside .* and the include paths"):
+        load_graph(absolute)
 
 
 def test_include_cycles_and_missing_files_are_located(tmp_path):

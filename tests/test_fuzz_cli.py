@@ -1,10 +1,18 @@
 """Fuzzing the CLI with mutated example files: whatever the damage, `circuitc check` (and `fmt`)
-never shows a traceback; invalid input exits 1 with a located `file:line:col: error:` message."""
+never shows a traceback; invalid input exits 2 with a located `file:line:col: error:` message.
+
+The subprocess fuzz (`_fuzz_worker.py`) adds hostile fragments (includes of system files, huge
+numbers, unbounded loops, exponential recursion) and damaged graph-spec JSON, under a memory limit
+(`resource.setrlimit`) and a CPU-time limit per run: zero tracebacks, internal errors or hangs."""
 
 import contextlib
 import io
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,8 +76,8 @@ def test_mutated_examples_never_crash_the_cli(workdir, mutated):
     for command in (["check", path], ["fmt", path]):
         status, out, err = run(command)
         assert "Traceback" not in out + err
-        assert status in (0, 1), err  # 2 would be an internal error
-        if status == 1:
+        assert status in (0, 2), err  # 1 would be an internal error
+        if status == 2:
             first = err.splitlines()[0]
             assert LOCATED.match(first), err
             assert first.startswith(f"{path}:") or "examples" in first, err
@@ -79,4 +87,51 @@ def test_the_fuzzer_sees_invalid_input(workdir):
     path = workdir / "broken.pc"
     path.write_text(SOURCES["btree.pc"].replace("tree(mid, hi)", "tree(mid, hi + 1)"))
     status, _, err = run(["check", path])
-    assert status == 1 and LOCATED.match(err)
+    assert status == 2 and LOCATED.match(err)
+
+
+WORKER = Path(__file__).resolve().parent / "_fuzz_worker.py"
+MEMORY_LIMIT = 2 * 2**30  # bytes of address space for the worker
+CPU_SECONDS = 15  # per command: the step bound makes the slowest program about a second of CPU
+
+
+def fuzz_in_subprocess(tmp_path, count: int, seed: int) -> dict:
+    workdir = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, workdir)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    result = subprocess.run([sys.executable, str(WORKER), str(workdir), str(count), str(seed), str(MEMORY_LIMIT),
+                             str(CPU_SECONDS)], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["mutants"] == count and report["runs"] == 2 * count
+    return report
+
+
+def test_hostile_mutants_under_memory_and_time_limits(tmp_path):
+    """200 mutants (400 commands) by default; the slow variant below runs 1,000."""
+    report = fuzz_in_subprocess(tmp_path, 200, seed=1)
+    assert report["problems"] == [], json.dumps(report["problems"][:3], indent=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3])
+def test_many_hostile_mutants_under_memory_and_time_limits(tmp_path, seed):
+    report = fuzz_in_subprocess(tmp_path, 500, seed=seed)
+    assert report["problems"] == [], json.dumps(report["problems"][:3], indent=1)
+
+
+def test_the_fuzz_worker_reports_crashes(tmp_path, monkeypatch):
+    """A control: the worker's checks see an internal error when there is one (a broken loader)."""
+    workdir = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, workdir)
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    (crash / "sitecustomize.py").write_text(
+        "import circuitc.cli\n"
+        "def boom(args, out, err):\n    raise RuntimeError('planted')\n"
+        "circuitc.cli._fmt = boom\n")
+    env = dict(os.environ, PYTHONPATH=f"{crash}{os.pathsep}{Path(__file__).resolve().parent.parent}")
+    result = subprocess.run([sys.executable, str(WORKER), str(workdir), "3", "0", str(MEMORY_LIMIT),
+                             str(CPU_SECONDS)], capture_output=True, text=True, env=env, timeout=300)
+    problems = json.loads(result.stdout)["problems"]
+    assert problems and all(p["status"] == 1 and "planted" in p["output"] for p in problems)
