@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .plan import MODES, ParamSlot, Plan
+from .threads import rows_of, single_threaded_when_small
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,16 @@ class CompiledCircuit(nn.Module):
         self._sum_ops = tuple(op for layer in layers for op in layer.sums)
         self._sum_sizes = [op.size * op.units * op.inputs for op in self._sum_ops]
         self._sum_rows = [op.size * op.units for op in self._sum_ops]
+        # FLOPs of a call, for running small ones single-threaded: normalising one parameter row,
+        # and the per-row work of the most expensive pass (prefix marginals)
+        self._param_flops = 2 * self.num_input_params + 3 * self.num_sum_params
+        self._row_flops = max(plan.counts["flops"]["prefix_log_marginals"] - self._param_flops, 1)
+
+    def _work(self, samples: int, *args: object) -> float:
+        """Estimated FLOPs of a call with these arguments (see `circuitc.threads`)."""
+        param_rows = max((a.shape[0] if a.dim() == 2 else 1 for a in args
+                          if isinstance(a, Tensor) and a.dim() in (1, 2) and a.shape[-1] == self.num_params), default=1)
+        return param_rows * self._param_flops + rows_of(*args) * samples * self._row_flops
 
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
@@ -163,38 +174,45 @@ class CompiledCircuit(nn.Module):
 
     # ================================================================== public programs
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def log_prob(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x) for `x` `[B, n]` and logits `theta` `[B, P]` or `[P]`."""
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def log_marginal(self, x: Tensor, keep: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x[keep]): variables where `keep` (`[n]` or `[B, n]`) is False are summed out."""
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=keep)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def prefix_log_marginals(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, n]`: column `i` is log q(x_0..x_i), all columns from one pass (the row trick)."""
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "prefix")
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def leaf_log_probs(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, Q]`: each leaf's log softmax(L_in[u])[x_variable]."""
         return self._leaves(x, self._theta(theta), keep=None).t().contiguous()
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def prefix_log_marginals_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "prefix")
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def conditional_log_distribution(self, x: Tensor, keep: Tensor, theta: Tensor, variable: int) -> Tensor:
         """`[B, v]`: log q(x_variable = s | x[keep]) for every state `s` (`keep[variable]` is ignored).
 
@@ -224,6 +242,7 @@ class CompiledCircuit(nn.Module):
         leaf_log_dist = logits.index_select(1, own).log_softmax(-1)  # [Bp, Qv, v]
         return torch.logsumexp(posterior.t().clamp_min(0).log().unsqueeze(-1) + leaf_log_dist, dim=1)
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(_num_samples(args, kwargs), *args, *kwargs.values()))
     @torch.no_grad()
     def sample(self, theta: Tensor, num_samples: int = 1, generator: torch.Generator | None = None,
                evidence: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
@@ -265,6 +284,7 @@ class CompiledCircuit(nn.Module):
             x = torch.where(keep.unsqueeze(1), evidence.unsqueeze(1), x)
         return x
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     @torch.no_grad()
     def map(self, theta: Tensor, evidence: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
         """`[B, n]`: the max-product assignment, found by an upward max pass and backtracking.
@@ -576,6 +596,12 @@ class CompiledCircuit(nn.Module):
 
 LOG2E = 1.4426950408889634
 EXP2_MIN_NUMEL = 16384  # above this, exp2(x * log2 e) beats torch.exp on CPU (measured 2.5-4x; rel. error ~1e-7)
+
+
+def _num_samples(args: tuple, kwargs: dict) -> int:
+    """`num_samples` of a `sample` call (positional or keyword), 1 if absent or malformed."""
+    value = kwargs.get("num_samples", args[1] if len(args) > 1 else 1)
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def _needs_grad(*tensors: Tensor) -> bool:
