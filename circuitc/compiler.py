@@ -15,8 +15,10 @@ from .plan import lower
 from .runtime import CompiledCircuit
 
 
-def compile(source: RegionGraph | dict[str, Any] | str | Path, **bindings: Any) -> CompiledCircuit:  # noqa: A001
-    """Check and lower `source` and return the compiled circuit (a `torch.nn.Module`)."""
+def compile(source: RegionGraph | dict[str, Any] | str | Path, *, fuse: bool = False,  # noqa: A001
+            **bindings: Any) -> CompiledCircuit:
+    """Check and lower `source` and return the compiled circuit (a `torch.nn.Module`). `fuse=True`
+    runs its likelihood programs through torch.compile (see `CompiledCircuit.warm_up`)."""
     if isinstance(source, RegionGraph):
         if bindings:
             raise TypeError(f"bindings {sorted(bindings)} only apply to .pc sources, not to a RegionGraph")
@@ -27,4 +29,4 @@ def compile(source: RegionGraph | dict[str, Any] | str | Path, **bindings: Any) 
         from .load import load_graph
 
         graph = load_graph(source, **bindings)
-    return CompiledCircuit(lower(graph))
+    return CompiledCircuit(lower(graph), fuse=fuse)

@@ -17,12 +17,14 @@ bfloat16 and float16 parameters are computed in float32; float64 stays float64.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
+from .fuse import FusedPrograms
 from .plan import MODES, ParamSlot, Plan
 from .threads import rows_of, single_threaded_when_small
 
@@ -69,12 +71,31 @@ class _LayerOp:
     sums: tuple[_SumOp, ...]
 
 
-class CompiledCircuit(nn.Module):
-    """A probabilistic circuit compiled to layered tensor programs (see docs/architecture.md)."""
+def _fusable(method: Callable) -> Callable:
+    """A likelihood program that a circuit built with `fuse=True` runs through torch.compile
+    (`circuitc.fuse`); the undecorated body is what gets compiled."""
 
-    def __init__(self, plan: Plan):
+    @functools.wraps(method)
+    def run(self: "CompiledCircuit", *args, **kwargs):
+        if self._fused is None or torch.compiler.is_compiling():
+            return method(self, *args, **kwargs)
+        return self._fused.call(self, method, args, kwargs)
+
+    return run
+
+
+class CompiledCircuit(nn.Module):
+    """A probabilistic circuit compiled to layered tensor programs (see docs/architecture.md).
+
+    `fuse=True` runs the likelihood programs (log_prob, log_marginal, prefix_log_marginals and
+    their from-leaves forms) through torch.compile, one compiled graph per input shape; see
+    `warm_up` and docs/compiler.md."""
+
+    def __init__(self, plan: Plan, fuse: bool = False):
         super().__init__()
         self.plan = plan
+        self.fuse = fuse
+        self._fused = FusedPrograms() if fuse else None
         self.num_vars = plan.num_vars
         self.num_states = plan.num_states
         self.num_params = plan.num_params
@@ -175,6 +196,7 @@ class CompiledCircuit(nn.Module):
     # ================================================================== public programs
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable
     def log_prob(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x) for `x` `[B, n]` and logits `theta` `[B, P]` or `[P]`."""
         theta = self._theta(theta)
@@ -182,6 +204,7 @@ class CompiledCircuit(nn.Module):
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable
     def log_marginal(self, x: Tensor, keep: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x[keep]): variables where `keep` (`[n]` or `[B, n]`) is False are summed out."""
         theta = self._theta(theta)
@@ -189,6 +212,7 @@ class CompiledCircuit(nn.Module):
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable
     def prefix_log_marginals(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, n]`: column `i` is log q(x_0..x_i), all columns from one pass (the row trick)."""
         theta = self._theta(theta)
@@ -201,12 +225,14 @@ class CompiledCircuit(nn.Module):
         return self._leaves(x, self._theta(theta), keep=None).t().contiguous()
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "full")[:, 0]
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable
     def prefix_log_marginals_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
@@ -241,6 +267,21 @@ class CompiledCircuit(nn.Module):
         logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
         leaf_log_dist = logits.index_select(1, own).log_softmax(-1)  # [Bp, Qv, v]
         return torch.logsumexp(posterior.t().clamp_min(0).log().unsqueeze(-1) + leaf_log_dist, dim=1)
+
+    def warm_up(self, x: Tensor, theta: Tensor, keep: Tensor | None = None,
+                repeats: int = 20) -> dict[str, dict[str, Any]]:
+        """For a circuit built with `fuse=True`: compile the fused likelihood programs for the shapes,
+        dtypes and grad mode of `x` `[B, n]`, `theta` and `keep` (log_marginal only when given),
+        time them against eager (medians of `repeats` alternating calls) and keep the faster for
+        these shapes. Returns per program `compile_s`, `fused_ms`, `eager_ms` and `uses`. Call it
+        under the thread setting you will run with (compiled kernels keep theirs)."""
+        if self._fused is None:
+            raise ValueError("warm_up needs a circuit compiled with fuse=True")
+        programs = {"log_prob": (self.log_prob, (x, theta)),
+                    "prefix_log_marginals": (self.prefix_log_marginals, (x, theta))}
+        if keep is not None:
+            programs["log_marginal"] = (self.log_marginal, (x, keep, theta))
+        return self._fused.warm_up(programs, repeats)
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(_num_samples(args, kwargs), *args, *kwargs.values()))
     @torch.no_grad()

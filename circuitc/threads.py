@@ -50,6 +50,8 @@ def single_threaded_when_small(work: Callable[..., float]) -> Callable[[F], F]:
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def scoped(self, *args, **kwargs):
+            if torch.compiler.is_compiling():  # traced by torch.compile: the setting is no part of a graph
+                return method(self, *args, **kwargs)
             with single_threaded(work(self, *args, **kwargs)):
                 return method(self, *args, **kwargs)
 
