@@ -84,7 +84,8 @@ def test_cli_compile_fuse_prints_the_measured_choice(capsys, tmp_path):
     out = capsys.readouterr().out
     assert status == 0
     assert torch.get_num_threads() == threads  # the caller's setting is restored
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["log_prob"], ["prefix_log_marginals"])]
+    fused = out[out.index("fused programs (torch.compile, 1 thread(s)"):]  # after the plan summary
+    rows = [line.split() for line in fused.splitlines() if line.split()[:1] in (["log_prob"], ["prefix_log_marginals"])]
     assert [(r[0], r[1]) for r in rows] == [("log_prob", "1"), ("prefix_log_marginals", "1"),
                                           ("log_prob", "8"), ("prefix_log_marginals", "8")]
     for r in rows:
