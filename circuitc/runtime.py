@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .fuse import FusedPrograms
 from .plan import MODES, ParamSlot, Plan
-from .threads import rows_of, single_threaded_when_small
+from .threads import single_threaded_when_small
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,15 @@ class CompiledCircuit(nn.Module):
 
     def _work(self, samples: int, *args: object) -> float:
         """Estimated FLOPs of a call with these arguments (see `circuitc.threads`)."""
-        param_rows = max((a.shape[0] if a.dim() == 2 else 1 for a in args
-                          if isinstance(a, Tensor) and a.dim() in (1, 2) and a.shape[-1] == self.num_params), default=1)
-        return param_rows * self._param_flops + rows_of(*args) * samples * self._row_flops
+        rows, param_rows = 1, 1
+        for a in args:
+            if isinstance(a, Tensor):
+                shape = a.shape
+                if len(shape) == 2:
+                    rows = max(rows, shape[0])
+                    if shape[1] == self.num_params:
+                        param_rows = shape[0]
+        return param_rows * self._param_flops + rows * samples * self._row_flops
 
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
