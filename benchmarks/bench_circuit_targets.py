@@ -1,5 +1,6 @@
 """The targets of issue 14 for BTree n=16, v=256, r=32, measured interleaved: every candidate runs
-once per round, round after round, and medians are taken over rounds, so that load from other
+once per round (one untimed call right before its timed one), round after round, and medians are
+taken over rounds, so that load from other
 processes on a shared machine hits all candidates alike (bench_circuits.py times one candidate
 after another). The copy bandwidth behind the roofline is measured in the same rounds.
 
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                     for (program, b), fn in fns.items():
                         if b != batch:
                             continue
+                        fn()  # untimed: the previous candidate (another library, thread count) left the caches cold
                         start = time.perf_counter()
                         fn()
                         if r >= 2:  # two warm-up rounds
