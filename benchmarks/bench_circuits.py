@@ -14,8 +14,15 @@ rate measured here, and bytes the unavoidable traffic: theta once, x and the out
 layer's values written and read once (leaves `[Q, B]`, sum outputs; for sampling the chosen
 weight rows).
 
+Every program is timed at each thread setting of `--threads` (default: 1 and torch's default for
+this machine), eager first, cirkit right after in the same process; then the fused programs
+(`circuitc.compile(..., fuse=True)`, torch.compile) of `--fuse-structures` are warmed up and timed
+side by side with eager by `CompiledCircuit.warm_up` (last: inductor compiles take tens of seconds
+each, and eager timings taken after them in the same process were slower, so the eager columns come
+from before any compile).
+
 Usage:
-    python benchmarks/bench_circuits.py [--threads 1] [--torch-compile] [--out benchmarks/results/circuits.json]
+    python benchmarks/bench_circuits.py [--threads 1,2] [--fuse-structures BTree] [--out benchmarks/results/circuits.json]
 
 Timings are medians; the machine is shared, so expect noise and compare ratios within one run.
 """
@@ -130,23 +137,18 @@ def bench_circuitc(graph, machine) -> tuple[dict, Plan]:
     return results, plan
 
 
-def bench_torch_compiled(graph) -> dict:
-    """The likelihood programs under torch.compile. Run last: once inductor has compiled in a
-    process, eager timings in that process come out ~3x slower (measured), so every eager
-    measurement is taken before."""
-    circ = CompiledCircuit(lower(graph))
+def bench_fused(graph) -> dict:
+    """The fused likelihood programs at B=1 and B=1024 (shared parameters, no grad): compile time,
+    and fused against eager medians from `warm_up` (alternating calls)."""
+    circ = CompiledCircuit(lower(graph), fuse=True)
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(circ.num_params, generator=gen)
-    log_prob = torch.compile(circ.log_prob, dynamic=False, fullgraph=True)
-    prefix = torch.compile(circ.prefix_log_marginals, dynamic=False, fullgraph=True)
     results = {}
     for batch in (1, 1024):
         x = torch.randint(V, (batch, N), generator=gen)
         with torch.no_grad():
-            results[batch] = {
-                "log_prob_compiled": median_ms(lambda: log_prob(x, theta), reps_for(batch), warmup=3),
-                "prefix_compiled": median_ms(lambda: prefix(x, theta), reps_for(batch), warmup=3),
-            }
+            report = circ.warm_up(x, theta, repeats=reps_for(batch))
+        results[batch] = {("prefix" if name == "prefix_log_marginals" else name): r for name, r in report.items()}
     return results
 
 
@@ -224,69 +226,93 @@ def bench_cirkit(graph, units: int) -> dict:
 # ------------------------------------------------------------------ report
 
 def table(report: dict) -> str:
-    head = (f"{'structure':<9} {'program':<9} {'B':>5} {'circuitc ms':>12} {'per-ex ms':>10} {'cirkit ms':>10} "
-            f"{'speed-up':>9} {'roofline ms':>12} {'x roofline':>11}")
+    """One row per structure, program, batch and thread setting: eager, fused (where run), per-example
+    eager, cirkit, cirkit's time over circuitc's best, the roofline and the best over the roofline."""
+    head = (f"{'structure':<9} {'program':<9} {'B':>5} {'thr':>3} {'eager ms':>9} {'fused ms':>9} {'per-ex ms':>10} "
+            f"{'cirkit ms':>10} {'speed-up':>9} {'roofline':>9} {'x roof':>7}")
     lines = [head, "-" * len(head)]
     for name, entry in report["structures"].items():
-        ours, theirs = entry["circuitc"], entry.get("cirkit")
         for program in PROGRAMS:
             for batch in ("1", "1024"):
-                t = ours[batch][program]
-                per_example = ours[batch].get(f"{program}_per_example")
-                other = theirs[batch].get(program) if theirs else None
-                roof = ours[f"roofline_{batch}"][program]
-                lines.append(
-                    f"{name:<9} {program:<9} {batch:>5} {t:>12.3f} "
-                    f"{(f'{per_example:.3f}' if per_example is not None else '-'):>10} "
-                    f"{(f'{other:.3f}' if other is not None else 'n/a'):>10} "
-                    f"{(f'{other / t:.1f}x' if other is not None else '-'):>9} {roof:>12.3f} {t / roof:>10.1f}x")
-                compiled = ours[batch].get(f"{program}_compiled")
-                if compiled is not None:
-                    lines.append(f"{'':<9} {'+compile':<9} {batch:>5} {compiled:>12.3f} {'':>10} "
-                                 f"{(f'{other:.3f}' if other is not None else 'n/a'):>10} "
-                                 f"{(f'{other / compiled:.1f}x' if other is not None else '-'):>9} "
-                                 f"{roof:>12.3f} {compiled / roof:>10.1f}x")
-        cirkit_compile = f"{theirs['compile_ms']:.1f}" if theirs else "n/a"
-        lines.append(f"{name:<9} {'compile':<9} {'':>5} {ours['compile_ms']:>12.1f} {'':>10} {cirkit_compile:>10}")
+                for threads, run in entry["threads"].items():
+                    ours, theirs, fused = run["circuitc"], run.get("cirkit"), run.get("fused", {})
+                    t = ours[batch][program]
+                    f = fused.get(batch, {}).get(program, {}).get("fused_ms")
+                    best = min(t, f) if f is not None else t
+                    per_example = ours[batch].get(f"{program}_per_example")
+                    other = theirs[batch].get(program) if theirs else None
+                    roof = ours[f"roofline_{batch}"][program]
+                    lines.append(
+                        f"{name:<9} {program:<9} {batch:>5} {threads:>3} {t:>9.3f} "
+                        f"{(f'{f:.3f}' if f is not None else '-'):>9} "
+                        f"{(f'{per_example:.3f}' if per_example is not None else '-'):>10} "
+                        f"{(f'{other:.3f}' if other is not None else 'n/a'):>10} "
+                        f"{(f'{other / best:.1f}x' if other is not None else '-'):>9} {roof:>9.3f} {best / roof:>6.1f}x")
+        for threads, run in entry["threads"].items():
+            theirs = run.get("cirkit")
+            cirkit_compile = f"{theirs['compile_ms']:.1f}" if theirs else "n/a"
+            lines.append(f"{name:<9} {'compile':<9} {'':>5} {threads:>3} {run['circuitc']['compile_ms']:>9.1f} {'':>9} "
+                         f"{'':>10} {cirkit_compile:>10}")
+        for threads, run in entry["threads"].items():
+            for batch, programs in run.get("fused", {}).items():
+                compiled = ", ".join(f"{p} {r['compile_s']:.0f} s ({r['uses']} kept)" for p, r in programs.items())
+                lines.append(f"{name:<9} fused compile, B={batch}, {threads} thread(s): {compiled}")
     lines.append(f"BTree over 5000 variables (9,999 regions): compiled in {report['big_compile_ms']:.0f} ms")
     m = report["machine"]
     lines.append(f"machine: {m['bandwidth_gb_s']:.1f} GB/s copy bandwidth, {m['matmul_gflop_s']:.0f} GFLOP/s float32 "
-                 f"matmul, {report['threads']} torch thread(s)")
+                 f"matmul (1 thread); OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; speed-up = cirkit / the "
+                 f"faster of eager and fused; x roof = that time / the roofline")
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    default_threads = torch.get_num_threads()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1 by default: the cores are shared with other work)")
-    parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile'd likelihood programs")
+    parser.add_argument("--threads", default=",".join(map(str, sorted({1, default_threads}))),
+                        help="torch intra-op thread settings, comma-separated (default: 1 and this machine's default, "
+                             f"{default_threads})")
     parser.add_argument("--structures", default=",".join(STRUCTURES))
+    parser.add_argument("--fuse-structures", default="BTree",
+                        help="structures whose fused (torch.compile) programs are timed: names, 'all' or 'none' "
+                             "(default: BTree; each takes minutes of inductor compiles)")
+    parser.add_argument("--no-cirkit", action="store_true", help="skip cirkit even if it is installed")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "circuits.json"))
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    machine = measure_machine()
-    have_cirkit = cirkit_available()
-    report = {"machine": machine, "threads": args.threads, "torch": torch.__version__,
-              "platform": platform.platform(), "n": N, "v": V, "r": R, "structures": {}}
+    args = parser.parse_args(argv)
+    thread_settings = [int(t) for t in args.threads.split(",")]
     names = args.structures.split(",")
+    fused_names = {"all": names, "none": []}.get(args.fuse_structures, args.fuse_structures.split(","))
+    unknown = [s for s in names + fused_names if s not in STRUCTURES]
+    if unknown:
+        parser.error(f"unknown structure(s) {', '.join(unknown)}; choose from {', '.join(STRUCTURES)}")
+
+    torch.set_num_threads(1)
+    machine = measure_machine()
+    have_cirkit = cirkit_available() and not args.no_cirkit
+    report = {"machine": machine, "threads": thread_settings, "default_threads": default_threads,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch": torch.__version__,
+              "platform": platform.platform(), "n": N, "v": V, "r": R, "structures": {}}
     for name in names:
         graph = STRUCTURES[name]()
         units = 1 if name == "FF" else R
-        ours, _ = bench_circuitc(graph, machine)
-        entry = {"circuitc": ours}
-        if have_cirkit:
-            entry["cirkit"] = bench_cirkit(graph, units)
-        report["structures"][name] = json.loads(json.dumps(entry))  # int batch keys become strings
+        runs = {}
+        for threads in thread_settings:
+            torch.set_num_threads(threads)
+            ours, _ = bench_circuitc(graph, machine)
+            runs[str(threads)] = {"circuitc": ours}
+            if have_cirkit:
+                runs[str(threads)]["cirkit"] = bench_cirkit(graph, units)
+        report["structures"][name] = json.loads(json.dumps({"threads": runs}))  # int batch keys become strings
         print(f"{name} done", flush=True)
+    torch.set_num_threads(1)
     report["big_compile_ms"] = bench_big_compile()
-    if args.torch_compile:  # last: see bench_torch_compiled
-        for name in names:
-            for batch, timings in bench_torch_compiled(STRUCTURES[name]()).items():
-                report["structures"][name]["circuitc"][str(batch)].update(timings)
-            print(f"{name} torch.compile done", flush=True)
+    for name in fused_names:  # last: see the module docstring
+        for threads in thread_settings:
+            torch.set_num_threads(threads)
+            fused = bench_fused(STRUCTURES[name]())
+            report["structures"][name]["threads"][str(threads)]["fused"] = json.loads(json.dumps(fused))
+            print(f"{name} fused at {threads} thread(s) done", flush=True)
     if not have_cirkit:
-        print("cirkit (pip install libcirkit) is not importable: its columns are n/a")
+        print("cirkit not run (pip install libcirkit, or drop --no-cirkit): its columns are n/a")
     text = table(report)
     print(text)
     out = Path(args.out)

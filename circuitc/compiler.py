@@ -18,12 +18,13 @@ from .plan import lower
 from .runtime import CompiledCircuit
 
 
-def compile(source: RegionGraph | dict[str, Any] | str | Path, *,  # noqa: A001
+def compile(source: RegionGraph | dict[str, Any] | str | Path, *, fuse: bool = False,  # noqa: A001
             include_paths: Sequence[str | Path] = (), limits: Limits = DEFAULT_LIMITS,
             **bindings: Any) -> CompiledCircuit:
     """Check and lower `source` and return the compiled circuit (a `torch.nn.Module`).
 
-    `include_paths` and `limits` are as for `circuitc.load_graph`."""
+    `include_paths` and `limits` are as for `circuitc.load_graph`. `fuse=True` runs the likelihood
+    programs through torch.compile (see `CompiledCircuit.warm_up`)."""
     if isinstance(source, RegionGraph):
         if bindings:
             raise TypeError(f"bindings {sorted(bindings)} only apply to .pc sources, not to a RegionGraph")
@@ -35,4 +36,4 @@ def compile(source: RegionGraph | dict[str, Any] | str | Path, *,  # noqa: A001
         from .load import load_graph
 
         graph = load_graph(source, include_paths=include_paths, limits=limits, **bindings)
-    return CompiledCircuit(lower(graph))
+    return CompiledCircuit(lower(graph), fuse=fuse)

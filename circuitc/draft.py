@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .graph import RegionGraph
 from .plan import ParamSlot
+from .threads import single_threaded_when_small
 
 __all__ = ["DraftProgram"]
 
@@ -121,6 +122,7 @@ class DraftProgram:
 
     # ----------------------------------------------------------------- public programs
 
+    @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def greedy(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
         """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`."""
@@ -129,6 +131,7 @@ class DraftProgram:
             return self._with_prefix(self._leaf_logits(theta).argmax(-1), prefix)
         return self._run(theta, prefix, True, lambda j, scores: int(scores.argmax()))
 
+    @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def sample(self, theta: Tensor, generator: torch.Generator | None = None,
                prefix: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -144,6 +147,7 @@ class DraftProgram:
             return self._with_prefix(x, prefix), torch.cat([rows.new_zeros(m, self.v), rows[m:]])
         return self._run(theta, prefix, True, lambda j, scores: _inverse_cdf(scores, u[j]), keep_rows=True)
 
+    @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def conditionals(self, theta: Tensor, x: Tensor) -> Tensor:
         """`[n, v]`: row `j` = `q(x_j = . | x_<j)` for the given `x` `[n]` (probabilities, float64)."""
@@ -155,6 +159,7 @@ class DraftProgram:
         given = x.tolist()
         return self._run(theta, None, True, lambda j, scores: given[j], keep_rows=True)[1]
 
+    @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def marginal_argmax(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
         """`[n]`: per position `argmax_s q(x_j = s | prefix)` (the prefix copied)."""
@@ -162,6 +167,12 @@ class DraftProgram:
         if self._factorised:
             return self.greedy(theta, prefix)
         return self._run(theta, prefix, False, lambda j, scores: int(scores.argmax()))
+
+    def _work(self, theta: object) -> float:
+        """FLOPs of one draft, for `circuitc.threads`: normalising theta, then per variable about
+        one product per weight (an overestimate: most values are reused between steps)."""
+        size = theta.numel() if isinstance(theta, Tensor) else 0
+        return 3 * size + self.n * (size - self.num_input_params)
 
     # ----------------------------------------------------------------- planning
 

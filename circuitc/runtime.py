@@ -17,14 +17,17 @@ bfloat16 and float16 parameters are computed in float32; float64 stays float64.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from . import arguments
+from .fuse import FusedPrograms
 from .plan import MODES, ParamSlot, Plan
+from .threads import single_threaded_when_small
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,39 @@ class _LayerOp:
     sums: tuple[_SumOp, ...]
 
 
-class CompiledCircuit(nn.Module):
-    """A probabilistic circuit compiled to layered tensor programs (see docs/architecture.md)."""
+def _fusable(check: Callable) -> Callable:
+    """A likelihood program. `check(self, *args)` validates the arguments eagerly, outside any
+    compiled graph (value checks inside one would split it), and returns the empty result for B = 0;
+    then a circuit built with `fuse=True` runs the undecorated body through torch.compile."""
 
-    def __init__(self, plan: Plan):
+    def decorate(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def run(self: "CompiledCircuit", *args, **kwargs):
+            if torch.compiler.is_compiling():
+                return method(self, *args, **kwargs)
+            if (empty := check(self, *args, **kwargs)) is not None:
+                return empty
+            if self._fused is None:
+                return method(self, *args, **kwargs)
+            return self._fused.call(self, method, args, kwargs)
+
+        return run
+
+    return decorate
+
+
+class CompiledCircuit(nn.Module):
+    """A probabilistic circuit compiled to layered tensor programs (see docs/architecture.md).
+
+    `fuse=True` runs the likelihood programs (log_prob, log_marginal, prefix_log_marginals and
+    their from-leaves forms) through torch.compile, one compiled graph per input shape; see
+    `warm_up` and docs/compiler.md."""
+
+    def __init__(self, plan: Plan, fuse: bool = False):
         super().__init__()
         self.plan = plan
+        self.fuse = fuse
+        self._fused = FusedPrograms() if fuse else None
         self.num_vars = plan.num_vars
         self.num_states = plan.num_states
         self.num_params = plan.num_params
@@ -151,6 +181,22 @@ class CompiledCircuit(nn.Module):
         self._sum_ops = tuple(op for layer in layers for op in layer.sums)
         self._sum_sizes = [op.size * op.units * op.inputs for op in self._sum_ops]
         self._sum_rows = [op.size * op.units for op in self._sum_ops]
+        # FLOPs of a call, for running small ones single-threaded: normalising one parameter row,
+        # and the per-row work of the most expensive pass (prefix marginals)
+        self._param_flops = 2 * self.num_input_params + 3 * self.num_sum_params
+        self._row_flops = max(plan.counts["flops"]["prefix_log_marginals"] - self._param_flops, 1)
+
+    def _work(self, samples: int, *args: object) -> float:
+        """Estimated FLOPs of a call with these arguments (see `circuitc.threads`)."""
+        rows, param_rows = 1, 1
+        for a in args:
+            if isinstance(a, Tensor):
+                shape = a.shape
+                if len(shape) == 2:
+                    rows = max(rows, shape[0])
+                    if shape[1] == self.num_params:
+                        param_rows = shape[0]
+        return param_rows * self._param_flops + rows * samples * self._row_flops
 
     def _buffer(self, name: str, tensor: Tensor | None) -> str | None:
         if tensor is None:
@@ -164,50 +210,52 @@ class CompiledCircuit(nn.Module):
 
     # ================================================================== public programs
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable(lambda self, x, theta: arguments.upward(self, x, theta))
     def log_prob(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x) for `x` `[B, n]` and logits `theta` `[B, P]` or `[P]`."""
-        if (empty := arguments.upward(self, x, theta)) is not None:
-            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable(lambda self, x, keep, theta: arguments.upward(self, x, theta, keep))
     def log_marginal(self, x: Tensor, keep: Tensor, theta: Tensor) -> Tensor:
         """`[B]` log q(x[keep]): variables where `keep` (`[n]` or `[B, n]`) is False are summed out."""
-        if (empty := arguments.upward(self, x, theta, keep)) is not None:
-            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=keep)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable(lambda self, x, theta: arguments.upward(self, x, theta, rows=self.num_vars))
     def prefix_log_marginals(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, n]`: column `i` is log q(x_0..x_i), all columns from one pass (the row trick)."""
-        if (empty := arguments.upward(self, x, theta, rows=self.num_vars)) is not None:
-            return empty
         theta = self._theta(theta)
         leaves = self._leaves(x, theta, keep=None)
         return self._upward(leaves, self._sum_weights(theta[:, self.num_input_params:]), "prefix")
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def leaf_log_probs(self, x: Tensor, theta: Tensor) -> Tensor:
         """`[B, Q]`: each leaf's log softmax(L_in[u])[x_variable]."""
         if (empty := arguments.upward(self, x, theta, rows=self.num_leaves)) is not None:
             return empty
         return self._leaves(x, self._theta(theta), keep=None).t().contiguous()
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable(lambda self, leaf_log_probs, sum_logits: arguments.from_leaves(self, leaf_log_probs, sum_logits))
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
-        if (empty := arguments.from_leaves(self, leaf_log_probs, sum_logits)) is not None:
-            return empty
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "full")[:, 0]
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
+    @_fusable(lambda self, leaf_log_probs, sum_logits: arguments.from_leaves(self, leaf_log_probs, sum_logits, rows=self.num_vars))
     def prefix_log_marginals_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
         """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits."""
-        if (empty := arguments.from_leaves(self, leaf_log_probs, sum_logits, rows=self.num_vars)) is not None:
-            return empty
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "prefix")
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     def conditional_log_distribution(self, x: Tensor, keep: Tensor, theta: Tensor, variable: int) -> Tensor:
         """`[B, v]`: log q(x_variable = s | x[keep]) for every state `s` (`keep[variable]` is ignored).
 
@@ -236,6 +284,22 @@ class CompiledCircuit(nn.Module):
         leaf_log_dist = logits.index_select(1, own).log_softmax(-1)  # [Bp, Qv, v]
         return torch.logsumexp(posterior.t().clamp_min(0).log().unsqueeze(-1) + leaf_log_dist, dim=1)
 
+    def warm_up(self, x: Tensor, theta: Tensor, keep: Tensor | None = None,
+                repeats: int = 20) -> dict[str, dict[str, Any]]:
+        """For a circuit built with `fuse=True`: compile the fused likelihood programs for the shapes,
+        dtypes and grad mode of `x` `[B, n]`, `theta` and `keep` (log_marginal only when given),
+        time them against eager (medians of `repeats` alternating calls) and keep the faster for
+        these shapes. Returns per program `compile_s`, `fused_ms`, `eager_ms` and `uses`. Call it
+        under the thread setting you will run with (compiled kernels keep theirs)."""
+        if self._fused is None:
+            raise ValueError("warm_up needs a circuit compiled with fuse=True")
+        programs = {"log_prob": (self.log_prob, (x, theta)),
+                    "prefix_log_marginals": (self.prefix_log_marginals, (x, theta))}
+        if keep is not None:
+            programs["log_marginal"] = (self.log_marginal, (x, keep, theta))
+        return self._fused.warm_up(programs, repeats)
+
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(_num_samples(args, kwargs), *args, *kwargs.values()))
     @torch.no_grad()
     def sample(self, theta: Tensor, num_samples: int = 1, generator: torch.Generator | None = None,
                evidence: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
@@ -279,6 +343,7 @@ class CompiledCircuit(nn.Module):
             x = torch.where(keep.unsqueeze(1), evidence.unsqueeze(1), x)
         return x
 
+    @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     @torch.no_grad()
     def map(self, theta: Tensor, evidence: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
         """`[B, n]`: the max-product assignment, found by an upward max pass and backtracking.
@@ -309,7 +374,7 @@ class CompiledCircuit(nn.Module):
 
             def choose(fold: int, unit: Tensor, example: Tensor) -> Tensor:
                 scores = self._weight_rows(fold, logw[fold], unit, example)  # [B, F, K]
-                return (scores + saved[fold].permute(2, 0, 1).index_select(0, example)).argmax(-1)
+                return scores.add_(saved[fold].permute(2, 0, 1)).argmax(-1)  # one draw per example: no gather
 
         x = self._best_states(theta, self._topdown(choose, batch, 1, theta.device))
         if evidence is not None:
@@ -380,6 +445,8 @@ class CompiledCircuit(nn.Module):
         logit per leaf minus the leaf's logsumexp, never a `[B, Q, v]` log_softmax."""
         x = self._check_x(x, theta)
         batch, bp = x.shape[0], theta.shape[0]
+        if bp == 1 and keep is not None and batch >= EXTRA_COLUMN_MIN_BATCH:
+            return self._observed_or(theta, x, keep, lambda table: table.new_zeros(table.shape[0], 1))
         kept = None
         if keep is not None:
             keep = self._keep(keep, batch, x.device)
@@ -398,8 +465,21 @@ class CompiledCircuit(nn.Module):
         """`[Q, B]`: each leaf's entry of `table` `[Q, v]` at its variable's observed state."""
         return table.gather(1, x.t().contiguous().index_select(0, self.leaf_variable))
 
+    def _observed_or(self, theta: Tensor, x: Tensor, keep: Tensor,
+                     unobserved: Callable[[Tensor], Tensor]) -> Tensor:
+        """`[Q, B]` from shared logits: each leaf's log-probability at its variable's state where
+        `keep`, else `unobserved(table)` (`[Q, 1]`). The value for "unobserved" is one more column of
+        the normalised table, read by the same single gather: no masks over `[Q, B]`."""
+        table = theta[0, :self.num_input_params].view(self.num_leaves, self.num_states).log_softmax(-1)  # [Q, v]
+        table = torch.cat([table, unobserved(table)], dim=1)  # [Q, v+1]
+        states = torch.where(self._keep(keep, x.shape[0], x.device), x, self.num_states)  # [B, n]
+        return self._observed(table, states)
+
     def _max_leaves(self, theta: Tensor, batch: int, evidence: Tensor | None, keep: Tensor | None) -> Tensor:
         """`[Q, B]` leaf values of the max-product pass: max_s log p(s), or log p(evidence)."""
+        if evidence is not None and theta.shape[0] == 1 and batch >= EXTRA_COLUMN_MIN_BATCH:
+            keep = keep if keep is not None else torch.ones_like(evidence, dtype=torch.bool)
+            return self._observed_or(theta, evidence, keep, lambda table: table.amax(-1, keepdim=True))
         logits = theta[:, :self.num_input_params].view(theta.shape[0], self.num_leaves, self.num_states)
         best = _chunked(_max_log_prob, logits).t().expand(self.num_leaves, batch)  # [Q, B]
         if evidence is None:
@@ -593,7 +673,16 @@ class CompiledCircuit(nn.Module):
 
 
 LOG2E = 1.4426950408889634
+# shared logits with a mask from this batch on: the mask folds into the leaf gather as an extra
+# table column (one [Q, v] copy, worth it once the [Q, B] masks it saves are larger than the table)
+EXTRA_COLUMN_MIN_BATCH = 64
 EXP2_MIN_NUMEL = 16384  # above this, exp2(x * log2 e) beats torch.exp on CPU (measured 2.5-4x; rel. error ~1e-7)
+
+
+def _num_samples(args: tuple, kwargs: dict) -> int:
+    """`num_samples` of a `sample` call (positional or keyword), 1 if absent or malformed."""
+    value = kwargs.get("num_samples", args[1] if len(args) > 1 else 1)
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def _needs_grad(*tensors: Tensor) -> bool:
@@ -671,6 +760,8 @@ def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> T
 def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int,
               with_argmax: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """`[F, U, R*B]`: max_k (log W[u, k] + inputs[k]), and the maximising k if `with_argmax`."""
+    if not with_argmax and inputs.numel() * log_weights.shape[-2] >= MAX_PLUS_LOOP_NUMEL:
+        return _max_plus_over_inputs(inputs, log_weights, rows, batch)
     if log_weights.dim() == 3:  # shared
         scores = inputs.unsqueeze(1) + log_weights.unsqueeze(-1)  # [F, U, K, R*B]
         return scores.max(2) if with_argmax else scores.amax(2)
@@ -681,6 +772,29 @@ def _max_plus(inputs: Tensor, log_weights: Tensor, rows: int, batch: int,
         value, argmax = scores.max(2)  # [F, U, R, B]
         return value.view(f, -1, rows * batch), argmax.view(f, -1, rows * batch)
     return scores.amax(2).view(f, -1, rows * batch)
+
+
+MAX_PLUS_LOOP_NUMEL = 65536  # [F, U, K, R*B] scores above this: a running max over k instead
+
+
+def _max_plus_over_inputs(inputs: Tensor, log_weights: Tensor, rows: int, batch: int) -> Tensor:
+    """`_max_plus` without `[F, U, K, R*B]` scores: a running max over the K inputs of `[F, U, R*B]`
+    candidates, which stay in cache (a max over the K axis of materialised scores reduces a
+    middle axis and ran ~40x slower: 68 vs 1.7 ms for F=8, U=K=32, B=1024, one thread)."""
+    f, k, _ = inputs.shape
+    if log_weights.dim() == 3:  # shared: [F, U, K]
+        def candidate(j: int) -> Tensor:
+            return inputs[:, j].unsqueeze(1) + log_weights[:, :, j].unsqueeze(-1)  # [F, U, R*B]
+    else:  # per example: [B, F, U, K]
+        per_example = log_weights.permute(1, 2, 3, 0).unsqueeze(3)  # [F, U, K, 1, B]
+        by_row = inputs.view(f, k, 1, rows, batch)
+
+        def candidate(j: int) -> Tensor:
+            return (by_row[:, j] + per_example[:, :, j]).view(f, -1, rows * batch)  # [F, U, R*B]
+    best = candidate(0)
+    for j in range(1, k):
+        torch.maximum(best, candidate(j), out=best)
+    return best
 
 
 def _categorical(logits: Tensor, generator: torch.Generator | None) -> Tensor:
