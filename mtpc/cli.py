@@ -219,7 +219,8 @@ def run_distill_data(args) -> int:
     s = distill_data(cfg)
     rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""
     print(f"{args.out}: {s['records']} records ({s['new_records']} new, {s['new_bytes']:,} new bytes in "
-          f"{s['seconds']:.1f} s{rate})")
+          f"{s['seconds']:.1f} s{rate}"
+          + (f"; {s['mean_accepted']:.2f} tokens per decoding cycle" if "mean_accepted" in s else "") + ")")
     return 0
 
 

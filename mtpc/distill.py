@@ -94,17 +94,22 @@ def distill_data(cfg: DistillConfig) -> dict:
     bar = progress_bar(cfg.num_prompts, "record", cfg.progress, "mtpc distill-data")
     bar.update(done)
     start = time.perf_counter()
+    tokens = cycles_total = 0
     with out.open("ab") as f:
         for i in range(done, cfg.num_prompts):
-            record, new_bytes, accepted = _record(i, cfg, prompts, generate, tok)
+            record, new_bytes, cycles = _record(i, cfg, prompts, generate, tok)
             f.write(json.dumps(record).encode("ascii") + b"\n")
             f.flush()
             summary["new_records"] += 1
             summary["new_bytes"] += new_bytes
+            if cycles is not None:  # speculative: tokens committed per backbone call, over the run so far
+                tokens += _new_tokens(record, new_bytes)
+                cycles_total += cycles
+                summary["mean_accepted"] = round(tokens / max(cycles_total, 1), 3)
             bar.update(1)
             elapsed = time.perf_counter() - start
             bar.set_postfix_str(f"{summary['new_bytes'] / max(elapsed, 1e-9):,.0f} bytes/s"
-                                + (f", accepted {accepted:.2f}" if accepted is not None else ""))
+                                + (f", accepted {summary['mean_accepted']:.2f}" if cycles is not None else ""))
         os.fsync(f.fileno())
     bar.close()
     summary["seconds"] = round(time.perf_counter() - start, 1)
@@ -235,25 +240,31 @@ def _line_starts(tokens: np.ndarray, length: int) -> np.ndarray:
 # ------------------------------------------------------------------ generation
 
 
+def _new_tokens(record: dict, new_bytes: int) -> int:
+    """Tokens the LM generated for a record: its bytes, plus the special token that stopped it."""
+    return new_bytes + (record["stop"] != "length")
+
+
 def _record_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"mtpc-distill:{seed}:{index}".encode()).digest()[:8], "little") >> 1
 
 
 def _record(i: int, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok) -> tuple[dict, int, float | None]:
-    """Record `i`, the number of bytes the LM wrote for it, and the head's mean accepted length."""
+    """Record `i`, the number of bytes the LM wrote for it, and the decoding cycles it took (None
+    without a head)."""
     seed = _record_seed(cfg.seed, i)
     rng = random.Random(seed)
     prompt = prompts[rng]
     greedy = rng.random() < cfg.greedy_fraction
     ids = [tok.bos_id] + list(prompt)
-    new, accepted = generate(ids, greedy, seed)
+    new, cycles = generate(ids, greedy, seed)
     specials = [k for k, t in enumerate(new) if not tok.is_byte(t)]
     cut = specials[0] if specials else len(new)
     stop = "length" if not specials else ("eos" if new[cut] == tok.eos_id else "special")
     completion = bytes(new[:cut])
     record = {"index": i, "prompt": _as_text(prompt), "completion": _as_text(completion),
               "mode": "greedy" if greedy else "sample", "stop": stop}
-    return record, len(completion), accepted
+    return record, len(completion), cycles
 
 
 def _as_text(data: bytes) -> str:
@@ -261,7 +272,7 @@ def _as_text(data: bytes) -> str:
 
 
 def _generator(cfg: DistillConfig, tok):
-    """`generate(ids, greedy, seed) -> (new token ids, mean accepted or None)` for one prompt."""
+    """`generate(ids, greedy, seed) -> (new token ids, decoding cycles or None)` for one prompt."""
     from transformers import AutoModelForCausalLM
 
     from .decode import SpeculativeDecoder, generate_autoregressive
@@ -293,5 +304,5 @@ def _generator(cfg: DistillConfig, tok):
         generator = torch.Generator(device).manual_seed(seed)
         out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, do_sample=not greedy,
                                generator=generator, **sampling)
-        return out.sequences[0, len(ids):].tolist(), out.stats.mean_accepted
+        return out.sequences[0, len(ids):].tolist(), out.stats.cycles
     return generate

@@ -156,14 +156,17 @@ def test_invalid_utf8_round_trips_exactly_through_a_record(tmp_path):
     assert doc.mask.sum() == len(raw_completion) + 1
 
 
-def test_a_head_decodes_speculatively_with_the_same_greedy_records(tiny_lm, corpus, tmp_path):
+def test_a_head_decodes_speculatively_with_the_same_greedy_records(tiny_lm, corpus, tmp_path, capsys):
     head = tmp_path / "head"
     assert main(["train", "--model", tiny_lm, "--circuit", str(ROOT / "examples" / "ff.pc"), "-D", "n=4",
                  "--data", corpus, "--out", str(head), "--steps", "2", "--seq-len", "32", "--batch-size", "2",
                  "--val-sequences", "1", "--precision", "fp32", "--no-progress"]) == 0
     plain, fast = tmp_path / "plain.jsonl", tmp_path / "fast.jsonl"
     assert main(args(tiny_lm, corpus, plain, "--num-prompts", "4", "--greedy-fraction", "1")) == 0
+    capsys.readouterr()
     assert main(args(tiny_lm, corpus, fast, "--num-prompts", "4", "--greedy-fraction", "1", "--head", str(head))) == 0
     assert records(plain) == records(fast)
+    per_cycle = float(capsys.readouterr().out.split("; ")[1].split()[0])  # "...; 1.23 tokens per decoding cycle)"
+    assert 1.0 <= per_cycle <= 5.0
     meta = json.loads(Path(str(fast) + ".meta.json").read_text())
     assert meta["head"] == str(head.resolve())
