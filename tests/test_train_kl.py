@@ -122,3 +122,33 @@ def test_kl_with_lora_uses_the_verifier_as_teacher(peaky_lm, corpus, tmp_path):
             expect = plain.model(input_ids=tokens).last_hidden_state
     torch.testing.assert_close(teacher, expect)
     assert not torch.allclose(draft, teacher)
+
+
+@pytest.mark.slow  # ~20 s: two torchrun processes
+def test_ddp_two_processes_equal_one_process_with_nll_plus_kl(peaky_lm, corpus, tmp_path):
+    """A real `torchrun --nproc_per_node 2` (gloo, CPU) with the KL term equals one process."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    args = ["train", "--model", peaky_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=4", "--data", corpus,
+            "--loss", "nll+kl", "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision", "fp32",
+            "--val-every", "100", "--window-stride", "3"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mtpc.cli",
+           *args, "--no-progress", "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*args, "--no-progress", "--out", str(tmp_path / "single")]) == 0
+    a, b = (load_file(str(tmp_path / d / "head.safetensors")) for d in ("ddp", "single"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4)
+
+    def logged(out, key):
+        lines = (tmp_path / out / "train_log.jsonl").read_text().splitlines()
+        return [json.loads(x)[key] for x in lines if f'"{key}"' in x]
+
+    for key in ("loss", "grad_norm"):
+        assert logged("ddp", key) == pytest.approx(logged("single", key), rel=1e-5)
