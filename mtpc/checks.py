@@ -81,6 +81,14 @@ def probability(text: str) -> float:
     return value
 
 
+def unit_interval(text: str) -> float:
+    """A number in [0, 1] (a share, such as --greedy-fraction)."""
+    value = _number(text, float, "a number in [0, 1]")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 # ------------------------------------------------------------------ files and folders
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checks import non_negative_int, positive_float, positive_int, probability
+from .checks import non_negative_int, positive_float, positive_int, probability, unit_interval
 from .errors import InputError, MtpcError
 
 
@@ -135,6 +135,9 @@ def add_train(sub) -> None:
     p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate of the head")
     p.add_argument("--lora-lr", type=positive_float, default=2e-4, help="peak learning rate of the LoRA adapters")
     p.add_argument("--gamma", type=probability, default=0.9, help="discount of window position j: gamma**(j-1)")
+    p.add_argument("--loss", choices=("nll", "kl", "nll+kl"), default="nll",
+                   help="nll: likelihood of the gold bytes; kl: KL from the frozen LM's own next-byte "
+                        "distributions to the head's conditionals (self-distillation); nll+kl: their sum")
     p.add_argument("--window-stride", type=positive_int, default=1,
                    help="score the windows at every s-th position only (s x cheaper head)")
     p.add_argument("--val-every", type=positive_int, default=50, help="validate every this many steps")
@@ -184,7 +187,7 @@ def run_train(args) -> int:
                       init_head=args.init_head, parameterisation=args.parameterisation,
                       adapter_rank=args.adapter_rank, factor_rank=args.factor_rank, seq_len=args.seq_len, batch_size=args.batch_size,
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      lora_lr=args.lora_lr, gamma=args.gamma, window_stride=args.window_stride,
+                      lora_lr=args.lora_lr, gamma=args.gamma, loss=args.loss, window_stride=args.window_stride,
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
                       save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
@@ -257,6 +260,43 @@ def run_bench(args) -> int:
     return 1 if report["greedy_identical"] is False else 0
 
 
+def add_distill_data(sub) -> None:
+    p = sub.add_parser("distill-data", help="write the LM's own continuations of training prompts (JSONL for mtpc train)",
+                       description="Let the LM continue prompts drawn from the training documents of --data (never the "
+                                   "held-out ones) and write {\"prompt\", \"completion\"} records that `mtpc train "
+                                   "--data` reads with the prompt masked out. Deterministic under --seed; rerunning "
+                                   "the same command completes an interrupted file.")
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--data", default=None, help="file, folder, glob or .jsonl to draw prompts from "
+                                                "(default: the Python stdlib, mtpc tiny-lm's corpus)")
+    p.add_argument("--out", required=True, help="the .jsonl file to write (or complete)")
+    p.add_argument("--num-prompts", type=positive_int, default=1024, help="records in the file")
+    p.add_argument("--prompt-len", type=positive_int, default=64, help="bytes per prompt")
+    p.add_argument("--max-new-tokens", type=positive_int, default=448, help="longest continuation")
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="sampled records' temperature")
+    p.add_argument("--top-p", type=probability, default=None, help="sampled records' nucleus (default: none)")
+    p.add_argument("--greedy-fraction", type=unit_interval, default=0.5, help="share of greedy records")
+    p.add_argument("--seed", type=int, default=0, help="random seed (prompts, sampling)")
+    p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_distill_data)
+
+
+def run_distill_data(args) -> int:
+    from .distill import DistillConfig, distill_data
+
+    cfg = DistillConfig(model=args.model, out=args.out, data=args.data, num_prompts=args.num_prompts,
+                        prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_p=args.top_p, greedy_fraction=args.greedy_fraction,
+                        seed=args.seed, head=args.head, progress=not args.no_progress)
+    s = distill_data(cfg)
+    rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""
+    print(f"{args.out}: {s['records']} records ({s['new_records']} new, {s['new_bytes']:,} new bytes in "
+          f"{s['seconds']:.1f} s{rate}"
+          + (f"; {s['mean_accepted']:.2f} tokens per decoding cycle" if "mean_accepted" in s else "") + ")")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -264,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tiny_lm(sub)
     add_train(sub)
     add_bench(sub)
+    add_distill_data(sub)
     return parser
 
 

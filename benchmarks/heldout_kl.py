@@ -1,0 +1,60 @@
+"""How close each head is to the LM, and to the text, on held-out sequences.
+
+For every head: the KL loss (`mtpc.kl_loss`, Eq. 5 weighting) from the LM's own next-byte distributions
+to the head's conditionals, its terms at window positions 1 and n, and the NLL loss (`mtpc.loss`) of the
+gold bytes, on the same randomly chosen held-out sequences of the corpus split `mtpc train` uses.
+
+Usage: python benchmarks/heldout_kl.py --model runs/tiny-lm --heads runs/ff8-nll runs/ff8-kl [--data SRC]
+           [--sequences 32] [--seq-len 256] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--heads", nargs="+", required=True)
+    parser.add_argument("--data", default=None, help="corpus (default: the Python stdlib, as mtpc train)")
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--val-fraction", type=float, default=0.02)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from mtpc.data import PackedDataset, collate, load_documents, split_documents
+    from mtpc.head import load_head
+    from mtpc.kl_loss import kl_loss, lm_teacher
+    from mtpc.loss import mtp_loss
+    from mtpc.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer.load(args.model)
+    lm = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    docs, _ = load_documents(args.data, tok)
+    _, held_out = split_documents(docs, args.val_fraction)
+    data = PackedDataset(held_out, args.seq_len, tok.pad_id)
+    picks = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))[:args.sequences]
+    batch = collate(data[int(i)] for i in picks)
+    masks = (batch["tokens"], batch["doc_ids"], batch["loss_mask"])
+    with torch.no_grad():
+        h = lm.get_decoder()(input_ids=batch["tokens"]).last_hidden_state  # [B, T, d]
+        teacher = lm_teacher(lm.get_output_embeddings(), h)
+        print(f"{'head':<24} {'KL to LM':>9} {'KL j=1':>7} {'KL j=n':>7} {'NLL':>8}  (nats; {len(picks)} held-out "
+              f"sequences of {args.seq_len} bytes)")
+        for path in args.heads:
+            head = load_head(path).float().eval()
+            kl = kl_loss(head, h, teacher, *masks)
+            nll = mtp_loss(head, h, *masks)
+            per_position = kl.term_sums / kl.counts.clamp(min=1)
+            print(f"{path:<24} {kl.loss.item():9.3f} {per_position[0].item():7.3f} {per_position[-1].item():7.3f} "
+                  f"{nll.loss.item():8.3f}")
+
+
+if __name__ == "__main__":
+    main()
