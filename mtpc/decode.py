@@ -35,7 +35,8 @@ argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample).
 drafts circuit samples.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
-(transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`).
+(transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
+transformers `BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`) as `generate(..., streamer=)`.
 """
 
 from __future__ import annotations

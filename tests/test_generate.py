@@ -164,3 +164,20 @@ def test_bad_input_is_refused_before_loading(folders, tmp_path, args, message):
     model = [] if "--model" in args else ["--model", str(folders / "lm")]
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
         main(["generate", *model, *args])
+
+
+def test_a_tiny_lm_folder_loads_with_auto_tokenizer_and_chats(tmp_path, capsys):
+    """End to end: the folder `mtpc tiny-lm` writes has the Hugging Face tokenizer (no remote code) and
+    `mtpc generate --chat` runs on it."""
+    from transformers import AutoTokenizer
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("def f(x):\n    return x + 1\n" * 40)
+    out = tmp_path / "lm"
+    assert main(["tiny-lm", "--out", str(out), "--data", str(tmp_path / "corpus"), "--steps", "2", "--context", "32",
+                 "--d-model", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--no-progress"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.encode("é<|end|>", add_special_tokens=False) == [0xC3, 0xA9, ByteTokenizer().end_of_turn_id]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--chat", "hi", "--max-new-tokens", "5", "--no-stream"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
