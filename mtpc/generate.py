@@ -232,6 +232,10 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         if head is not None:
             decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
+    context = config.get("max_position_embeddings")
+    if context and len(ids) + cfg.max_new_tokens > context:
+        err.write(f"warning: {len(ids)} prompt + {cfg.max_new_tokens} new tokens exceed the {context} positions "
+                  f"the model was trained on\n")
     streamer = Utf8Streamer(out) if cfg.stream else None
     run = _measure(decode, prompt, cfg, streamer)
     new = run["sequence"][len(ids):]
@@ -291,7 +295,7 @@ def _plain(base, sampling: dict, eos: set[int]):
     embed, ends = _backbone_marks(base)
 
     def decode(ids, budget, generator, streamer):
-        clock = PhaseClock(None, embed, ends, cuda=False)
+        clock = PhaseClock(None, embed, ends, cuda=ids.device.type == "cuda")
         with clock:
             out = generate_autoregressive(base, ids, budget, eos_token_id=eos, generator=generator,
                                           streamer=streamer, **sampling)
@@ -314,7 +318,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer):
-        clock = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=False)
+        clock = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=ids.device.type == "cuda")
         with clock:
             out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, streamer=streamer,
                                    **sampling)

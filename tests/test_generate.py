@@ -181,3 +181,8 @@ def test_a_tiny_lm_folder_loads_with_auto_tokenizer_and_chats(tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", "--model", str(out), "--chat", "hi", "--max-new-tokens", "5", "--no-stream"]) == 0
     assert capsys.readouterr().out.endswith("\n")
+
+
+def test_warns_when_the_text_outgrows_the_models_context(folders, capsys):
+    assert generate(folders, "a" * 250, "--max-new-tokens", "10") == 0  # scripted LM: 256 positions
+    assert "warning: 251 prompt + 10 new tokens exceed the 256 positions" in capsys.readouterr().err
