@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checks import non_negative_int, positive_float, positive_int, probability, unit_interval
+from .checks import non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
 from .errors import InputError, MtpcError
 
 
@@ -297,6 +297,48 @@ def run_distill_data(args) -> int:
     return 0
 
 
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="write text with the model, plainly or with a draft head",
+                       description="Decode a prompt (argument, --prompt-file or standard input) after <bos> and "
+                                   "print the continuation as cycles commit it. With --head it decodes "
+                                   "speculatively (lossless: greedy output equals plain greedy decoding).")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: --prompt-file or stdin)")
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--head", default=None, help="a head folder written by mtpc train (default: plain decoding)")
+    p.add_argument("--lora", default=None, help="the draft path's LoRA adapter folder (default: HEAD/lora if any)")
+    p.add_argument("--lora-layers", type=non_negative_int, default=None, help="the adapter's layer count (checked)")
+    p.add_argument("--prompt-file", default=None, help="read the prompt's bytes from this file")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="bytes to generate at most")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy; above 0: sample")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample from the k most likely bytes")
+    p.add_argument("--top-p", type=probability, default=None, help="sample from the nucleus of this mass")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    p.add_argument("--chat", action="store_true", help="render the prompt as a user turn with the chat template")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="print as cycles commit (default) or all at the end")
+    p.add_argument("--stats", action="store_true", help="bytes per cycle, tok/s and the per-cycle breakdown (stderr)")
+    p.add_argument("--compare", action="store_true",
+                   help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, auto, ...")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args) -> int:
+    from .generate import GenerateConfig, run_generate as generate
+
+    stdin = None
+    if args.prompt is None and args.prompt_file is None and not sys.stdin.isatty():
+        stdin = sys.stdin.buffer.read()
+    cfg = GenerateConfig(model=args.model, head=args.head, lora=args.lora, lora_layers=args.lora_layers,
+                         prompt=args.prompt, prompt_file=args.prompt_file, stdin=stdin,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
+                         compare=args.compare, device=args.device, threads=args.threads)
+    summary = generate(cfg)
+    return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -305,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(sub)
     add_bench(sub)
     add_distill_data(sub)
+    add_generate(sub)
     return parser
 
 

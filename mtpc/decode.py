@@ -35,7 +35,8 @@ argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample).
 drafts circuit samples.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
-(transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`).
+(transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
+transformers `BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`) as `generate(..., streamer=)`.
 """
 
 from __future__ import annotations
@@ -324,9 +325,13 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  eos_token_id: int | Iterable[int] | None = None,
-                 generator: torch.Generator | None = None) -> GenerateOutput:
+                 generator: torch.Generator | None = None, streamer=None) -> GenerateOutput:
         """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
-        first EOS. Greedy by default; `do_sample` samples the shaped target exactly."""
+        first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
+
+        `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
+        prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
+        then `end()` once."""
         prompt = _check_prompt(input_ids, self.backbone.vocab_size)
         _check_budget(max_new_tokens)
         _check_eval(self.backbone.model)
@@ -334,7 +339,10 @@ class SpeculativeDecoder:
         eos = _eos_set(eos_token_id)
         stats = DecodeStats()
         tokens = prompt[0].tolist()
+        if streamer is not None:
+            streamer.put(prompt.cpu())
         if max_new_tokens == 0:
+            _end(streamer)
             return GenerateOutput(prompt.clone(), stats)
 
         start = time.perf_counter()
@@ -353,8 +361,11 @@ class SpeculativeDecoder:
             stats.draft_accepted_per_cycle.append(from_draft)
             tokens += committed
             left -= len(committed)
+            if streamer is not None:
+                streamer.put(torch.tensor([committed], dtype=torch.long))
             if committed[-1] in eos:
                 break
+        _end(streamer)
         return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
 
     # ----------------------------------------------------------------- one cycle
@@ -455,8 +466,13 @@ class SpeculativeDecoder:
     # ----------------------------------------------------------------- transformers integration
 
     def custom_generate(self, model, input_ids, logits_processor=None, stopping_criteria=None,
-                        generation_config=None, **model_kwargs):
+                        generation_config=None, mtpc_streamer=None, **model_kwargs):
         """`model.generate(input_ids, custom_generate=decoder.custom_generate, max_new_tokens=..., ...)`.
+
+        Streaming: pass the streamer as `mtpc_streamer=...` (it gets the prompt, each cycle's tokens and
+        `end()`, as in `generate`). transformers 5.x hands a callable `custom_generate` only the keyword
+        arguments its own `_sample` lacks, so a plain `streamer=` would receive the prompt from
+        transformers and nothing after it.
 
         transformers 5.x prepares the generation config (max length, do_sample, temperature, top_k,
         top_p, eos) and calls this as the decoding loop; we read those settings and run `generate`.
@@ -475,7 +491,7 @@ class SpeculativeDecoder:
         top_p = cfg.top_p if cfg.do_sample else None
         out = self.generate(input_ids, max_new_tokens=cfg.max_length - input_ids.shape[-1], do_sample=bool(cfg.do_sample),
                             temperature=cfg.temperature if cfg.do_sample and cfg.temperature is not None else 1.0,
-                            top_k=top_k, top_p=top_p, eos_token_id=cfg.eos_token_id)
+                            top_k=top_k, top_p=top_p, eos_token_id=cfg.eos_token_id, streamer=mtpc_streamer)
         if cfg.return_dict_in_generate:
             from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -489,9 +505,10 @@ class SpeculativeDecoder:
 def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
                             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                             eos_token_id: int | Iterable[int] | None = None,
-                            generator: torch.Generator | None = None) -> GenerateOutput:
+                            generator: torch.Generator | None = None, streamer=None) -> GenerateOutput:
     """Plain one-token-per-step decoding of the verifier (a PeftModel runs with adapters disabled), for
-    comparison; same targets, same stats (one token per cycle)."""
+    comparison; same targets, same stats (one token per cycle), same `streamer` protocol (one token
+    `[1]` per step, as transformers' greedy/sampling loop puts it)."""
     backbone = SplitBackbone(model, _lora_depth(model))
     prompt = _check_prompt(input_ids, backbone.vocab_size)
     _check_budget(max_new_tokens)
@@ -499,6 +516,8 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
     eos = _eos_set(eos_token_id)
     _check_eval(backbone.model)
     stats, tokens = DecodeStats(), prompt[0].tolist()
+    if streamer is not None:
+        streamer.put(prompt.cpu())
     state = backbone.new_state(draft=False)
     start = time.perf_counter()
     logits = backbone(prompt, state, keep=1).logits[0, -1]  # [V]
@@ -507,6 +526,8 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
         start = time.perf_counter()
         token = target.pick(logits, generator)
         tokens.append(token)
+        if streamer is not None:
+            streamer.put(torch.tensor([token], dtype=torch.long))
         done = token in eos or step == max_new_tokens - 1
         if not done:
             logits = backbone(prompt.new_tensor([[token]]), state).logits[0, -1]
@@ -515,7 +536,13 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
         stats.draft_accepted_per_cycle.append(0)
         if done:
             break
+    _end(streamer)
     return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+
+
+def _end(streamer) -> None:
+    if streamer is not None:
+        streamer.end()
 
 
 def _lora_depth(model: nn.Module) -> int:

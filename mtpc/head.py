@@ -39,8 +39,10 @@ Precision: `head.to(torch.bfloat16)` stores and runs the weights in bf16 (about 
 matrix-vector products on CPU); `theta` then comes out in bf16 and the circuit programs compute in
 float32.
 
-`save_head(head, dir)` / `load_head(dir)`: `head.safetensors` + `head.json` (the circuit's graph spec,
-the parameterisation and the head options); the round trip is exact in any dtype.
+`head.save_pretrained(dir)` / `MTPHead.from_pretrained(dir)` (the same as `save_head(head, dir)` /
+`load_head(dir)`): `head.safetensors` + `head.json` (format version, the circuit's graph spec inline,
+the parameterisation and the head options); the round trip is exact in any dtype and returns the
+saved subclass. A damaged folder raises `mtpc.errors.InputError` naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .errors import InputError
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "save_head", "load_head", "PARAMETERISATIONS",
            "HEAD_FORMAT"]
@@ -198,6 +202,25 @@ class MTPHead(nn.Module, ABC):
             "vocabulary": "circuit state s = token id s",
             "graph": self.graph.to_json(),
         }
+
+    # ----------------------------------------------------------------- Hugging Face conventions
+
+    def save_pretrained(self, save_directory: str | Path) -> Path:
+        """Write the head as `save_head` does (`head.safetensors` + `head.json`: graph spec,
+        parameterisation, options, format version); `MTPHead.from_pretrained` reads it back."""
+        return save_head(self, save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_directory: str | Path, *, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> "MTPHead":
+        """The head saved in a folder (by `save_pretrained`, `save_head` or `mtpc train`), as its own
+        subclass (`FullHead`, `SharedHead`, `FactorisedHead`); called on a subclass, the folder must hold
+        that parameterisation. `dtype` casts it after loading (default: as saved)."""
+        head = load_head(pretrained_directory, device=device)
+        if not isinstance(head, cls):
+            raise InputError(f"{pretrained_directory} holds a {head.parameterisation!r} head ({type(head).__name__}), "
+                             f"not a {cls.__name__}")
+        return head.to(dtype) if dtype is not None else head
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank"))
@@ -435,33 +458,91 @@ def save_head(head: MTPHead, directory: str | Path) -> Path:
 
 
 def load_head(directory: str | Path, device: torch.device | str | None = None) -> MTPHead:
-    """Rebuild a head saved by `save_head`: compile its graph, load its weights (exact, same dtype)."""
-    from safetensors.torch import load_file
+    """Rebuild a head saved by `save_head` (or `save_pretrained`): compile its graph, load its weights
+    (exact, same dtype). A damaged folder raises `InputError` naming the file and what is wrong."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such head folder")
+    config = _read_head_config(directory / CONFIG_FILE)
+    tensors = _read_head_weights(directory / WEIGHTS_FILE)
+    head = _head_from_config(config, tensors, directory)
+    return head.to(device) if device is not None else head
 
+
+def _read_head_config(path: Path) -> dict:
     from circuitc.graph import RegionGraph
 
-    directory = Path(directory)
+    if not path.is_file():
+        raise InputError(f"{path.parent} has no {CONFIG_FILE}; is it a folder written by save_head or mtpc train?")
     try:
-        config = json.loads((directory / CONFIG_FILE).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it a directory written by save_head?") from None
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: unreadable ({e})") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(config).__name__}")
     if config.get("format") != HEAD_FORMAT:
-        raise ValueError(f"{directory / CONFIG_FILE}: format {config.get('format')!r}, expected {HEAD_FORMAT!r}")
-    graph = RegionGraph.from_json(config["graph"])
-    tensors = load_file(str(directory / WEIGHTS_FILE))
+        raise InputError(f"{path}: format {str(config.get('format'))[:40]!r}, expected {HEAD_FORMAT!r}")
+    hidden = config.get("hidden_size")
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+        raise InputError(f"{path}: hidden_size must be a positive integer, got {str(hidden)[:40]}")
+    if config.get("parameterisation", "full") not in PARAMETERISATIONS:
+        raise InputError(f"{path}: unknown parameterisation {str(config.get('parameterisation'))[:40]!r}; known: "
+                         f"{', '.join(PARAMETERISATIONS)}")
+    options = config.get("options", {})
+    if not isinstance(options, dict):
+        raise InputError(f"{path}: options must be a JSON object")
+    for key in ("adapter_rank", "factor_rank"):
+        if key in options and (not isinstance(options[key], int) or isinstance(options[key], bool)
+                               or options[key] < 0):
+            raise InputError(f"{path}: options.{key} must be an integer >= 0, got {str(options[key])[:40]}")
+    graph = config.get("graph")
+    if not isinstance(graph, dict):  # never a path: a head folder does not point at other files
+        raise InputError(f"{path}: graph must be the inline graph-spec JSON object, got "
+                         f"{type(graph).__name__}")
+    try:
+        config["graph"] = RegionGraph.from_json(graph, source_name=f"{path}: graph")
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        raise InputError(f"{path}: graph: {e}") from None
+    return config
+
+
+def _read_head_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise InputError(f"{path.parent} has no {WEIGHTS_FILE} (the head's weights)")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable safetensors file, truncated or damaged? ({e})") from None
+    dtypes = {t.dtype for t in tensors.values()}
+    if not tensors or len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        raise InputError(f"{path}: expected floating-point tensors of one dtype, got "
+                         f"{sorted(str(d).removeprefix('torch.') for d in dtypes) or 'none'}")
+    return tensors
+
+
+def _head_from_config(config: dict, tensors: dict[str, torch.Tensor], directory: Path) -> MTPHead:
     options = dict(config.get("options", {}))
     ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
-    head = MTPHead(graph, config["hidden_size"], parameterisation=config.get("parameterisation", "full"),
-                   identity_init=options.get("identity_init"), sum_init_std=options.get("sum_init_std", 0.0),
-                   dtype=next(iter(tensors.values())).dtype, **ranks)
-    head.graph = graph
+    kind = config.get("parameterisation", "full")
+    try:
+        head = MTPHead(config["graph"], config["hidden_size"], parameterisation=kind,
+                       identity_init=options.get("identity_init"), sum_init_std=options.get("sum_init_std", 0.0),
+                       dtype=next(iter(tensors.values())).dtype, **ranks)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({e})") from None
+    head.graph = config["graph"]
     expected = head.state_dict()
+    weights = directory / WEIGHTS_FILE
     if set(expected) != set(tensors):
-        raise ValueError(f"{directory / WEIGHTS_FILE} holds {sorted(tensors)}; a {config.get('parameterisation')!r} "
-                         f"head has {sorted(expected)}")
+        raise InputError(f"{weights} holds {sorted(tensors)[:8]}; a {kind!r} head has {sorted(expected)}")
     for name, target in expected.items():
         if target.shape != tensors[name].shape:
-            raise ValueError(f"{directory / WEIGHTS_FILE}: {name} has shape {tuple(tensors[name].shape)}, "
-                             f"the graph and options need {tuple(target.shape)}")
+            raise InputError(f"{weights}: {name} has shape {tuple(tensors[name].shape)}, the graph and options in "
+                             f"{CONFIG_FILE} need {tuple(target.shape)}")
     head.load_state_dict(tensors)
-    return head.to(device) if device is not None else head
+    return head

@@ -8,6 +8,14 @@ to nothing.
 Encoding never fails: `bytes` are taken as they are, and a `str` holding lone surrogates (as produced
 by ``bytes.decode("utf-8", "surrogateescape")``) is encoded back to its original bytes. Decoding
 invalid UTF-8 yields U+FFFD replacement characters by default; `decode_bytes` round-trips exactly.
+
+The same vocabulary as a Hugging Face tokenizer (`ByteTokenizer.to_hf()`; `save` writes it next to
+`mtpc_tokenizer.json`, so a model folder loads with `AutoTokenizer.from_pretrained(DIR)`, no remote
+code): a `tokenizers` byte-level BPE without merges whose 256 base tokens are GPT-2's printable
+stand-ins for the bytes, numbered by byte value (id == byte), the specials (and `<unused_N>` padding)
+as special added tokens after them, and the chat template of `mtpc.data`. Text encodes to its UTF-8
+bytes; any id sequence decodes (invalid UTF-8 as U+FFFD); `hf_ids_to_bytes` recovers raw bytes exactly.
+`save_hf_tokenizer(DIR)` adds these files to a model folder written before they existed.
 """
 
 from __future__ import annotations
@@ -122,9 +130,45 @@ class ByteTokenizer:
         return cls(data["vocab_size"], data["specials"])
 
     def save(self, directory: str | Path) -> Path:
+        """Write `mtpc_tokenizer.json` and the Hugging Face tokenizer files (`to_hf().save_pretrained`)."""
         path = Path(directory) / TOKENIZER_FILE
         path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        self.to_hf().save_pretrained(str(directory))
         return path
+
+    # ------------------------------------------------------------------ Hugging Face view
+
+    def chat_template(self) -> str:
+        """Jinja text of the `mtpc.data` chat format: `<bos>`, then `<|role|> content <|end|>` per
+        message, then `<eos>` (or `<|assistant|>` with `add_generation_prompt`, where the model writes)."""
+        roles = ", ".join(f"'{r}'" for r in ROLES)
+        end = self.token_name(self.end_of_turn_id)
+        return ("{{ bos_token }}{% for m in messages %}"
+                f"{{% if m['role'] not in [{roles}] %}}"
+                "{{ raise_exception('unknown chat role ' + m['role'] + '; known: " + ", ".join(ROLES) + "') }}"
+                "{% endif %}"
+                f"{{{{ '<|' + m['role'] + '|>' + m['content'] + '{end}' }}}}"
+                "{% endfor %}"
+                f"{{% if add_generation_prompt %}}{{{{ '{self.token_name(self.role_id('assistant'))}' }}}}"
+                "{% else %}{{ eos_token }}{% endif %}")
+
+    def to_hf(self):
+        """This vocabulary as a transformers `PreTrainedTokenizerFast` (ids, specials and chat template
+        all from this object)."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {char: byte for byte, char in enumerate(_byte_chars())}
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per byte
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+        names = [self.token_name(i) for i in range(NUM_BYTES, self.vocab_size)]
+        backend.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
+        if backend.get_vocab_size() != self.vocab_size:
+            raise ValueError(f"a special token name collides with another token: {self.specials}")
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend, bos_token=self.token_name(self.bos_id), eos_token=self.token_name(self.eos_id),
+            pad_token=self.token_name(self.pad_id), chat_template=self.chat_template())
 
     @classmethod
     def load(cls, directory: str | Path) -> "ByteTokenizer":
@@ -140,6 +184,35 @@ class ByteTokenizer:
 
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocab_size={self.vocab_size}, specials={len(self.specials)})"
+
+
+def save_hf_tokenizer(directory: str | Path, tok: ByteTokenizer | None = None) -> Path:
+    """Add the tokenizer files (`mtpc_tokenizer.json` and the Hugging Face ones) to a model folder, e.g.
+    one written before `mtpc tiny-lm` saved them; `tok` defaults to `ByteTokenizer.load(directory)`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        from .errors import InputError
+
+        raise InputError(f"{directory} is not a folder")
+    (tok or ByteTokenizer.load(directory)).save(directory)
+    return directory
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode table, the one `tokenizers`' ByteLevel uses: entry `b` is the printable
+    character that stands for byte `b`."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table = bytes_to_unicode()
+    return [table[b] for b in range(NUM_BYTES)]
+
+
+def hf_ids_to_bytes(tokenizer, ids: Iterable[int]) -> bytes:
+    """The exact bytes of byte ids under a tokenizer from `to_hf()` (special ids dropped), through its
+    own tokens, so that invalid UTF-8 survives where `tokenizer.decode` would substitute U+FFFD."""
+    byte_of = {char: b for b, char in enumerate(_byte_chars())}
+    tokens = tokenizer.convert_ids_to_tokens([int(i) for i in ids])
+    return bytes(byte_of[t] for t in tokens if t in byte_of)
 
 
 def to_bytes(text: str) -> bytes:

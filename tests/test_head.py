@@ -9,6 +9,7 @@ import torch
 import circuitc
 from circuitc import builders
 from mtpc import MTPHead, load_head, save_head
+from mtpc.errors import InputError
 
 D, V_LM = 16, 12
 
@@ -137,8 +138,11 @@ def test_save_needs_the_graph_and_load_needs_a_head_dir(tmp_path):
     if getattr(compiled, "graph", None) is None:
         with pytest.raises(ValueError, match="cannot be saved"):
             save_head(head, tmp_path / "x")
-    with pytest.raises(FileNotFoundError, match="written by save_head"):
+    with pytest.raises(InputError, match="no such head folder"):
         load_head(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="written by save_head or mtpc train"):
+        load_head(tmp_path / "empty")
 
 
 # --------------------------------------------------------------------------- parameterisations

@@ -1,0 +1,363 @@
+"""`mtpc generate`: text in, text out, with or without a draft head.
+
+    mtpc generate --model DIR [--head DIR] [--lora DIR --lora-layers k] [PROMPT | --prompt-file F | stdin]
+                  [--max-new-tokens N] [--temperature T --top-k K --top-p P] [--seed S] [--chat]
+                  [--stream/--no-stream] [--stats] [--compare]
+
+The prompt is taken as bytes (a file or stdin exactly as stored) after a `<bos>`, as `mtpc tiny-lm`
+and `mtpc train` saw their documents; `--chat` renders it as one user turn with the model's chat
+template (the tokenizer files in the model folder) and stops at the end of the assistant's turn.
+Temperature 0 (the default) decodes greedily; above 0 it samples the shaped target exactly.
+
+Output is written as cycles commit it (`Utf8Streamer`: incremental UTF-8, so a character split across
+cycles is printed once, whole, and invalid bytes as U+FFFD). `--stats` and `--compare` report on
+stderr, so stdout holds only the text: bytes per cycle, tok/s (prefill excluded) and the per-cycle
+breakdown measured inside the decoding loop with `mtpc.bench`'s clock; `--compare` decodes the same
+prompt plainly too and reports the speed-up and whether the greedy outputs are identical.
+
+Everything the user gave is checked before a model is loaded (`InputError`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from .errors import InputError
+from .tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
+
+__all__ = ["GenerateConfig", "Utf8Streamer", "run_generate", "load_prompt"]
+
+
+@dataclass
+class GenerateConfig:
+    model: str
+    head: str | None = None
+    lora: str | None = None  # the draft path's adapter (default: HEAD/lora when the head has one)
+    lora_layers: int | None = None  # checked against the adapter's layers when given
+    prompt: str | None = None
+    prompt_file: str | None = None
+    stdin: bytes | None = None  # the prompt read from standard input, when neither of the above
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    chat: bool = False
+    stream: bool = True
+    stats: bool = False
+    compare: bool = False
+    device: str = "cpu"
+    threads: int | None = None
+
+
+class Utf8Streamer:
+    """A transformers `BaseStreamer` (`put`/`end`) that writes the bytes of the tokens after the prompt
+    to a text stream as they come: incremental UTF-8 decoding holds back an incomplete character until
+    its last byte arrives; invalid bytes become U+FFFD; special tokens are not printed."""
+
+    def __init__(self, out: TextIO, skip_prompt: bool = True):
+        self.out = out
+        self._skip = skip_prompt
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._skip:  # transformers puts the prompt first
+            self._skip = False
+            return
+        data = bytes(i for i in value.flatten().tolist() if 0 <= i < NUM_BYTES)
+        self.out.write(self._utf8.decode(data))
+        self.out.flush()
+
+    def end(self) -> None:
+        self.out.write(self._utf8.decode(b"", final=True) + "\n")
+        self.out.flush()
+
+
+# --------------------------------------------------------------------------- checks (before slow work)
+
+def check_config(cfg: GenerateConfig) -> None:
+    if cfg.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
+    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
+        raise InputError(f"--temperature must be a finite number >= 0 (0: greedy), got {cfg.temperature}")
+    if cfg.top_k is not None and cfg.top_k < 1:
+        raise InputError(f"--top-k must be >= 1, got {cfg.top_k}")
+    if cfg.top_p is not None and not (0 < cfg.top_p <= 1):
+        raise InputError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    if cfg.temperature == 0 and (cfg.top_k is not None or cfg.top_p is not None):
+        raise InputError("--top-k/--top-p shape sampling: give a --temperature above 0 too")
+    if cfg.head is None and (cfg.lora or cfg.lora_layers):
+        raise InputError("--lora/--lora-layers belong to a draft head's path: give --head too")
+    if cfg.lora_layers is not None and cfg.lora_layers < 1:
+        raise InputError(f"--lora-layers must be >= 1, got {cfg.lora_layers}")
+    if cfg.compare and cfg.head is None:
+        raise InputError("--compare compares a draft head with plain decoding: give --head")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {cfg.threads}")
+
+
+def model_config(path: str) -> dict:
+    """The model folder's config.json (a readable Hugging Face checkpoint folder, or InputError)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"--model {path}: no such folder (expected a Hugging Face checkpoint, e.g. from mtpc tiny-lm)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise InputError(f"--model {path}: no config.json; is it a Hugging Face checkpoint folder?") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {path}: config.json is unreadable ({e})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("vocab_size"), int):
+        raise InputError(f"--model {path}: config.json has no integer vocab_size")
+    return config
+
+
+def load_prompt(cfg: GenerateConfig) -> bytes:
+    """The prompt's bytes: PROMPT (UTF-8; undecodable command-line bytes come back as they were),
+    --prompt-file (its bytes), or standard input."""
+    given = [x is not None for x in (cfg.prompt, cfg.prompt_file)]
+    if all(given):
+        raise InputError("give the prompt either as an argument or with --prompt-file, not both")
+    if cfg.prompt is not None:
+        return to_bytes(cfg.prompt)
+    if cfg.prompt_file is not None:
+        path = Path(cfg.prompt_file)
+        if not path.is_file():
+            raise InputError(f"--prompt-file {cfg.prompt_file}: no such file")
+        return path.read_bytes()
+    if cfg.stdin is not None:
+        return cfg.stdin
+    raise InputError("no prompt: give it as an argument, with --prompt-file F, or on standard input")
+
+
+def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer) -> tuple[list[int], set[int]]:
+    """Token ids of the prompt and the ids that end the answer."""
+    if not cfg.chat:
+        return [tok.bos_id] + list(text), {tok.eos_id}
+    hf = _hf_tokenizer(cfg.model)
+    content = text.decode("utf-8", errors="replace")
+    ids = hf.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                 tokenize=True, return_dict=False)
+    return list(ids), {tok.eos_id, tok.end_of_turn_id}
+
+
+def _hf_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    folder = Path(model)
+    if not (folder / "tokenizer.json").exists():
+        raise InputError(f"--chat needs the model's chat template, but {model} has no tokenizer.json (written by "
+                         f"mtpc tiny-lm since it saves the tokenizer); add it with: python -c \"from mtpc.tokenizer "
+                         f"import save_hf_tokenizer; save_hf_tokenizer('{model}')\"")
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    if not tok.chat_template:
+        raise InputError(f"--chat: the tokenizer in {model} has no chat template")
+    return tok
+
+
+def check_head_fits(head, config: dict, head_dir: str) -> None:
+    """A head drafts for one model: its hidden size and its states must match the model's."""
+    hidden = config.get("hidden_size")
+    if hidden is not None and head.hidden_size != hidden:
+        raise InputError(f"--head {head_dir} was trained for hidden size {head.hidden_size}; the model's is {hidden}")
+    if head.num_states > config["vocab_size"]:
+        raise InputError(f"--head {head_dir} drafts {head.num_states} token ids; the model's vocabulary has only "
+                         f"{config['vocab_size']}")
+
+
+def lora_folder(cfg: GenerateConfig) -> Path | None:
+    """The draft path's adapter folder: --lora, else HEAD/lora when `mtpc train` saved one there."""
+    from .bench import LORA_DIR
+
+    if cfg.lora is not None:
+        folder = Path(cfg.lora)
+        if not (folder / "adapter_config.json").is_file():
+            raise InputError(f"--lora {cfg.lora}: no adapter_config.json; expected a peft adapter folder "
+                             f"(mtpc train writes one to OUT/{LORA_DIR})")
+        return folder
+    default = Path(cfg.head) / LORA_DIR
+    return default if (default / "adapter_config.json").is_file() else None
+
+
+def adapter_layers(folder: Path, wanted: int | None) -> int:
+    try:
+        layers = json.loads((folder / "adapter_config.json").read_text()).get("layers_to_transform") or []
+    except (OSError, ValueError) as e:
+        raise InputError(f"{folder / 'adapter_config.json'} is unreadable ({e})") from None
+    if not layers:
+        raise InputError(f"{folder}: the adapter does not say which layers it adapts (layers_to_transform)")
+    if wanted is not None and wanted != len(layers):
+        raise InputError(f"--lora-layers {wanted}, but the adapter in {folder} adapts the last {len(layers)} layers")
+    return len(layers)
+
+
+# --------------------------------------------------------------------------- the run
+
+def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = None) -> dict:
+    """Decode `cfg`'s prompt; writes the text to `out` (default stdout) and stats/comparison to `err`
+    (default stderr); returns a summary with the prompt and generated ids and, when measured, the stats
+    and the comparison."""
+    from .head import load_head
+
+    out, err = out or sys.stdout, err or sys.stderr
+    check_config(cfg)
+    config = model_config(cfg.model)
+    tok = _model_tokenizer(cfg.model, config)
+    ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
+    head = None
+    if cfg.head is not None:
+        head = load_head(cfg.head)
+        check_head_fits(head, config, cfg.head)
+    lora = lora_folder(cfg) if head is not None else None
+    k = adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+
+    from .bench import _device, load_model
+
+    device = _device(cfg.device)
+    sampling = _sampling(cfg)
+    with _quiet_loading():  # stderr is for the stats; the text goes to stdout
+        base = load_model(cfg.model, torch.float32, device)
+        decode = _plain(base, sampling, eos)
+        if head is not None:
+            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos)
+    prompt = torch.tensor([ids], dtype=torch.long, device=device)
+    context = config.get("max_position_embeddings")
+    if context and len(ids) + cfg.max_new_tokens > context:
+        err.write(f"warning: {len(ids)} prompt + {cfg.max_new_tokens} new tokens exceed the {context} positions "
+                  f"the model was trained on\n")
+    streamer = Utf8Streamer(out) if cfg.stream else None
+    run = _measure(decode, prompt, cfg, streamer)
+    new = run["sequence"][len(ids):]
+    if not cfg.stream:
+        out.write(tok.decode(new) + "\n")
+        out.flush()
+    summary = {"prompt_ids": ids, "new_tokens": new, "text": tok.decode(new), "stats": run}
+    if cfg.stats:
+        err.write(format_stats("speculative" if head is not None else "plain", run) + "\n")
+    if cfg.compare:
+        plain = _measure(_plain(base, sampling, eos), prompt, cfg, None)
+        summary["plain"] = plain
+        summary["compare"] = comparison(run, plain, greedy=cfg.temperature == 0)
+        if cfg.stats:
+            err.write(format_stats("plain", plain) + "\n")
+        err.write(format_comparison(summary["compare"], torch.get_num_threads()) + "\n")
+    err.flush()
+    return summary
+
+
+@contextmanager
+def _quiet_loading():
+    """transformers' weight-loading progress bar off while loading (restored afterwards)."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
+def _model_tokenizer(model: str, config: dict) -> ByteTokenizer:
+    try:
+        tok = ByteTokenizer.load(model)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"--model {model}: its byte tokenizer description is unreadable ({e})") from None
+    if tok.vocab_size > config["vocab_size"]:
+        raise InputError(f"--model {model}: the tokenizer has {tok.vocab_size} ids, the model only "
+                         f"{config['vocab_size']}")
+    return tok
+
+
+def _sampling(cfg: GenerateConfig) -> dict:
+    if cfg.temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+
+
+def _plain(base, sampling: dict, eos: set[int]):
+    """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding."""
+    from .bench import PhaseClock, _backbone_marks
+    from .decode import generate_autoregressive
+
+    embed, ends = _backbone_marks(base)
+
+    def decode(ids, budget, generator, streamer):
+        clock = PhaseClock(None, embed, ends, cuda=ids.device.type == "cuda")
+        with clock:
+            out = generate_autoregressive(base, ids, budget, eos_token_id=eos, generator=generator,
+                                          streamer=streamer, **sampling)
+        return out, clock
+
+    return decode
+
+
+def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int]):
+    """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it)."""
+    from .bench import PhaseClock, load_model
+    from .decode import SpeculativeDecoder
+
+    model = load_model(model_path, torch.float32, device)
+    if lora is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(lora)).eval()
+    decoder = SpeculativeDecoder(model, head, k)
+    parts = decoder.backbone.parts
+
+    def decode(ids, budget, generator, streamer):
+        clock = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=ids.device.type == "cuda")
+        with clock:
+            out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, streamer=streamer,
+                                   **sampling)
+        return out, clock
+
+    return decode
+
+
+def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dict:
+    """One generation (after an untimed 4-token warm-up), with its stats and per-cycle breakdown."""
+    from .bench import split_phases
+
+    decode(prompt, min(4, cfg.max_new_tokens), torch.Generator(prompt.device).manual_seed(cfg.seed), None)
+    out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer)
+    phases, _ = split_phases(clock.times())
+    stats = out.stats
+    return {**stats.as_dict(), "decode_seconds": sum(stats.cycle_seconds),
+            "phase_ms_per_cycle": {k: 1e3 * v / max(stats.cycles, 1) for k, v in phases.items()},
+            "sequence": out.sequences[0].tolist()}
+
+
+def comparison(spec: dict, plain: dict, greedy: bool) -> dict:
+    speedup = spec["tokens_per_second"] / plain["tokens_per_second"] if plain["tokens_per_second"] else None
+    identical = spec["sequence"] == plain["sequence"] if greedy else None
+    return {"speculative_tok_s": spec["tokens_per_second"], "plain_tok_s": plain["tokens_per_second"],
+            "speedup": speedup, "greedy_identical": identical}
+
+
+def format_stats(label: str, run: dict) -> str:
+    phases = "  ".join(f"{k} {v:.2f}" for k, v in run["phase_ms_per_cycle"].items())
+    return (f"[{label}] {run['new_tokens']} bytes in {run['cycles']} cycles ({run['mean_accepted']:.2f} bytes/cycle), "
+            f"{run['tokens_per_second']:.1f} tok/s, {1e3 * run['mean_cycle_latency']:.2f} ms/cycle "
+            f"(prefill {1e3 * run['prefill_seconds']:.1f} ms excluded); per cycle, ms: {phases}")
+
+
+def format_comparison(c: dict, threads: int) -> str:
+    if c["greedy_identical"] is None:
+        verdict = "sampling: outputs are not expected to match"
+    else:
+        verdict = "greedy outputs identical: " + ("yes" if c["greedy_identical"] else "NO")
+    return (f"speculative {c['speculative_tok_s']:.1f} tok/s vs plain {c['plain_tok_s']:.1f} tok/s: "
+            f"{c['speedup']:.2f}x speed-up ({threads} torch threads); {verdict}")

@@ -1,0 +1,191 @@
+"""`mtpc generate` through `mtpc.cli.main` (and one subprocess for standard input), on a scripted byte
+LM saved as `mtpc tiny-lm` saves models and a head saved as `mtpc train` saves heads."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _scripted_lm import TEXT, VOCAB, oracle_head, scripted_lm
+
+from mtpc import save_head
+from mtpc.backbone import attach_draft_lora
+from mtpc.cli import main
+from mtpc.generate import GenerateConfig, Utf8Streamer, run_generate
+from mtpc.tokenizer import ByteTokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+EXPECTED = (TEXT * 3)[1:]  # prompt "a", 20 new bytes: the rest of three repetitions
+
+
+def refused(argv: list[str], capsys, fragment: str) -> None:
+    """`main(argv)` reports an input error as one `mtpc: error:` line with exit status 2."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mtpc: error:") and fragment in err and "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    model = scripted_lm().float()
+    model.save_pretrained(root / "lm")
+    ByteTokenizer(VOCAB).save(root / "lm")
+    head = oracle_head(model).float()
+    save_head(head, root / "head")
+    save_head(head, root / "lora_head")
+    peft = attach_draft_lora(scripted_lm().float(), 1, rank=2)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # a draft path that differs from the verifier's
+    peft.save_pretrained(str(root / "lora_head" / "lora"))
+    return root
+
+
+def generate(folders, *args, head=True):
+    argv = ["generate", "--model", str(folders / "lm"), *(["--head", str(folders / "head")] if head else []), *args]
+    return main(argv)
+
+
+def test_prints_the_continuation_streamed_or_not_with_and_without_head(folders, capsys):
+    for head in (True, False):
+        for stream in ("--stream", "--no-stream"):
+            assert generate(folders, "a", "--max-new-tokens", "20", stream, head=head) == 0
+            captured = capsys.readouterr()
+            assert captured.out == EXPECTED + "\n" and captured.err == ""
+
+
+def test_streams_whole_characters_as_cycles_commit(folders):
+    class Writes(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.pieces = []
+
+        def write(self, s):
+            self.pieces.append(s)
+            return super().write(s)
+
+    out = Writes()
+    summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="a",
+                                          max_new_tokens=20, stats=True), out=out, err=io.StringIO())
+    assert out.getvalue() == EXPECTED + "\n"
+    assert len([p for p in out.pieces if p]) > 3 and all("\ufffd" not in p for p in out.pieces)
+    assert summary["stats"]["accepted_per_cycle"][:3] == [3, 3, 3]  # cycles of 3 bytes split "✓" and "é"
+
+
+def test_utf8_streamer_holds_split_characters_and_replaces_invalid_bytes():
+    out = io.StringIO()
+    s = Utf8Streamer(out)
+    s.put(torch.tensor([[257, 97]]))  # the prompt: skipped
+    for chunk in ([0xFF, 0xE2], [0x9C], [0x93, 258, 0xC3], [0xA9, 0xE2]):
+        s.put(torch.tensor([chunk]))
+    s.end()
+    assert out.getvalue() == "\ufffd✓é\ufffd\n"
+
+
+def test_stats_and_compare(folders, capsys):
+    assert generate(folders, "a", "--max-new-tokens", "20", "--stats", "--compare", "--threads", "1") == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED + "\n"
+    assert "[speculative] 20 bytes in 7 cycles (2.86 bytes/cycle)" in captured.err
+    assert "[plain] 20 bytes in 20 cycles (1.00 bytes/cycle)" in captured.err
+    for word in ("tok/s", "head", "circuit", "backbone", "accept", "speed-up (1 torch threads)",
+                 "greedy outputs identical: yes"):
+        assert word in captured.err
+
+
+def test_lora_draft_path_is_lossless_and_its_layers_are_checked(folders, capsys):
+    lora_head = str(folders / "lora_head")
+    base = ["generate", "--model", str(folders / "lm"), "--head", lora_head, "a", "--max-new-tokens", "20"]
+    assert main(base + ["--compare"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED + "\n" and "greedy outputs identical: yes" in captured.err
+    assert main(base + ["--lora", lora_head + "/lora", "--lora-layers", "1"]) == 0
+    refused(base + ["--lora-layers", "2"], capsys, "adapts the last 1 layers")
+    refused(base + ["--lora", str(folders / "head")], capsys, "no adapter_config.json")
+
+
+def test_sampling_is_reproducible_with_a_seed(folders, capsys):
+    outs = []
+    for _ in range(2):
+        generate(folders, "a", "--max-new-tokens", "12", "--temperature", "3", "--top-k", "50", "--seed", "7")
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and len(outs[0]) > 1
+
+
+def test_chat_renders_the_models_chat_template(folders, capsys):
+    from mtpc.data import chat_template
+
+    tok = ByteTokenizer(VOCAB)
+    summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="hé?",
+                                          chat=True, max_new_tokens=5), out=io.StringIO(), err=io.StringIO())
+    trained, _ = chat_template([{"role": "user", "content": "hé?"}], tok)
+    assert summary["prompt_ids"] == trained[:-1] + [tok.role_id("assistant")]
+    bare = folders / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((folders / "lm" / name).read_bytes())
+    refused(["generate", "--model", str(bare), "--chat", "hi"], capsys, "save_hf_tokenizer")
+
+
+def test_prompt_from_a_file_and_from_stdin(folders, tmp_path, capsys):
+    (tmp_path / "p.txt").write_bytes(b"a")
+    assert generate(folders, "--prompt-file", str(tmp_path / "p.txt"), "--max-new-tokens", "20") == 0
+    assert capsys.readouterr().out == EXPECTED + "\n"
+    run = subprocess.run([sys.executable, "-m", "mtpc.cli", "generate", "--model", str(folders / "lm"), "--head",
+                          str(folders / "head"), "--max-new-tokens", "20"], input=b"a", capture_output=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode() == EXPECTED + "\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "MISSING", "a"], "no such folder"),
+    (["--head", "MISSING", "a"], "no such head folder"),
+    (["--head", "WRONG", "a"], "hidden size 16; the model's is 32"),
+    (["a", "--compare"], "--compare compares a draft head"),
+    (["a", "--temperature", "-1"], "--temperature"),
+    (["a", "--temperature", "nan"], "--temperature"),
+    (["a", "--temperature", "1", "--top-p", "2"], "--top-p"),
+    (["a", "--top-k", "5"], "give a --temperature"),
+    (["a", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["a", "--lora", "x"], "give --head"),
+    (["a", "--prompt-file", "p.txt"], "not both"),
+    (["--prompt-file", "MISSING.txt"], "no such file"),
+])
+def test_bad_input_is_refused_before_loading(folders, tmp_path, capsys, args, message):
+    from circuitc import builders
+    from mtpc import MTPHead
+
+    save_head(MTPHead(builders.ff_graph(2, 256), 16), tmp_path / "wrong")
+    args = [{"MISSING": str(tmp_path / "missing"), "WRONG": str(tmp_path / "wrong"),
+             "MISSING.txt": str(tmp_path / "missing.txt")}.get(a, a) for a in args]
+    model = [] if "--model" in args else ["--model", str(folders / "lm")]
+    refused(["generate", *model, *args], capsys, message)
+
+
+def test_a_tiny_lm_folder_loads_with_auto_tokenizer_and_chats(tmp_path, capsys):
+    """End to end: the folder `mtpc tiny-lm` writes has the Hugging Face tokenizer (no remote code) and
+    `mtpc generate --chat` runs on it."""
+    from transformers import AutoTokenizer
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("def f(x):\n    return x + 1\n" * 40)
+    out = tmp_path / "lm"
+    assert main(["tiny-lm", "--out", str(out), "--data", str(tmp_path / "corpus"), "--steps", "2", "--context", "32",
+                 "--d-model", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--no-progress"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.encode("é<|end|>", add_special_tokens=False) == [0xC3, 0xA9, ByteTokenizer().end_of_turn_id]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--chat", "hi", "--max-new-tokens", "5", "--no-stream"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_warns_when_the_text_outgrows_the_models_context(folders, capsys):
+    assert generate(folders, "a" * 250, "--max-new-tokens", "10") == 0  # scripted LM: 256 positions
+    assert "warning: 251 prompt + 10 new tokens exceed the 256 positions" in capsys.readouterr().err
