@@ -98,6 +98,9 @@ def add_train(sub) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--lora-lr", type=float, default=2e-4)
     p.add_argument("--gamma", type=float, default=0.9, help="discount of window position j: gamma**(j-1)")
+    p.add_argument("--loss", choices=("nll", "kl", "nll+kl"), default="nll",
+                   help="nll: likelihood of the gold bytes; kl: KL from the frozen LM's own next-byte "
+                        "distributions to the head's conditionals (self-distillation); nll+kl: their sum")
     p.add_argument("--window-stride", type=int, default=1,
                    help="score the windows at every s-th position only (s x cheaper head; default 1)")
     p.add_argument("--val-every", type=int, default=50)
@@ -140,7 +143,7 @@ def run_train(args) -> int:
                       init_head=args.init_head, parameterisation=args.parameterisation,
                       adapter_rank=args.adapter_rank, factor_rank=args.factor_rank, seq_len=args.seq_len, batch_size=args.batch_size,
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
-                      lora_lr=args.lora_lr, gamma=args.gamma, window_stride=args.window_stride,
+                      lora_lr=args.lora_lr, gamma=args.gamma, loss=args.loss, window_stride=args.window_stride,
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
                       save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,

@@ -6,8 +6,13 @@
   factorised product of per-position LM softmaxes) and, with `k > 0`, LoRA adapters on the last `k`
   decoder layers (peft `layers_to_transform`) are trained with AdamW, a warm-up + cosine schedule,
   gradient clipping, gradient accumulation and bf16 autocast where the hardware has it.
-- The loss is `mtpc.loss.mtp_loss`, normalised by the counts of the whole global batch, so gradient
-  accumulation and data parallelism give the same update as one big batch.
+- The loss (`--loss`) is `nll`, the windowed likelihood of the gold bytes (`mtpc.loss.mtp_loss`),
+  `kl`, the KL from the frozen LM's own next-byte distributions to the head's conditionals
+  (`mtpc.kl_loss.kl_loss`, the paper's Appendix J; the teacher is the verifier path, adapters off),
+  or `nll+kl`, their plain sum (each term already weighted by gamma and averaged per window
+  position, so the two are on the same per-byte nats scale). Every loss is normalised by the counts
+  of the whole global batch, so gradient accumulation and data parallelism give the same update as
+  one big batch.
 - Under `torchrun --nproc_per_node N` the same command trains with DistributedDataParallel (NCCL on
   GPUs, gloo on CPUs); each rank takes every N-th sequence of each micro-batch.
 - Validation (rank 0) reports the loss and the teacher-forced mean accepted length of the circuit's
@@ -36,12 +41,14 @@ from torch import nn
 
 from .data import PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
 from .distributed import Dist, all_sum as _all_sum, barrier as _barrier, init_distributed
+from .kl_loss import kl_loss, lm_teacher
 from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
 from .tinylm import advance, autocast, autocast_dtype, cosine_lr, progress_bar
 from .tokenizer import ByteTokenizer
 
 CHECKPOINT = "checkpoint.pt"
 LORA_DIR = "lora"
+LOSSES = ("nll", "kl", "nll+kl")
 
 
 @dataclass
@@ -67,6 +74,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     gamma: float = 0.9
+    loss: str = "nll"  # nll | kl | nll+kl (see the module docstring)
     window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
     sum_init_std: float = 0.02
     parameterisation: str = "full"  # full | shared | factorised (see mtpc.head)
@@ -125,10 +133,13 @@ class DraftModel(nn.Module):
     """The LM's draft path (LoRA adapters enabled, if any) feeding the MTP head; `forward` returns
     the loss pieces of a batch so that DistributedDataParallel can wrap the whole computation."""
 
-    def __init__(self, lm: nn.Module, head: nn.Module, gamma: float, chunk_elements: int, amp: torch.dtype | None):
+    def __init__(self, lm: nn.Module, head: nn.Module, gamma: float, chunk_elements: int, amp: torch.dtype | None,
+                 loss: str = "nll"):
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
         self.lm, self.head = lm, head
-        self.gamma, self.chunk_elements, self.amp = gamma, chunk_elements, amp
+        self.gamma, self.chunk_elements, self.amp, self.loss = gamma, chunk_elements, amp, loss
         self.trains_lm = any(p.requires_grad for p in lm.parameters())
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -137,12 +148,30 @@ class DraftModel(nn.Module):
         with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
             return base.get_decoder()(input_ids=tokens).last_hidden_state
 
+    def teacher_hidden(self, tokens: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` the verifier path's final hidden states: the draft path's own when it has no
+        adapters, else a second forward with the adapters disabled (the LM's true distributions)."""
+        if not hasattr(self.lm, "disable_adapter"):
+            return draft.detach()
+        base = self.lm.get_base_model()
+        with torch.no_grad(), self.lm.disable_adapter(), autocast(tokens.device, self.amp):
+            return base.get_decoder()(input_ids=tokens).last_hidden_state
+
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
         h = self.hidden(tokens)  # [B, T, d]
+        kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
+                      chunk_elements=self.chunk_elements)
         with autocast(tokens.device, self.amp):
-            out = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, gamma=self.gamma, normalizer=normalizer,
-                           window_mask=window_mask, chunk_elements=self.chunk_elements)
-        return out.loss, out.term_sums, out.counts
+            nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
+            if "kl" in self.loss:
+                base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+                teacher = lm_teacher(base.get_output_embeddings(), self.teacher_hidden(tokens, h))
+                kl = kl_loss(self.head, h, teacher, tokens, doc_ids, loss_mask, **kwargs)
+        if self.loss == "nll":
+            return nll.loss, nll.term_sums, nll.counts
+        if self.loss == "kl":
+            return kl.loss, kl.term_sums, kl.counts
+        return nll.loss + kl.loss, nll.term_sums, nll.counts
 
 
 def load_lm(cfg: TrainConfig, device: torch.device):
@@ -212,7 +241,7 @@ class Trainer:
         self.lm = load_lm(cfg, self.d.device)
         self.head = build_head(cfg, self.lm, self.d.device)
         self.amp = autocast_dtype(self.d.device, cfg.precision)
-        self.module = DraftModel(self.lm, self.head, cfg.gamma, cfg.chunk_elements, self.amp)
+        self.module = DraftModel(self.lm, self.head, cfg.gamma, cfg.chunk_elements, self.amp, cfg.loss)
         self.ddp = self._wrap(self.module)
         self.train_set, self.val_set = self._data()
         self.params = [p for p in self.module.parameters() if p.requires_grad]

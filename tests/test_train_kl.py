@@ -1,0 +1,124 @@
+"""mtpc train --loss kl | nll+kl: the distillation objective end to end, and that it does what it is for."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BTREE = str(ROOT / "examples" / "btree.pc")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def peaky_lm(tmp_path_factory):
+    """A random tiny LM with a sharpened output layer: confident, context-dependent distributions that
+    are unrelated to the corpus, so matching the LM and matching the text are different goals."""
+    from mtpc.tinylm import TinyLMConfig, build_model
+    from mtpc.tokenizer import ByteTokenizer
+
+    path = tmp_path_factory.mktemp("lm")
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    model = build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(path)
+    tok.save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus")
+    text = (ROOT / "mtpc" / "data.py").read_text()
+    for i in range(12):
+        (path / f"part{i}.py").write_text(text[i * 900:(i + 1) * 900 + 400])
+    return str(path)
+
+
+def train_args(lm, corpus, out, loss, steps=30):
+    return ["train", "--model", lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=4", "--data", corpus,
+            "--out", str(out), "--loss", loss, "--steps", str(steps), "--seq-len", "32", "--batch-size", "4",
+            "--lr", "1e-2", "--val-every", "100", "--val-sequences", "2", "--precision", "fp32", "--no-progress"]
+
+
+def held_out_losses(lm_dir, head_dir, corpus):
+    """KL to the LM and NLL of the gold bytes on the held-out documents (the split mtpc train uses)."""
+    from transformers import AutoModelForCausalLM
+
+    from mtpc.data import PackedDataset, collate, load_documents, split_documents
+    from mtpc.head import load_head
+    from mtpc.kl_loss import kl_loss, lm_teacher
+    from mtpc.loss import mtp_loss
+    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.train import TrainConfig
+
+    tok = ByteTokenizer.load(lm_dir)
+    lm = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float32).eval()
+    head = load_head(head_dir)
+    docs, _ = load_documents(corpus, tok)
+    _, val = split_documents(docs, TrainConfig(model="", out="").val_fraction)
+    data = PackedDataset(val, 32, tok.pad_id)
+    batch = collate(data[i] for i in range(len(data)))
+    with torch.no_grad():
+        h = lm.model(input_ids=batch["tokens"]).last_hidden_state  # [B, T, d]
+        args = (batch["tokens"], batch["doc_ids"], batch["loss_mask"])
+        kl = kl_loss(head, h, lm_teacher(lm.lm_head, h), *args).loss.item()
+        nll = mtp_loss(head, h, *args).loss.item()
+    return kl, nll
+
+
+def test_kl_head_matches_the_lm_better_and_nll_head_the_text(peaky_lm, corpus, tmp_path, capsys):
+    for loss in ("nll", "kl"):
+        assert main(train_args(peaky_lm, corpus, tmp_path / loss, loss)) == 0
+    kl_of = {loss: held_out_losses(peaky_lm, tmp_path / loss, corpus) for loss in ("nll", "kl")}
+    print(kl_of)
+    # the distilled head is closer to the LM; the control: the NLL head is better on the gold bytes
+    assert kl_of["kl"][0] < 0.5 * kl_of["nll"][0]
+    assert kl_of["nll"][1] < kl_of["kl"][1]
+    config = json.loads((tmp_path / "kl" / "train_config.json").read_text())
+    assert config["loss"] == "kl"
+
+
+def test_nll_plus_kl_is_the_sum_of_the_two(peaky_lm, corpus, tmp_path):
+    """The step-0 validation of the same initial head: nll+kl = nll + kl exactly (up to float error)."""
+    start = {}
+    for loss in ("nll", "kl", "nll+kl"):
+        assert main(train_args(peaky_lm, corpus, tmp_path / loss, loss, steps=1)) == 0
+        first = json.loads((tmp_path / loss / "train_log.jsonl").read_text().splitlines()[0])
+        start[loss] = first["val_loss"]
+    assert start["kl"] > 0
+    assert start["nll+kl"] == pytest.approx(start["nll"] + start["kl"], rel=1e-5)
+
+
+def test_kl_with_lora_uses_the_verifier_as_teacher(peaky_lm, corpus, tmp_path):
+    """With adapters on the draft path the teacher must stay the base LM: the KL at step 0 (adapters
+    initialised to zero) equals the KL computed without adapters, and training moves only the draft."""
+    for name, extra in (("plain", []), ("lora", ["--lora-layers", "1"])):
+        assert main(train_args(peaky_lm, corpus, tmp_path / name, "kl", steps=3) + extra) == 0
+    first = {name: json.loads((tmp_path / name / "train_log.jsonl").read_text().splitlines()[0])["val_loss"]
+             for name in ("plain", "lora")}
+    assert first["lora"] == pytest.approx(first["plain"], rel=1e-6)
+    from mtpc.train import DraftModel, TrainConfig, build_head, load_lm
+
+    cfg = TrainConfig(model=peaky_lm, out=str(tmp_path / "x"), circuit=BTREE, bindings={"n": 4, "r": 4},
+                      lora_layers=1)
+    lm = load_lm(cfg, torch.device("cpu"))
+    with torch.no_grad():  # make the adapters matter
+        for name, p in lm.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 1.0)
+    module = DraftModel(lm, build_head(cfg, lm, torch.device("cpu")), 0.9, 1 << 22, None, "kl")
+    tokens = torch.randint(0, 256, (1, 16))
+    draft = module.hidden(tokens)
+    teacher = module.teacher_hidden(tokens, draft)
+    with torch.no_grad():
+        plain = lm.get_base_model()
+        with lm.disable_adapter():
+            expect = plain.model(input_ids=tokens).last_hidden_state
+    torch.testing.assert_close(teacher, expect)
+    assert not torch.allclose(draft, teacher)
