@@ -71,9 +71,14 @@ train_all() {
     train_head "$base-lora2" $args --lora-layers 2 --steps "${LORA2_STEPS:-357}"
 }
 
+distill_data() {  # the LM's continuations of 1024 training prompts (resumes an interrupted file)
+    python -m mtpc.cli distill-data --model "$MODEL" --out runs/lm-samples.jsonl --num-prompts 1024 \
+        --prompt-len 64 --max-new-tokens 448 --greedy-fraction 0.5 --no-progress
+}
+
 train_distilled() {  # heads trained on the LM's own continuations (self-distillation)
     mkdir -p "$HEADS"
-    [[ -f runs/lm-samples.jsonl ]] || python benchmarks/lm_samples.py --model "$MODEL" --out runs/lm-samples.jsonl
+    distill_data
     train_head ff8-sd --circuit examples/ff.pc -D n=8 --data runs/lm-samples.jsonl
     train_head btree8-r8-sd --circuit examples/btree.pc -D n=8 -D r=8 --data runs/lm-samples.jsonl
 }
@@ -137,7 +142,7 @@ figure() {
 train_shared() {  # issue 7's cheap head: per-position unembedding + low-rank per-unit adapters
     mkdir -p "$HEADS"
     train_head btree8-r8-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared
-    [[ -f runs/lm-samples.jsonl ]] || python benchmarks/lm_samples.py --model "$MODEL" --out runs/lm-samples.jsonl
+    distill_data
     train_head btree8-r8-sd-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared \
         --data runs/lm-samples.jsonl
 }

@@ -214,12 +214,49 @@ def run_bench(args) -> int:
     return 1 if report["greedy_identical"] is False else 0
 
 
+def add_distill_data(sub) -> None:
+    p = sub.add_parser("distill-data", help="write the LM's own continuations of training prompts (JSONL for mtpc train)",
+                       description="Let the LM continue prompts drawn from the training documents of --data (never the "
+                                   "held-out ones) and write {\"prompt\", \"completion\"} records that `mtpc train "
+                                   "--data` reads with the prompt masked out. Deterministic under --seed; rerunning "
+                                   "the same command completes an interrupted file.")
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--data", default=None, help="file, folder, glob or .jsonl to draw prompts from "
+                                                "(default: the Python stdlib, mtpc tiny-lm's corpus)")
+    p.add_argument("--out", required=True, help="the .jsonl file to write (or complete)")
+    p.add_argument("--num-prompts", type=int, default=1024, help="records in the file (default 1024)")
+    p.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=448, help="longest continuation (default 448)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampled records' temperature (default 1)")
+    p.add_argument("--top-p", type=float, default=None, help="sampled records' nucleus (default: none)")
+    p.add_argument("--greedy-fraction", type=float, default=0.5, help="share of greedy records (default 0.5)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_distill_data)
+
+
+def run_distill_data(args) -> int:
+    from .distill import DistillConfig, distill_data
+
+    cfg = DistillConfig(model=args.model, out=args.out, data=args.data, num_prompts=args.num_prompts,
+                        prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_p=args.top_p, greedy_fraction=args.greedy_fraction,
+                        seed=args.seed, head=args.head, progress=not args.no_progress)
+    s = distill_data(cfg)
+    rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""
+    print(f"{args.out}: {s['records']} records ({s['new_records']} new, {s['new_bytes']:,} new bytes in "
+          f"{s['seconds']:.1f} s{rate})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     sub = parser.add_subparsers(dest="command", required=True)
     add_tiny_lm(sub)
     add_train(sub)
     add_bench(sub)
+    add_distill_data(sub)
     return parser
 
 

@@ -4,10 +4,14 @@ Sources (`load_documents`):
 - a file, a folder (searched recursively) or a glob pattern (`src/**/*.py`);
 - plain files become one document each: `<bos> bytes <eos>`;
 - `.jsonl` files hold one record per line: `{"messages": [{"role": ..., "content": ...}, ...]}`
-  (chat, rendered with `chat_template`) or `{"text": ...}` (plain).
+  (chat, rendered with `chat_template`), `{"text": ...}` (plain) or `{"prompt": ..., "completion": ...}`
+  (`<bos> prompt completion <eos>` with the prompt masked out: what `mtpc distill-data` writes).
+  Strings are UTF-8; lone surrogates U+DC80..U+DCFF (Python's `surrogateescape`) stand for the raw
+  bytes 0x80..0xFF of invalid UTF-8, so any byte string round-trips exactly (`tokenizer.to_bytes`).
 
 A document is token ids plus a *loss mask*: `mask[i]` is True when token `i` may be a prediction
-target. Plain text masks only the leading `<bos>`; chat masks everything except the assistant's
+target. Plain text masks only the leading `<bos>`; a prompt/completion record masks `<bos>` and the
+prompt; chat masks everything except the assistant's
 answers and their end-of-turn tokens. Corrupt records (bad JSON, wrong shape, unknown roles),
 binary files and empty documents are counted in `DataStats` and skipped with a warning.
 
@@ -116,6 +120,18 @@ def text_document(name: str, data: bytes, tok: ByteTokenizer) -> Document:
     return Document(name, tokens, mask)
 
 
+def completion_document(name: str, record: dict, tok: ByteTokenizer) -> Document:
+    """`<bos> prompt completion <eos>`; only the completion and the `<eos>` may be targets."""
+    prompt, completion = record.get("prompt"), record.get("completion")
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+        raise ValueError('"prompt" and "completion" must both be strings')
+    if not completion:
+        raise EmptyRecord("empty completion")
+    doc = text_document(name, to_bytes(prompt) + to_bytes(completion), tok)
+    doc.mask[1:1 + len(to_bytes(prompt))] = False
+    return doc
+
+
 def chat_template(messages: Sequence[dict], tok: ByteTokenizer) -> tuple[list[int], list[bool]]:
     """`<bos>` then `<|role|> content <|end|>` per message, then `<eos>`. The mask covers only the
     assistant's content and its `<|end|>` (what a chat model must learn to write)."""
@@ -163,12 +179,14 @@ def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStat
             record = json.loads(line)
             if isinstance(record, dict) and "messages" in record:
                 yield chat_document(where, record, tok)
+            elif isinstance(record, dict) and "completion" in record:
+                yield completion_document(where, record, tok)
             elif isinstance(record, dict) and isinstance(record.get("text"), str):
                 if not record["text"]:
                     raise EmptyRecord("empty text")
                 yield text_document(where, to_bytes(record["text"]), tok)
             else:
-                raise ValueError('expected {"messages": [...]} or {"text": "..."}')
+                raise ValueError('expected {"messages": [...]}, {"text": "..."} or {"prompt": "...", "completion": "..."}')
         except EmptyRecord as e:
             stats.note("empty", where, str(e))
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError

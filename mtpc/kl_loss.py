@@ -48,8 +48,9 @@ Teacher = Callable[[torch.Tensor], torch.Tensor]  # flat positions [M] -> the LM
 def lm_teacher(lm_head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> Teacher:
     """A teacher reading the LM's logits `lm_head(hidden)` at flat positions of `hidden` [B, T, d]
     (the verifier path's final hidden states), only where asked."""
-    flat = hidden.detach().flatten(0, 1)  # [B*T, d]
-    return lambda positions: lm_head(flat.index_select(0, positions))
+    flat = hidden.detach().flatten(0, 1)  # [B*T, d] (bf16 under autocast: cast to the head's dtype)
+    dtype = getattr(getattr(lm_head, "weight", None), "dtype", flat.dtype)
+    return lambda positions: lm_head(flat.index_select(0, positions).to(dtype))
 
 
 def logits_teacher(logits: torch.Tensor) -> Teacher:
@@ -94,7 +95,8 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
 def _teacher_log_probs(teacher: Teacher, positions: torch.Tensor, v: int) -> torch.Tensor:
     """`[N, n, v]` the teacher's log-probabilities renormalised over the circuit's `v` states."""
     N, n = positions.shape
-    logits = at_least_float32(teacher(positions.flatten()))[:, :v]  # [N*n, v]
+    with torch.autocast(positions.device.type, enabled=False):  # the teacher in its own (full) precision
+        logits = at_least_float32(teacher(positions.flatten()))[:, :v]  # [N*n, v]
     return logits.log_softmax(-1).view(N, n, v)
 
 

@@ -8,7 +8,7 @@ import torch
 from circuitc import builders
 from circuitc import compile as compile_circuit
 from mtpc.head import MTPHead
-from mtpc.kl_loss import kl_loss, logits_teacher
+from mtpc.kl_loss import kl_loss, lm_teacher, logits_teacher
 from mtpc.loss import mtp_loss, valid_counts, window_validity
 
 GRAPHS = {"btree": builders.btree_graph(3, 2, 4), "hmm": builders.hmm_graph(3, 2, 4), "ff": builders.ff_graph(3, 4),
@@ -182,3 +182,16 @@ def test_nll_and_kl_agree_on_what_they_count():
     nll = mtp_loss(head, hidden, tokens, doc_ids, mask)
     kl = kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask)
     assert nll.counts.tolist() == kl.counts.tolist()
+
+
+def test_bf16_autocast_with_an_lm_head_teacher_stays_close():
+    """Under autocast the draft hidden states arrive in bf16; the teacher still runs in float32."""
+    head = make_head(builders.btree_graph(4, 3, 4), d=6, dtype=torch.float32)
+    tokens, doc_ids, mask, _ = batch(seed=3)
+    hidden = torch.randn(2, 9, 6)
+    lm_head = torch.nn.Linear(6, V_LM, bias=False)
+    exact = kl_loss(head, hidden, lm_teacher(lm_head, hidden), tokens, doc_ids, mask).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low_h = hidden.bfloat16()
+        low = kl_loss(head, low_h, lm_teacher(lm_head, low_h), tokens, doc_ids, mask).loss
+    assert low.dtype == torch.float32 and low.item() == pytest.approx(exact.item(), rel=3e-2)

@@ -1,0 +1,297 @@
+"""`mtpc distill-data`: the LM's own continuations of training prompts, as head-training data.
+
+    mtpc distill-data --model DIR [--data SRC] --out FILE.jsonl [--num-prompts N] [--prompt-len L]
+                      [--max-new-tokens M] [--temperature T] [--top-p P] [--greedy-fraction G]
+                      [--seed S] [--head DIR] [--no-progress]
+
+A head trained on corpus text learns what the *text* does next; a draft is accepted when it matches
+what the *LM* does next (sequence-level self-distillation). This command writes one record per prompt:
+
+    {"index": i, "prompt": ..., "completion": ..., "mode": "greedy" | "sample", "stop": "eos" | "special" | "length"}
+
+- Prompts are `L`-byte spans starting at a line start, drawn from the *training* documents of `SRC`
+  (the deterministic document split of `mtpc tiny-lm` / `mtpc train` / `mtpc bench --corpus`, with the
+  same default fraction), never from the held-out ones the benchmarks prompt with.
+- The LM sees `<bos> prompt` (exactly what `mtpc train` will feed it for this record) and continues
+  it for up to `M` tokens, stopping at its first special token (`<eos>` or any other: the record keeps
+  only what the LM wrote as bytes, never a special dropped from the middle). A share `G` of the
+  records is greedy, the rest sampled at temperature `T` (and top-p `P`).
+- `mtpc train --data FILE.jsonl` reads the records as `<bos> prompt completion <eos>` with the prompt
+  masked out of the loss (`mtpc.data.completion_document`).
+- Bytes: `prompt` and `completion` are the exact bytes decoded as UTF-8 with Python's
+  `surrogateescape` (an invalid byte 0x80..0xFF becomes the lone surrogate U+DC80..U+DCFF, which JSON
+  writes as `\\udc80`..`\\udcff`); `mtpc.tokenizer.to_bytes` gives back the bytes exactly.
+- Deterministic: record `i`'s prompt, mode and sampling generator are seeded from `(seed, i)` only,
+  so the file does not depend on `--num-prompts`, on batching, or on being resumed.
+- Resumable: rerunning the same command appends the missing records; a partial last line (a killed
+  run) is cut off first. The settings are kept next to the file (`FILE.jsonl.meta.json`); a rerun with
+  different settings is refused instead of mixing two kinds of records.
+- With `--head DIR` (a folder from `mtpc train`, its LoRA adapter included) the continuations come
+  from `SpeculativeDecoder`: greedy records are the same as plain greedy decoding's, sampled ones are
+  exact draws from the same distribution (but not the same draws as without the head).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+META_SUFFIX = ".meta.json"
+NEWLINE = ord("\n")
+
+
+@dataclass
+class DistillConfig:
+    model: str
+    out: str
+    data: str | None = None  # None or "stdlib": the Python standard library sources
+    num_prompts: int = 1024
+    prompt_len: int = 64  # bytes per prompt
+    max_new_tokens: int = 448
+    temperature: float = 1.0
+    top_p: float | None = None
+    greedy_fraction: float = 0.5
+    seed: int = 0
+    head: str | None = None
+    val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
+    progress: bool = True
+
+    def settings(self) -> dict:
+        """What the records depend on (not how many there are, nor the progress bar)."""
+        keep = asdict(self)
+        for key in ("num_prompts", "progress", "out"):
+            keep.pop(key)
+        keep["model"] = str(Path(self.model).resolve())
+        keep["head"] = str(Path(self.head).resolve()) if self.head else None
+        return keep
+
+
+def distill_data(cfg: DistillConfig) -> dict:
+    """Write (or complete) `cfg.out`; returns a summary of the whole file and of this run."""
+    from .tinylm import progress_bar
+    from .tokenizer import ByteTokenizer
+
+    _check_config(cfg)
+    tok = ByteTokenizer.load(cfg.model)
+    prompts = TrainingPrompts(cfg.data, tok, cfg.prompt_len, cfg.val_fraction)  # also validates --data
+    out = Path(cfg.out)
+    done = _resume(out, cfg)
+    summary = {"records": max(done, cfg.num_prompts), "new_records": 0, "new_bytes": 0, "seconds": 0.0}
+    if done >= cfg.num_prompts:
+        return summary
+    generate = _generator(cfg, tok)
+
+    bar = progress_bar(cfg.num_prompts, "record", cfg.progress, "mtpc distill-data")
+    bar.update(done)
+    start = time.perf_counter()
+    with out.open("ab") as f:
+        for i in range(done, cfg.num_prompts):
+            record, new_bytes, accepted = _record(i, cfg, prompts, generate, tok)
+            f.write(json.dumps(record).encode("ascii") + b"\n")
+            f.flush()
+            summary["new_records"] += 1
+            summary["new_bytes"] += new_bytes
+            bar.update(1)
+            elapsed = time.perf_counter() - start
+            bar.set_postfix_str(f"{summary['new_bytes'] / max(elapsed, 1e-9):,.0f} bytes/s"
+                                + (f", accepted {accepted:.2f}" if accepted is not None else ""))
+        os.fsync(f.fileno())
+    bar.close()
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    return summary
+
+
+# ------------------------------------------------------------------ checks and resuming
+
+
+def _check_config(cfg: DistillConfig) -> None:
+    for name in ("num_prompts", "prompt_len", "max_new_tokens"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not cfg.temperature > 0:
+        raise InputError(f"--temperature must be > 0, got {cfg.temperature}")
+    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
+        raise InputError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    if not 0 <= cfg.greedy_fraction <= 1:
+        raise InputError(f"--greedy-fraction must be in [0, 1], got {cfg.greedy_fraction}")
+    model = Path(cfg.model)
+    if not (model / "config.json").is_file():
+        raise InputError(f"--model {cfg.model}: not a Hugging Face checkpoint folder (no config.json)")
+    config = json.loads((model / "config.json").read_text())
+    context = config.get("max_position_embeddings")
+    if context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
+        raise InputError(f"<bos> + --prompt-len {cfg.prompt_len} + --max-new-tokens {cfg.max_new_tokens} exceeds "
+                         f"the model's context of {context} tokens")
+    if cfg.head is not None and not (Path(cfg.head) / "head.json").is_file():
+        raise InputError(f"--head {cfg.head}: not a head folder (no head.json; mtpc train writes one)")
+    out = Path(cfg.out)
+    if out.is_dir():
+        raise InputError(f"--out {cfg.out} is a folder; give a .jsonl file")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {cfg.out}: the folder {out.parent} does not exist")
+
+
+def _resume(out: Path, cfg: DistillConfig) -> int:
+    """Records already in `out` (after cutting a partial last line); writes the settings file."""
+    meta = Path(str(out) + META_SUFFIX)
+    settings = cfg.settings()
+    if out.exists() and out.stat().st_size > 0:
+        if not meta.exists():
+            raise InputError(f"{out} exists but was not written by mtpc distill-data (no {meta.name}); "
+                             "choose another --out")
+        previous = json.loads(meta.read_text())
+        changed = sorted(k for k in set(settings) | set(previous) if settings.get(k) != previous.get(k))
+        if changed:
+            raise InputError(f"{out} was written with other settings ({', '.join(changed)} differ); rerun with the "
+                             "same settings to complete it, or choose another --out")
+        return _complete_records(out)
+    meta.write_text(json.dumps(settings, indent=1) + "\n")
+    out.write_bytes(b"")
+    return 0
+
+
+def _complete_records(out: Path) -> int:
+    """Count the records of `out`, checking they are 0, 1, 2, ...; a last line without its newline
+    (or not valid JSON) is what a killed run leaves: it is cut off so the rerun rewrites it."""
+    data = out.read_bytes()
+    keep = data.rfind(b"\n") + 1  # everything after the last newline is a partial record
+    lines = data[:keep].splitlines()
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except ValueError:  # a torn write that happened to end in a newline byte
+            keep -= len(lines[-1]) + 1
+            lines = lines[:-1]
+    for i, line in enumerate(lines):
+        try:
+            index = json.loads(line).get("index")
+        except (ValueError, AttributeError):
+            index = None
+        if index != i:
+            raise InputError(f"{out}:{i + 1}: not record {i} of an mtpc distill-data run; choose another --out")
+    if keep < len(data):
+        with out.open("r+b") as f:
+            f.truncate(keep)
+    return len(lines)
+
+
+# ------------------------------------------------------------------ prompts
+
+
+class TrainingPrompts:
+    """`length`-byte spans starting at line starts of the training documents of `source`."""
+
+    def __init__(self, source: str | None, tok, length: int, val_fraction: float):
+        from .data import load_documents, split_documents
+
+        try:
+            docs, _ = load_documents(None if source in (None, "stdlib") else source, tok)
+        except (FileNotFoundError, ValueError) as e:
+            raise InputError(f"--data: {e}") from None
+        train, _ = split_documents(docs, val_fraction)
+        self.docs, self.length = train, length
+        doc_of, start_of = [], []
+        for k, d in enumerate(train):
+            starts = _line_starts(d.tokens, length)
+            doc_of.append(np.full(len(starts), k, dtype=np.int64))
+            start_of.append(starts)
+        self.doc_of, self.start_of = np.concatenate(doc_of), np.concatenate(start_of)
+        if len(self.doc_of) == 0:
+            raise InputError(f"no training document of {source or 'stdlib'} has a line of {length} bytes "
+                             "to prompt with; lower --prompt-len")
+
+    def __getitem__(self, rng: random.Random) -> bytes:
+        c = rng.randrange(len(self.doc_of))
+        tokens = self.docs[int(self.doc_of[c])].tokens
+        s = int(self.start_of[c])
+        return bytes(tokens[s:s + self.length].astype(np.uint8))
+
+
+def _line_starts(tokens: np.ndarray, length: int) -> np.ndarray:
+    """Offsets where `length` bytes (no special token) begin at the document's first byte or after a newline."""
+    is_byte = (tokens >= 0) & (tokens < 256)
+    first = np.flatnonzero(is_byte)[:1]
+    after_newline = np.flatnonzero(tokens[:-1] == NEWLINE) + 1
+    starts = np.unique(np.concatenate([first, after_newline]))
+    ends = starts + length
+    # a span qualifies when its `length` tokens exist and are all bytes
+    run = np.concatenate([[0], np.cumsum(~is_byte)])  # specials before each offset
+    ok = ends <= len(tokens)
+    ok[ok] = run[ends[ok]] == run[starts[ok]]
+    return starts[ok]
+
+
+# ------------------------------------------------------------------ generation
+
+
+def _record_seed(seed: int, index: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"mtpc-distill:{seed}:{index}".encode()).digest()[:8], "little") >> 1
+
+
+def _record(i: int, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok) -> tuple[dict, int, float | None]:
+    """Record `i`, the number of bytes the LM wrote for it, and the head's mean accepted length."""
+    seed = _record_seed(cfg.seed, i)
+    rng = random.Random(seed)
+    prompt = prompts[rng]
+    greedy = rng.random() < cfg.greedy_fraction
+    ids = [tok.bos_id] + list(prompt)
+    new, accepted = generate(ids, greedy, seed)
+    specials = [k for k, t in enumerate(new) if not tok.is_byte(t)]
+    cut = specials[0] if specials else len(new)
+    stop = "length" if not specials else ("eos" if new[cut] == tok.eos_id else "special")
+    completion = bytes(new[:cut])
+    record = {"index": i, "prompt": _as_text(prompt), "completion": _as_text(completion),
+              "mode": "greedy" if greedy else "sample", "stop": stop}
+    return record, len(completion), accepted
+
+
+def _as_text(data: bytes) -> str:
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _generator(cfg: DistillConfig, tok):
+    """`generate(ids, greedy, seed) -> (new token ids, mean accepted or None)` for one prompt."""
+    from transformers import AutoModelForCausalLM
+
+    from .decode import SpeculativeDecoder, generate_autoregressive
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise InputError(f"--model {cfg.model}: {e}") from None
+    stop = [t for t in range(tok.vocab_size) if not tok.is_byte(t)]
+    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, eos_token_id=stop)
+    if cfg.head is None:
+        def generate(ids, greedy, seed):
+            generator = torch.Generator(device).manual_seed(seed)
+            out = generate_autoregressive(model, torch.tensor([ids], device=device), cfg.max_new_tokens,
+                                          do_sample=not greedy, generator=generator, **sampling)
+            return out.sequences[0, len(ids):].tolist(), None
+        return generate
+
+    from .bench import load_head_entry
+
+    try:
+        entry = load_head_entry(cfg.head, model, cfg.model, torch.float32, None, device)
+        decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"--head {cfg.head}: {e}") from None
+
+    def generate(ids, greedy, seed):
+        generator = torch.Generator(device).manual_seed(seed)
+        out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, do_sample=not greedy,
+                               generator=generator, **sampling)
+        return out.sequences[0, len(ids):].tolist(), out.stats.mean_accepted
+    return generate

@@ -1,0 +1,169 @@
+"""mtpc distill-data: deterministic, resumable, training prompts only, prompt masked in training data."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mtpc.cli import main
+from mtpc.data import load_documents, split_documents
+from mtpc.distill import DistillConfig, distill_data
+from mtpc.errors import InputError
+from mtpc.tokenizer import ByteTokenizer, to_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from mtpc.tinylm import TinyLMConfig, build_model
+
+    path = tmp_path_factory.mktemp("lm")
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    model = build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # confident enough that greedy choices are not float near-ties
+    model.save_pretrained(path)
+    tok.save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Files whose every line names its file, so a prompt tells which document it came from."""
+    path = tmp_path_factory.mktemp("corpus")
+    for i in range(20):
+        lines = [f"file{i:02d} line {k:03d}: value = compute({k}, {i}) + {k * i}" for k in range(30)]
+        (path / f"f{i:02d}.py").write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def args(lm, corpus, out, *extra):
+    return ["distill-data", "--model", lm, "--data", corpus, "--out", str(out), "--prompt-len", "16",
+            "--max-new-tokens", "24", "--no-progress", *extra]
+
+
+def records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_records_are_deterministic_and_depend_on_the_seed(tiny_lm, corpus, tmp_path):
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        assert main(args(tiny_lm, corpus, tmp_path / f"{name}.jsonl", "--num-prompts", "6", "--seed", seed)) == 0
+    a, b, c = ((tmp_path / f"{n}.jsonl").read_bytes() for n in "abc")
+    assert a == b and a != c
+    got = records(tmp_path / "a.jsonl")
+    assert [r["index"] for r in got] == list(range(6))
+    assert {r["mode"] for r in got} <= {"greedy", "sample"}
+    assert all(r["stop"] in ("eos", "special", "length") for r in got)
+    assert all(len(to_bytes(r["prompt"])) == 16 for r in got)
+    assert all(len(to_bytes(r["completion"])) == 24 for r in got if r["stop"] == "length")
+
+
+def test_resume_after_a_kill_gives_the_same_file(tiny_lm, corpus, tmp_path):
+    whole = tmp_path / "whole.jsonl"
+    assert main(args(tiny_lm, corpus, whole, "--num-prompts", "5")) == 0
+    part = tmp_path / "part.jsonl"
+    assert main(args(tiny_lm, corpus, part, "--num-prompts", "2")) == 0  # fewer records: a prefix
+    assert whole.read_bytes().startswith(part.read_bytes())
+    lines = whole.read_bytes().splitlines(keepends=True)
+    with part.open("ab") as f:  # a killed run: record 2 written, record 3 torn in the middle
+        f.write(lines[2] + lines[3][:20])
+    assert main(args(tiny_lm, corpus, part, "--num-prompts", "5")) == 0
+    assert part.read_bytes() == whole.read_bytes()
+    assert main(args(tiny_lm, corpus, part, "--num-prompts", "5")) == 0  # complete: nothing to do
+    assert part.read_bytes() == whole.read_bytes()
+
+
+def test_a_rerun_with_other_settings_or_a_foreign_file_is_refused(tiny_lm, corpus, tmp_path):
+    out = tmp_path / "x.jsonl"
+    cfg = DistillConfig(model=tiny_lm, data=corpus, out=str(out), num_prompts=2, prompt_len=16, max_new_tokens=8,
+                        progress=False)
+    distill_data(cfg)
+    before = out.read_bytes()
+    cfg.seed, cfg.num_prompts = 1, 3
+    with pytest.raises(InputError, match="seed"):
+        distill_data(cfg)
+    assert out.read_bytes() == before
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"text": "not ours"}\n')
+    with pytest.raises(InputError, match="not written by mtpc distill-data"):
+        distill_data(DistillConfig(model=tiny_lm, data=corpus, out=str(foreign), prompt_len=16, max_new_tokens=8,
+                                  progress=False))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_prompts": 0}, "--num-prompts"), ({"temperature": 0.0}, "--temperature"), ({"top_p": 1.5}, "--top-p"),
+    ({"greedy_fraction": 2.0}, "--greedy-fraction"), ({"max_new_tokens": 60}, "context"),
+    ({"head": "/nonexistent"}, "--head"), ({"data": "/nonexistent/x"}, "--data"), ({"model": "/nonexistent"}, "--model"),
+    ({"data": "SHORT"}, "lower --prompt-len"),
+])
+def test_bad_settings_are_input_errors_before_any_work(tiny_lm, corpus, tmp_path, change, message):
+    if change.get("data") == "SHORT":  # a corpus without a single 16-byte span
+        (tmp_path / "short.py").write_text("a = 1\nb = 2\n")
+        change = {"data": str(tmp_path / "short.py")}
+    cfg = DistillConfig(**{"model": tiny_lm, "data": corpus, "out": str(tmp_path / "o.jsonl"), "prompt_len": 16,
+                           "max_new_tokens": 8, "progress": False, **change})
+    with pytest.raises(InputError, match=message):
+        distill_data(cfg)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_prompts_come_from_training_documents_only(tiny_lm, corpus, tmp_path):
+    out = tmp_path / "p.jsonl"
+    assert main(args(tiny_lm, corpus, out, "--num-prompts", "40", "--max-new-tokens", "1")) == 0
+    tok = ByteTokenizer.load(tiny_lm)
+    docs, _ = load_documents(corpus, tok)
+    train, held_out = split_documents(docs, 0.02)
+    assert held_out and train
+    train_names = {Path(d.name).stem for d in train}
+    held_out_bytes = [bytes(d.tokens[1:-1].astype(np.uint8)) for d in held_out]
+    sources = set()
+    for r in records(out):
+        prompt = to_bytes(r["prompt"])
+        sources.add(prompt[:6].decode())  # every prompt starts at a line start: "fileNN"
+        assert not any(prompt in text for text in held_out_bytes)
+    assert sources <= {name.replace("f", "file") for name in train_names}
+    assert len(sources) > 5
+
+
+def test_training_reads_records_with_the_prompt_masked(tiny_lm, corpus, tmp_path):
+    out = tmp_path / "m.jsonl"
+    assert main(args(tiny_lm, corpus, out, "--num-prompts", "3")) == 0
+    tok = ByteTokenizer.load(tiny_lm)
+    docs, stats = load_documents(str(out), tok)
+    assert stats.skipped_corrupt == 0
+    for doc, r in zip(docs, (r for r in records(out) if r["completion"])):
+        prompt, completion = to_bytes(r["prompt"]), to_bytes(r["completion"])
+        assert doc.tokens.tolist() == [tok.bos_id, *prompt, *completion, tok.eos_id]
+        assert doc.mask.tolist() == [False] * (1 + len(prompt)) + [True] * (len(completion) + 1)
+
+
+def test_invalid_utf8_round_trips_exactly_through_a_record(tmp_path):
+    raw_prompt, raw_completion = b"ok \xff\xfe\xed\xb2\x80 x", b"\xc3(\x80\xe2\x82 end"
+    record = {"index": 0, "prompt": raw_prompt.decode("utf-8", "surrogateescape"),
+              "completion": raw_completion.decode("utf-8", "surrogateescape")}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    assert path.read_bytes().isascii()
+    tok = ByteTokenizer()
+    (doc,), _ = load_documents(str(path), tok)
+    assert doc.tokens.tolist() == [tok.bos_id, *raw_prompt, *raw_completion, tok.eos_id]
+    assert doc.mask.sum() == len(raw_completion) + 1
+
+
+def test_a_head_decodes_speculatively_with_the_same_greedy_records(tiny_lm, corpus, tmp_path):
+    head = tmp_path / "head"
+    assert main(["train", "--model", tiny_lm, "--circuit", str(ROOT / "examples" / "ff.pc"), "-D", "n=4",
+                 "--data", corpus, "--out", str(head), "--steps", "2", "--seq-len", "32", "--batch-size", "2",
+                 "--val-sequences", "1", "--precision", "fp32", "--no-progress"]) == 0
+    plain, fast = tmp_path / "plain.jsonl", tmp_path / "fast.jsonl"
+    assert main(args(tiny_lm, corpus, plain, "--num-prompts", "4", "--greedy-fraction", "1")) == 0
+    assert main(args(tiny_lm, corpus, fast, "--num-prompts", "4", "--greedy-fraction", "1", "--head", str(head))) == 0
+    assert records(plain) == records(fast)
+    meta = json.loads(Path(str(fast) + ".meta.json").read_text())
+    assert meta["head"] == str(head.resolve())
