@@ -344,7 +344,7 @@ class Trainer:
         chosen = torch.tensor(_spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
         x, hw = x[chosen], hw[chosen]
         accepted = torch.cat([teacher_forced_accepted(self.head, hw[i:i + 128], x[i:i + 128])
-                              for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0)
+                              for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0, dtype=torch.long)
         return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
                 "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
 

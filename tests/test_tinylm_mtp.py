@@ -174,3 +174,21 @@ def test_bad_flags_are_input_errors_before_any_work(tmp_path, extra, message):
     with pytest.raises(InputError, match=message):  # main() prints it as one line (exit status 2)
         parsed.func(parsed)
     assert not (tmp_path / "x").exists()
+
+
+def test_head_training_validates_a_held_out_split_without_full_windows(tmp_path):
+    """Short held-out documents (fewer bytes than the window): validation reports nan acceptance
+    instead of failing (self-distillation data with few records hit this)."""
+    from mtpc.train import TrainConfig, train
+
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    build_model(TinyLMConfig(out="", **SMALL), tok).save_pretrained(tmp_path / "lm")
+    tok.save(tmp_path / "lm")
+    data = tmp_path / "short.jsonl"
+    data.write_text("".join(json.dumps({"text": "def f(x): return x + 1\n" * 4}) + "\n" for _ in range(9))
+                    + json.dumps({"text": "ab"}) + "\n")
+    s = train(TrainConfig(model=str(tmp_path / "lm"), out=str(tmp_path / "head"), circuit=FF, bindings={"n": 4},
+                          data=str(data), seq_len=32, batch_size=4, steps=2, val_fraction=0.1, precision="fp32",
+                          progress=False))
+    assert s["val_windows"] == 0 and s["val_accepted"] != s["val_accepted"]
