@@ -74,6 +74,22 @@ def add_tiny_lm(sub) -> None:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast dtype (auto: bf16 where the hardware has it)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--save-every", type=positive_int, default=100, help="steps between checkpoints (OUT/checkpoint.pt)")
+    p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
+    p.add_argument("--stop-after", type=positive_int, default=None,
+                   help="leave at this step with a checkpoint (resume later)")
+    mtp = p.add_argument_group("MTP-aware pretraining", "train a circuit draft head jointly with the LM (loss = "
+                               "next-byte CE + weight x windowed MTP loss, gradients into the LM); the head is "
+                               "saved in OUT/mtp_head (mtpc.load_head, mtpc train --init-head)")
+    mtp.add_argument("--mtp-circuit", default=None, metavar="FILE.pc", help="the head's circuit structure")
+    mtp.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
+                     help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
+    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.2, help="weight of the MTP loss")
+    mtp.add_argument("--mtp-parameterisation", choices=("full", "shared", "factorised"), default="full",
+                     help="head weights (see mtpc train --parameterisation)")
+    mtp.add_argument("--mtp-window-stride", type=positive_int, default=1,
+                     help="score the windows at every s-th position only")
+    mtp.add_argument("--mtp-gamma", type=probability, default=0.9, help="discount of window position j: gamma**(j-1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_tiny_lm)
 
@@ -93,11 +109,23 @@ def run_tiny_lm(args) -> int:
     cfg = TinyLMConfig(out=args.out, data=args.data, minutes=args.minutes, steps=args.steps, context=args.context,
                        d_model=args.d_model, layers=args.layers, heads=args.heads, ffn=args.ffn,
                        vocab_size=args.vocab_size, batch_size=args.batch_size, lr=args.lr,
-                       precision=args.precision, seed=args.seed, progress=not args.no_progress)
+                       precision=args.precision, seed=args.seed, progress=not args.no_progress,
+                       save_every=args.save_every, resume=not args.no_resume, stop_after=args.stop_after,
+                       mtp_circuit=args.mtp_circuit, mtp_bindings=parse_defines(args.defines),
+                       mtp_weight=args.mtp_weight, mtp_parameterisation=args.mtp_parameterisation,
+                       mtp_window_stride=args.mtp_window_stride, mtp_gamma=args.mtp_gamma)
     s = train_tiny_lm(cfg)
+    if "stopped_at" in s:
+        print(f"stopped at step {s['stopped_at']}; {args.out}/checkpoint.pt resumes it (rerun the same command)")
+        return 0
+    if not s:  # not rank 0 under torchrun
+        return 0
     print(f"saved {args.out}: {s['parameters'] / 1e6:.2f}M parameters, {s['steps']} steps, "
           f"{s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s ({s['tokens_per_second']:,} tok/s), "
           f"held-out {s['val_bits_per_byte']:.3f} bits/byte (start {s['val_bits_per_byte_at_start']:.3f})")
+    if "mtp_head" in s:
+        print(f"saved the jointly trained head in {args.out}/mtp_head: held-out MTP loss "
+              f"{s['mtp_head']['val_mtp_loss']:.4f}")
     return 0
 
 

@@ -49,6 +49,7 @@ from torch import nn
 
 from . import checks
 from .data import PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
+from .distributed import Dist, all_sum as _all_sum, barrier as _barrier, init_distributed
 from .kl_loss import kl_loss, lm_teacher
 from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
 from .tinylm import advance, autocast, autocast_dtype, cosine_lr, progress_bar
@@ -106,48 +107,6 @@ class TrainConfig:
     resume: bool = True
     stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
-
-
-# ------------------------------------------------------------------ distributed
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed() -> Dist:
-    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPUs), or run alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available()
-    if world == 1:
-        return Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank = dist.get_rank()
-    device = torch.device("cpu")
-    if cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    return Dist(rank, world, device)
-
-
-def _all_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
-    if d.world > 1:
-        dist.all_reduce(t)
-    return t
-
-
-def _barrier(d: Dist) -> None:
-    if d.world > 1:
-        dist.barrier()
 
 
 # ------------------------------------------------------------------ data order
