@@ -147,16 +147,16 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
 def test_draft_programs_equal_the_layered_conditionals(structure):
     """The decoder's planned greedy drafts (circuitc.draft) pick what the upward passes over all `v`
     candidates pick (float64 heads: no near-ties), with and without the bonus token."""
-    from mtpc.decode import _Circuit
+    from mtpc.drafting import CircuitDrafter
 
     head = random_head(structure, 4, 12, seed=7)
-    fast = _Circuit(head)
-    layered = _Circuit(head)
+    fast = CircuitDrafter(head)
+    layered = CircuitDrafter(head)
     layered.program = None
     for seed in range(4):
         theta = head(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))[None]
         for strategy in ("conditional", "marginal"):
-            for given in (None, seed + 2):
+            for given in ([], [seed + 2], [seed + 2, 1, 5]):  # nothing, x_0, x_0 and lookup tokens
                 assert torch.equal(fast.greedy(theta, strategy, None, given),
                                    layered.greedy(theta, strategy, None, given)), (strategy, given)
 
