@@ -34,6 +34,7 @@ def set_metrics(runs: Sequence[Run]) -> dict:
             "mu_lat": seconds / cycles if cycles else 0.0,
             "tok_s": tokens / seconds if seconds > 0 else 0.0,
             "phases_per_cycle": {p: phases[p] / cycles if cycles else 0.0 for p in PHASES},
+            "lookup_share": sum(r.lookup_cycles for r in runs) / cycles if cycles else 0.0,
             "repetition": statistics.fmean(run_repetition(r) for r in runs) if runs else 0.0}
 
 
@@ -147,6 +148,7 @@ def _aggregate(sets: Sequence[dict]) -> dict:
     return {"mu_acc": mean_std(s["mu_acc"] for s in sets), "mu_lat": mean_std(s["mu_lat"] for s in sets),
             "tok_s": mean_std(s["tok_s"] for s in sets), "phases_ms": phases,
             "repetition": mean_std(s["repetition"] for s in sets),
+            "lookup_share": statistics.fmean(s["lookup_share"] for s in sets),
             "tokens": sum(s["tokens"] for s in sets), "cycles": sum(s["cycles"] for s in sets)}
 
 

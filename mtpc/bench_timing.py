@@ -129,6 +129,7 @@ class Run:
     phases: dict[str, float]
     sequence: list[int]  # prompt + continuation
     prompt_tokens: int
+    lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
 
 
 def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
@@ -139,6 +140,7 @@ def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tok
     phases, hooked = split_phases(clock.times())
     stats = out.stats
     seconds = sum(stats.cycle_seconds) if stats_clock else hooked
-    return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens)
+    return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
+               stats.lookup_cycles)
 
 
