@@ -34,6 +34,14 @@ conditionals; default: it accepted most in our measurements), `"marginal"` (per-
 argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample). Sampling mode always
 drafts circuit samples.
 
+Prompt lookup (`lookup=K` or a `mtpc.drafting.PromptLookup`; off by default): after `x_0`, a cycle may
+draft the `K` tokens that followed the latest earlier occurrence of the text's last few tokens instead
+of (or, when shorter than the window, before) the circuit's tokens. They are point-mass proposals:
+accepted with probability `p(c)`, residual `p` without `c`, renormalised, the same `AcceptanceRule`
+with `q = delta_c`; the choice of source reads only the past (`mtpc.drafting.LookupState.use`), so
+greedy output still equals plain greedy and sampling stays exact. Proposal sources live in
+`mtpc.drafting`; this module keeps the one loop, the targets and the acceptance rule.
+
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
 (transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`).
 """
