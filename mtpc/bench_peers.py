@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .bench_timing import PhaseClock, Run, backbone_marks, run_one, split_phases
+from .bench_timing import PHASES, PhaseClock, Run, backbone_marks, split_phases
 from .decode import DecodeStats, GenerateOutput, Target, _eos_set
 from .errors import InputError
 
@@ -119,7 +119,9 @@ def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
 
 
 def _static_task(cfg, decoder: "StaticCacheDecoder", eos: int) -> Callable:
-    embed, ends = backbone_marks(decoder.model)
+    """No phase hooks here: a hook inside a `torch.compile`d step is traced by dynamo (graph breaks and
+    recompiles), which would time something else than the compiled step. The decoder's own cycle clock
+    (CUDA: synchronised) gives the decoding time; the phases stay empty."""
     sampling = {"do_sample": False} if cfg.mode == "greedy" else {
         "do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
 
@@ -127,9 +129,10 @@ def _static_task(cfg, decoder: "StaticCacheDecoder", eos: int) -> Callable:
         gen = torch.Generator().manual_seed(seed) if ids.device.type == "cpu" else None
         if gen is None:
             torch.manual_seed(seed)
-        clock = PhaseClock(None, embed, ends, ids.device.type == "cuda")
-        return run_one(lambda: decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **sampling), clock,
-                       stats_clock=ids.device.type != "cuda", prompt_tokens=ids.shape[1])
+        out = decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **sampling)
+        stats = out.stats
+        return Run(stats.new_tokens, stats.cycles, sum(stats.cycle_seconds), dict.fromkeys(PHASES, 0.0),
+                   out.sequences[0].tolist(), ids.shape[1])
 
     return task
 
@@ -176,6 +179,8 @@ class StaticCacheDecoder:
             if not done:
                 position = torch.tensor([length + step], device=input_ids.device)
                 logits = self.step(input_ids.new_tensor([[token]]), position)[0, -1].clone()
+            if logits.is_cuda:
+                torch.cuda.synchronize()
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(1)
             stats.draft_accepted_per_cycle.append(0)

@@ -228,9 +228,10 @@ def table_rows(report: dict) -> list[list[str]]:
              "1.00", "-", "-", rep(plain), "-", "-", "-", f"{ms['backbone']:.2f}", f"{ms['accept']:.2f}", "-",
              "reference"]]
     for r in report.get("peers", []):
+        hooked = not r["kind"].startswith("plain-")  # the static-cache baselines run without phase hooks
+        phases = [f"{r['phases_ms'][p]:.2f}" if hooked else "-" for p in ("backbone", "accept")]
         rows.append([r["label"], "-", "-", "-", _pm(r["mu_acc"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1),
-                     _pm(r["speedup_plain"]), versus(r), "-", rep(r), "-", "-", "-",
-                     f"{r['phases_ms']['backbone']:.2f}", f"{r['phases_ms']['accept']:.2f}", "-", _check_cell(r)])
+                     _pm(r["speedup_plain"]), versus(r), "-", rep(r), "-", "-", "-", *phases, "-", _check_cell(r)])
     for r in report["heads"]:
         ff = r.get("speedup_ff")
         cost = r["draft_cost_of_lm_step"]
