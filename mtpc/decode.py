@@ -308,8 +308,8 @@ class SpeculativeDecoder:
             lookup.extend([x0])
             proposal = lookup.propose()
             if proposal is not None and lookup.use(proposal):
-                return self._lookup_draft(theta, x0, proposal.tokens, target, generator,
-                                          own is not None and own.from_draft)
+                tokens = proposal.tokens[:lookup.length(proposal, self.circuit.n)]
+                return self._lookup_draft(theta, x0, tokens, target, generator, own is not None and own.from_draft)
         return own if own is not None else self._circuit_draft(theta, x0, target, generator)
 
     def _first_token(self, first, theta, target: Target, generator) -> tuple[int, Draft | None]:

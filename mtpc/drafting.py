@@ -20,6 +20,7 @@ never the circuit's random draft.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -164,7 +165,8 @@ class PromptLookup:
     longer than the circuit's `n`). The text's last `max_ngram .. min_ngram` tokens are matched (longest
     first) against every earlier position of the prompt + generated text; the most recent match wins,
     and its continuation is extended periodically when it runs into the present (so `abab` proposes
-    `abab..`). `prefer`: "adaptive" (default) proposes the lookup tokens when their running acceptance
+    `abab..`); it drafts all `tokens` only while its running acceptance reaches past the circuit's window
+(`LookupState.length`). `prefer`: "adaptive" (default) proposes the lookup tokens when their running acceptance
     for this match length beats the circuit's running acceptance; "lookup" proposes them whenever
     there is a match (transformers' prompt lookup, with the circuit as fallback). `decay`: weight of
     the newest cycle in the running means."""
@@ -277,6 +279,16 @@ class LookupState:
         if score is None:
             return False
         return self.circuit_score is None or score > self.circuit_score
+
+    def length(self, proposal: LookupProposal, window: int) -> int:
+        """How many of the proposal's tokens to draft, for a circuit window of `window` positions. A
+        verified position costs backbone time, so the lookup goes past the circuit's window only when
+        its running acceptance for this match length says it reaches that far; otherwise it drafts one
+        token more than it usually gets right, and the circuit fills the window after it."""
+        score = self.lookup_score.get(proposal.ngram)
+        if score is None or score + 1 >= window - 1:
+            return len(proposal.tokens)
+        return min(len(proposal.tokens), max(1, math.ceil(score) + 1))
 
     def record_circuit(self, accepted: int) -> None:
         """A cycle that used the circuit accepted `accepted` drafted tokens after `x_0`."""

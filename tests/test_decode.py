@@ -398,6 +398,8 @@ def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
     assert state.use(proposal)  # lookup's running acceptance 2 > the circuit's 1
     state.record_circuit(9)
     assert not state.use(proposal)  # the circuit's is now 1 + 0.25 * (9 - 1) = 3
+    assert state.length(proposal, window=8) == 3  # running acceptance 2: one more token, the circuit fills
+    assert state.length(proposal, window=4) == 5  # 2 + 1 reaches the window's end: all of it
     assert LookupState(PromptLookup(min_ngram=2)).propose() is None
 
 
