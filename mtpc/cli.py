@@ -255,6 +255,18 @@ def add_bench(sub) -> None:
                    help="greedy draft strategies to compare: conditional, marginal, map, sample")
     p.add_argument("--bonus", choices=("off", "on", "both"), default="off",
                    help="bonus-conditioned drafting: off, on, or both side by side")
+    p.add_argument("--lookup", choices=("off", "on", "both"), default="off",
+                   help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
+    p.add_argument("--lookup-tokens", type=positive_int, default=10, help="tokens a lookup match proposes")
+    p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
+                   help="also run transformers' own decoders: prompt-lookup[:K] (default K 10) and/or assisted:DIR "
+                        "(a small draft LM folder)")
+    p.add_argument("--compile", action="store_true",
+                   help="also run plain decoding with a static KV cache, eager and torch.compile'd (compiled in the "
+                        "warm-up); speed-ups are then reported against the compiled baseline too")
+    p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
+                   help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "
+                        "(degenerate loops; reported)")
     p.add_argument("--dtype", choices=("fp32", "fp64", "bf16"), default="fp32", help="the LM's dtype")
     p.add_argument("--head-dtype", choices=("fp32", "fp64", "bf16"), default=None,
                    help="cast the heads for inference (default: as saved)")
@@ -273,7 +285,10 @@ def run_bench(args) -> int:
                       num_prompts=args.num_prompts, repeats=args.repeats, prompt_len=args.prompt_len,
                       max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature,
                       top_k=args.top_k, top_p=args.top_p, drafts=args.draft,
-                      bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus], dtype=args.dtype,
+                      bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus],
+                      lookup={"off": (False,), "on": (True,), "both": (False, True)}[args.lookup],
+                      lookup_tokens=args.lookup_tokens, peers=args.peers, compile=args.compile,
+                      max_repetition=args.max_repetition, dtype=args.dtype,
                       head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
                       out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab)
     report = bench(cfg)

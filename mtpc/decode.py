@@ -34,6 +34,14 @@ conditionals; default: it accepted most in our measurements), `"marginal"` (per-
 argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample). Sampling mode always
 drafts circuit samples.
 
+Prompt lookup (`lookup=K` or a `mtpc.drafting.PromptLookup`; off by default): after `x_0`, a cycle may
+draft the `K` tokens that followed the latest earlier occurrence of the text's last few tokens instead
+of (or, when shorter than the window, before) the circuit's tokens. They are point-mass proposals:
+accepted with probability `p(c)`, residual `p` without `c`, renormalised, the same `AcceptanceRule`
+with `q = delta_c`; the choice of source reads only the past (`mtpc.drafting.LookupState.use`), so
+greedy output still equals plain greedy and sampling stays exact. Proposal sources live in
+`mtpc.drafting`; this module keeps the one loop, the targets and the acceptance rule.
+
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
 (transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
 transformers `BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`) as `generate(..., streamer=)`.
@@ -49,6 +57,7 @@ import torch
 from torch import nn
 
 from .backbone import BackboneState, SplitBackbone
+from .drafting import CircuitDrafter, Draft, LookupState, PromptLookup
 from .head import MTPHead
 
 __all__ = [
@@ -76,6 +85,7 @@ class DecodeStats:
     cycle_seconds: list[float] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     draft_accepted_per_cycle: list[int] = field(default_factory=list)
+    lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
 
     @property
     def cycles(self) -> int:
@@ -102,7 +112,7 @@ class DecodeStats:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
                 "prefill_seconds": self.prefill_seconds, "accepted_per_cycle": list(self.accepted_per_cycle),
-                "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle)}
+                "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle), "lookup_cycles": self.lookup_cycles}
 
 
 @dataclass
@@ -182,117 +192,6 @@ class AcceptanceRule:
         return r / total if total > 0 else p  # total = 0 only when p = q, where nothing is ever rejected
 
 
-# --------------------------------------------------------------------------- drafting
-
-@dataclass
-class Draft:
-    """One window: `window[0]` is the committed token `x_0`, `window[1:]` the drafted tokens.
-
-    The proposal for `window[j]` (j >= 1) is `q(x_j | cond[:j])` where position 0 of `cond` is
-    observed only if `keep0` (it is unobserved when the verifier's token lies outside the circuit's
-    states). Sampling only: `rows[j]` = that conditional over all states (from the draft program,
-    which drew the window from exactly these rows), or else `log_r[j]` = its log at `window[j]`."""
-
-    window: torch.Tensor  # [n] long
-    cond: torch.Tensor  # [n] long, entries < v
-    keep0: bool
-    from_draft: bool  # window[0] is the circuit's own (accepted) token
-    log_r: torch.Tensor | None = None  # [n] (entry 0 unused)
-    rows: torch.Tensor | None = None  # [n, v] float64 probabilities (row 0 unused after a bonus token)
-
-    def q(self, j: int) -> float:
-        """The proposal's probability of `window[j]` (j >= 1, or 0 for the circuit's own first token)."""
-        token = int(self.window[j])
-        return float(self.rows[j, token]) if self.rows is not None else float(self.log_r[j].exp())
-
-
-class _Circuit:
-    """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`).
-
-    When the head keeps its region graph, greedy "conditional" and "marginal" drafts and sampling-mode
-    drafts run `circuitc.draft.DraftProgram` (planned top-down derivatives: about 0.15 ms for n = 8,
-    r = 8, v = 256 where an upward pass over the `v` candidates per position took 1-7 ms; a sampled
-    window comes with the exact conditionals it was drawn from, so acceptance and residuals need no
-    further circuit pass); otherwise the layered programs."""
-
-    def __init__(self, head: MTPHead):
-        from circuitc.draft import DraftProgram
-
-        self.circ = head.circ
-        self.n, self.v = head.num_variables, head.num_states
-        self.program = DraftProgram(head.graph, self.circ.param_layout) if head.graph is not None else None
-
-    def keep(self, upto: int, keep0: bool) -> torch.Tensor:
-        """[n] bool: positions `< upto` observed, position 0 only if `keep0`."""
-        mask = torch.arange(self.n, device=self.circ.leaf_variable.device) < upto
-        if not keep0:
-            mask[0] = False
-        return mask
-
-    def conditional(self, theta, cond, upto: int, keep0: bool, variable: int) -> torch.Tensor:
-        """`[v]` log q(x_variable | cond[:upto]) (`variable >= upto`): one marginal pass over the `v`
-        candidate states, normalised (3x faster at batch 1 than the runtime's gradient-based
-        `conditional_log_distribution`, same values)."""
-        keep = self.keep(upto, keep0)
-        keep[variable] = True
-        candidates = cond[None].repeat(self.v, 1)  # [v, n]
-        candidates[:, variable] = torch.arange(self.v, device=cond.device)
-        return self.circ.log_marginal(candidates, keep, theta[0]).log_softmax(-1)
-
-    def marginals(self, theta, x, given: bool) -> torch.Tensor:
-        """`[n, v]` log q(x_j = s | x_0) (or unconditioned when not `given`), all positions in one pass."""
-        n, v = self.n, self.v
-        candidates = x[None, None].repeat(n, v, 1)  # [n, v, n]
-        positions = torch.arange(n, device=x.device)
-        candidates[positions, :, positions] = torch.arange(v, device=x.device)
-        keep = torch.eye(n, dtype=torch.bool, device=x.device)  # [n, n] row j observes x_j
-        keep[:, 0] |= given
-        keep = keep[:, None].expand(n, v, n).reshape(n * v, n)
-        joint = self.circ.log_marginal(candidates.view(n * v, n), keep, theta[0])  # [n * v]
-        return joint.view(n, v).log_softmax(-1)
-
-    def log_r(self, theta, cond, keep0: bool) -> torch.Tensor:
-        """`[n]`: entry j >= 1 = log q(cond[j] | cond[:j]) (position 0 observed iff keep0)."""
-        if keep0:
-            prefix = self.circ.prefix_log_marginals(cond[None], theta)[0]  # [n] log q(cond[:j+1])
-            return torch.cat([prefix[:1], prefix[1:] - prefix[:-1]])
-        keep = torch.stack([self.keep(j + 1, False) for j in range(self.n)])  # [n, n]
-        joint = self.circ.log_marginal(cond[None].expand(self.n, -1), keep, theta.expand(self.n, -1))  # [n]
-        return torch.cat([joint[:1], joint[1:] - joint[:-1]])
-
-    def sample(self, theta, generator, given: int | None) -> torch.Tensor:
-        """`[n]` a circuit sample, conditioned on x_0 = given when given."""
-        if given is None:
-            return self.circ.sample(theta, num_samples=1, generator=generator)[0, 0]
-        evidence = torch.full((1, self.n), given, dtype=torch.long, device=theta.device)
-        return self.circ.sample(theta, num_samples=1, generator=generator, evidence=evidence,
-                                keep=self.keep(1, True))[0, 0]
-
-    def greedy(self, theta, strategy: str, generator, given: int | None) -> torch.Tensor:
-        """`[n]` a deterministic (or sampled, for "sample") draft, conditioned on x_0 = given when given."""
-        if strategy == "sample":
-            return self.sample(theta, generator, given)
-        if strategy == "map":
-            if given is None:
-                return self.circ.map(theta)[0]
-            evidence = torch.full((1, self.n), given, dtype=torch.long, device=theta.device)
-            return self.circ.map(theta, evidence=evidence, keep=self.keep(1, True))[0]
-        if self.program is not None:
-            prefix = None if given is None else torch.tensor([given], device=theta.device)
-            run = self.program.greedy if strategy == "conditional" else self.program.marginal_argmax
-            return run(theta[0], prefix)
-        x = torch.zeros(self.n, dtype=torch.long, device=theta.device)
-        start = 0
-        if given is not None:
-            x[0], start = given, 1
-        if strategy == "marginal":
-            best = self.marginals(theta, x, given is not None).argmax(-1)  # [n]
-            return torch.cat([x[:start], best[start:]])
-        for j in range(start, self.n):
-            x[j] = self.conditional(theta, x, j, True, j).argmax()
-        return x
-
-
 # --------------------------------------------------------------------------- the decoder
 
 class SpeculativeDecoder:
@@ -300,11 +199,14 @@ class SpeculativeDecoder:
 
     `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `draft`: greedy draft strategy
     (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
-    rule (an `AcceptanceRule`; replace it only to study wrong rules).
+    rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
+    inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
+    `mtpc.drafting`).
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
-                 bonus: bool = True, acceptance: AcceptanceRule | None = None, family=None):
+                 bonus: bool = True, acceptance: AcceptanceRule | None = None, lookup: int | PromptLookup | None = None,
+                 family=None):
         if draft not in DRAFT_STRATEGIES:
             raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
         self.backbone = SplitBackbone(model, lora_layers, family=family)
@@ -315,8 +217,9 @@ class SpeculativeDecoder:
             raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
                              f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
-        self.circuit = _Circuit(head)
+        self.circuit = CircuitDrafter(head)
         self.draft, self.bonus = draft, bonus
+        self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or AcceptanceRule()
 
     # ----------------------------------------------------------------- public API
@@ -350,15 +253,20 @@ class SpeculativeDecoder:
         out = self.backbone(prompt, state, keep=1)
         nxt = self._carry(target, out.logits[0, -1])
         h = out.hidden[0, -1]  # [d]
+        lookup = None
+        if self.lookup is not None:
+            lookup = LookupState(self.lookup)
+            lookup.extend(tokens)
         stats.prefill_seconds = time.perf_counter() - start
 
         left = max_new_tokens
         while left > 0:
             start = time.perf_counter()
-            committed, from_draft, h, nxt = self._cycle(h, nxt, state, left, target, eos, generator)
+            committed, from_draft, source, h, nxt = self._cycle(h, nxt, state, left, target, eos, generator, lookup)
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(len(committed))
             stats.draft_accepted_per_cycle.append(from_draft)
+            stats.lookup_cycles += source == "lookup"
             tokens += committed
             left -= len(committed)
             if streamer is not None:
@@ -375,15 +283,16 @@ class SpeculativeDecoder:
         """What the next cycle verifies its first token against: logits (greedy) or probabilities."""
         return target.probs(logits) if target.do_sample else logits
 
-    def _cycle(self, h, first, state: BackboneState, left: int, target: Target, eos: set[int], generator):
+    def _cycle(self, h, first, state: BackboneState, left: int, target: Target, eos: set[int], generator,
+               lookup: LookupState | None):
         """Draft, decide x_0, one backbone call, accept. Returns (committed ids, how many came from the
-        draft, next h `[d]`, next target `[V]`)."""
+        draft, the draft's source, next h `[d]`, next target `[V]`)."""
         theta = self.head(h.to(self.head.dtype))[None]  # [1, P]
-        draft = self._draft(theta, first, target, generator)
+        draft = self._draft(theta, first, target, generator, lookup)
         x0 = int(draft.window[0])
         if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
-            return [x0], int(draft.from_draft), h, first
-        w = min(self.circuit.n, left)
+            return [x0], int(draft.from_draft), draft.source, h, first
+        w = min(draft.window.numel(), left)
         base = state.length
         out = self.backbone(draft.window[None, :w], state)  # logits [1, w, V], hidden [1, w, d]
         logits = out.logits[0]
@@ -396,27 +305,57 @@ class SpeculativeDecoder:
         self.backbone.crop(state, base + a)
         nxt = carried if carried is not None else self._carry(target, logits[a - 1])
         committed = draft.window[:a].tolist()
-        return committed, int(draft.from_draft) + a - 1, out.hidden[0, a - 1], nxt
+        if lookup is not None:
+            if draft.source == "circuit":
+                lookup.record_circuit(a - 1)
+            lookup.extend(committed[1:])  # x_0 was added when drafting
+        return committed, int(draft.from_draft) + a - 1, draft.source, out.hidden[0, a - 1], nxt
 
-    def _draft(self, theta, first, target: Target, generator) -> Draft:
-        """The window and its proposal; decides x_0 against `first` (see the module docstring)."""
+    def _draft(self, theta, first, target: Target, generator, lookup: LookupState | None) -> Draft:
+        """The window and its proposal; decides x_0 against `first` (see the module docstring), then
+        drafts the rest from the circuit or, when `lookup` chooses it, from prompt lookup."""
+        x0, own = self._first_token(first, theta, target, generator)
+        if lookup is not None:
+            lookup.extend([x0])
+            proposal = lookup.propose()
+            if proposal is not None and lookup.use(proposal):
+                tokens = proposal.tokens[:lookup.length(proposal, self.circuit.n)]
+                return self._lookup_draft(theta, x0, tokens, target, generator, own is not None and own.from_draft)
+        return own if own is not None else self._circuit_draft(theta, x0, target, generator)
+
+    def _first_token(self, first, theta, target: Target, generator) -> tuple[int, Draft | None]:
+        """x_0. Bonus-conditioned drafting takes it from `first` directly (argmax or a draw) and drafts
+        afterwards; otherwise the circuit drafts first and x_0 is its own first token when the verifier
+        accepts it, so the circuit's whole window comes back with it."""
+        if self.bonus:
+            return (_draw(first, generator) if target.do_sample else int(first.argmax())), None
+        own = self._unconditioned_draft(theta, first, target, generator)
+        return int(own.window[0]), own
+
+    def _circuit_draft(self, theta, x0: int, target: Target, generator) -> Draft:
+        """The circuit's window after a committed x_0, conditioned on it (bonus-conditioned drafting)."""
+        c = self.circuit
+        keep0 = x0 < c.v
+        given = [x0] if keep0 else []
+        if not target.do_sample:
+            d = c.greedy(theta, self.draft, generator, given)
+            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False)
+        if keep0 and c.program is not None:  # x_1.. drawn from q(. | x_0) with their conditionals
+            d, rows = c.program.sample(theta[0], generator, theta.new_tensor(given, dtype=torch.long))
+            return Draft(d, d, True, False, rows=rows)
+        d = c.sample(theta, generator, given)
+        window = torch.cat([d.new_tensor([x0]), d[1:]])
+        cond = window if keep0 else d
+        return Draft(window, cond, keep0, False, c.log_r(theta, cond, keep0))
+
+    def _unconditioned_draft(self, theta, first, target: Target, generator) -> Draft:
+        """The circuit's own window; x_0 is its first token if the verifier accepts it (greedy: equal to
+        the argmax; sampling: the speculative rule against `first`), else the verifier's."""
         c = self.circuit
         if not target.do_sample:
             x0 = int(first.argmax())
-            given = x0 if self.bonus and x0 < c.v else None
-            d = c.greedy(theta, self.draft, generator, given)
-            window = torch.cat([d.new_tensor([x0]), d[1:]])
-            return Draft(window, d, True, from_draft=not self.bonus and int(d[0]) == x0)
-        if self.bonus:
-            x0 = _draw(first, generator)
-            keep0 = x0 < c.v
-            if keep0 and c.program is not None:  # x_1.. drawn from q(. | x_0) with their conditionals
-                d, rows = c.program.sample(theta[0], generator, first.new_tensor([x0], dtype=torch.long))
-                return Draft(d, d, True, False, rows=rows)
-            d = c.sample(theta, generator, x0 if keep0 else None)
-            window = torch.cat([d.new_tensor([x0]), d[1:]])
-            cond = window if keep0 else d
-            return Draft(window, cond, keep0, False, c.log_r(theta, cond, keep0))
+            d = c.greedy(theta, self.draft, generator, [])
+            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, from_draft=int(d[0]) == x0)
         if c.program is not None:
             d, rows = c.program.sample(theta[0], generator)
             d0 = int(d[0])
@@ -424,7 +363,7 @@ class SpeculativeDecoder:
                 return Draft(d, d, True, True, rows=rows)
             x0 = _draw(self.acceptance.residual(first, self._padded_probs(rows[0], first)), generator)
             return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False, rows=rows)
-        d = c.sample(theta, generator, None)
+        d = c.sample(theta, generator, [])
         log_r = c.log_r(theta, d, True)
         d0 = int(d[0])
         if self.acceptance.accept(float(first[d0]), float(log_r[0].exp()), _uniform(generator)):
@@ -433,6 +372,24 @@ class SpeculativeDecoder:
         x0 = _draw(self.acceptance.residual(first, q0), generator)
         window = torch.cat([d.new_tensor([x0]), d[1:]])
         return Draft(window, d, True, False, log_r)
+
+    def _lookup_draft(self, theta, x0: int, tokens: list[int], target: Target, generator, from_draft: bool) -> Draft:
+        """`[x_0, lookup tokens]` (point-mass proposals), then, when that is shorter than the circuit's
+        window, the circuit's draft conditioned on all of them."""
+        c = self.circuit
+        given = [x0] + tokens
+        device = theta.device
+        if len(given) >= c.n or max(given) >= c.v:  # no room for the circuit, or a token it cannot observe
+            window = torch.tensor(given, dtype=torch.long, device=device)
+            return Draft(window, window, True, from_draft, point_mass=len(tokens), source="lookup")
+        if not target.do_sample:
+            d = c.greedy(theta, self.draft, generator, given)
+            return Draft(d, d, True, from_draft, point_mass=len(tokens), source="lookup")
+        if c.program is not None:
+            d, rows = c.program.sample(theta[0], generator, torch.tensor(given, dtype=torch.long, device=device))
+            return Draft(d, d, True, from_draft, rows=rows, point_mass=len(tokens), source="lookup")
+        d = c.sample(theta, generator, given)
+        return Draft(d, d, True, from_draft, c.log_r(theta, d, True), point_mass=len(tokens), source="lookup")
 
     def _verify(self, theta, draft: Draft, j: int, logits_j, target: Target, generator):
         """Accept draft.window[j] against the verifier's logits for that position.
@@ -443,7 +400,10 @@ class SpeculativeDecoder:
         p = target.probs(logits_j)  # [V]
         if self.acceptance.accept(float(p[token]), draft.q(j), _uniform(generator)):
             return True, None
-        if draft.rows is not None:
+        if j <= draft.point_mass:  # a lookup token: q = delta_token, residual = p without it, renormalised
+            r = torch.zeros_like(p)
+            r[token] = 1
+        elif draft.rows is not None:
             r = self._padded_probs(draft.rows[j], p)
         else:
             r = self._padded(self.circuit.conditional(theta, draft.cond, j, draft.keep0, j), p)

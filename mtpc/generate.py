@@ -289,10 +289,10 @@ def _sampling(cfg: GenerateConfig) -> dict:
 
 def _plain(base, sampling: dict, eos: set[int]):
     """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding."""
-    from .bench import PhaseClock, _backbone_marks
+    from .bench_timing import PhaseClock, backbone_marks
     from .decode import generate_autoregressive
 
-    embed, ends = _backbone_marks(base)
+    embed, ends = backbone_marks(base)
 
     def decode(ids, budget, generator, streamer):
         clock = PhaseClock(None, embed, ends, cuda=ids.device.type == "cuda")
@@ -306,7 +306,8 @@ def _plain(base, sampling: dict, eos: set[int]):
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int]):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it)."""
-    from .bench import PhaseClock, load_model
+    from .bench import load_model
+    from .bench_timing import PhaseClock
     from .decode import SpeculativeDecoder
 
     model = load_model(model_path, torch.float32, device)
@@ -329,7 +330,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
 
 def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dict:
     """One generation (after an untimed 4-token warm-up), with its stats and per-cycle breakdown."""
-    from .bench import split_phases
+    from .bench_timing import split_phases
 
     decode(prompt, min(4, cfg.max_new_tokens), torch.Generator(prompt.device).manual_seed(cfg.seed), None)
     out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer)

@@ -159,6 +159,12 @@ def test_prompts_from_a_corpus_are_held_out_spans(setup, tmp_path):
     prompts = load_prompts(cfg, setup["tok"])
     assert len(prompts) == 6 and all(len(p) == 24 for p in prompts)
     assert len({tuple(p) for p in prompts}) == 6
+    from mtpc.data import load_documents, split_documents
+
+    train, held_out = split_documents(load_documents(str(corpus), setup["tok"])[0], 0.3)
+    text = lambda docs: [d.tokens.tolist() for d in docs]  # noqa: E731
+    inside = lambda p, docs: any(str(p)[1:-1] in str(d) for d in docs)  # noqa: E731
+    assert all(inside(p, text(held_out)) and not inside(p, text(train)) for p in prompts)  # held-out only
     with pytest.raises(ValueError, match="spans"):
         load_prompts(config(setup, prompts=None, corpus=str(corpus), prompt_len=5000), setup["tok"])
 
@@ -173,3 +179,91 @@ def test_bad_configurations_are_refused(setup, tmp_path):
     with pytest.raises(ValueError, match="distinct names"):
         run_bench(config(setup, heads=[setup["heads"]["ff"], setup["heads"]["ff"]]))
     assert main(["bench", "--model", setup["model"], "--heads", setup["heads"]["ff"]]) == 2  # no prompts
+
+
+# --------------------------------------------------------------------------- peers, lookup, repetition
+
+def test_peers_lookup_variants_and_repetition_are_reported_and_checked(setup):
+    """transformers' prompt lookup and assisted generation (the LM assisting itself: every candidate is
+    accepted), heads with and without lookup, all on the same prompts; greedy outputs all identical."""
+    report = run_bench(config(setup, heads=[setup["heads"]["ff"]], lookup=(False, True), lookup_tokens=3,
+                              peers=("prompt-lookup:3", f"assisted:{setup['model']}"), max_new_tokens=16))
+    peers = {r["label"]: r for r in report["peers"]}
+    assert set(peers) == {"hf prompt-lookup:3", "hf assisted:lm"}
+    assert [r["label"] for r in report["heads"]] == ["ff4", "ff4/lookup"]
+    assert report["greedy_identical"] is True
+    for r in [*peers.values(), *report["heads"]]:
+        assert r["greedy_check"]["identical"] == r["greedy_check"]["compared"] == 4
+        assert r["tokens"] == report["plain"]["tokens"] and r["speedup_plain"]["mean"] > 0
+        assert r["repetition"] == report["plain"]["repetition"]  # greedy: the same outputs
+    assert peers["hf assisted:lm"]["mu_acc"]["mean"] >= 2  # its own draft: every candidate accepted
+    assert report["heads"][1]["lookup"] and not report["heads"][0]["lookup"]
+    assert report["heads"][0]["lookup_share"] == 0 <= report["heads"][1]["lookup_share"] <= 1
+    table = format_table(report)
+    assert "hf prompt-lookup:3" in table and "rep8" in table and "ff4/lookup" in table
+
+
+def test_repetition_filter_drops_prompts_for_every_decoder(setup):
+    from mtpc.bench import Run
+    from mtpc.bench_report import drop_repetitive
+
+    def run(continuation):
+        return Run(len(continuation), len(continuation), 1.0, {}, [0, 1, 2] + continuation, 3)
+
+    loop, fresh = run([7, 8] * 10), run(list(range(10, 30)))
+    runs = {"plain": [[loop, fresh], [loop]], "ff": [[fresh, loop], [fresh]]}
+    kept, dropped = drop_repetitive(runs, 0.5)
+    assert kept == {"plain": [[fresh]], "ff": [[loop]]}  # same prompts left out for every decoder
+    assert [(d["set"], d["prompt"]) for d in dropped] == [(0, 0), (1, 0)] and dropped[0]["repetition"] > 0.5
+    report = run_bench(config(setup, heads=[setup["heads"]["ff"]], max_repetition=1.0))
+    assert report["repetition_filter"] == {"max_repetition": 1.0, "dropped": []}
+
+
+def test_repetition_counts_repeated_ngrams_of_the_continuation():
+    from mtpc.bench_prompts import repetition
+
+    assert repetition(list(range(10)), list(range(10, 30))) == 0.0
+    assert repetition([1, 2], [1, 2] * 20, size=2) == pytest.approx(39 / 40)  # all but the first, [2, 1]
+    assert repetition(list(range(8)), list(range(8)), size=8) == pytest.approx(1 / 8)  # only the last 8-gram
+    assert repetition([5], [], size=8) == 0.0
+
+
+def test_static_cache_decoder_equals_plain_decoding(setup):
+    from transformers import AutoModelForCausalLM
+
+    from mtpc.bench_peers import StaticCacheDecoder
+    from mtpc.decode import generate_autoregressive
+
+    model = AutoModelForCausalLM.from_pretrained(setup["model"]).eval()
+    decoder = StaticCacheDecoder(model, 40, compile=False)
+    for text in ("def f(x):", "import os\n"):
+        ids = torch.tensor([setup["tok"].encode(text, add_bos=True)])
+        assert torch.equal(decoder.generate(ids, 20).sequences, generate_autoregressive(model, ids, 20).sequences)
+        gen = [torch.Generator().manual_seed(3) for _ in range(2)]
+        assert torch.equal(decoder.generate(ids, 20, do_sample=True, temperature=0.7, generator=gen[0]).sequences,
+                           generate_autoregressive(model, ids, 20, do_sample=True, temperature=0.7,
+                                                   generator=gen[1]).sequences)
+
+
+@pytest.mark.slow
+def test_compiled_baseline_through_the_cli(setup, capsys):
+    out = setup["root"] / "compiled"
+    code = main(["bench", "--model", setup["model"], "--heads", setup["heads"]["ff"], "--prompts", setup["prompts"],
+                 "--num-prompts", "1", "--repeats", "2", "--max-new-tokens", "8", "--compile", "--out", str(out),
+                 "--no-progress", "--threads", "1"])
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [p["kind"] for p in report["peers"]] == ["plain-static", "plain-compiled"]
+    assert all(r["greedy_check"]["identical"] == 2 for r in report["peers"])
+    assert report["heads"][0]["speedup_compiled"]["mean"] > 0 and "x compiled" in capsys.readouterr().out
+
+
+def test_bad_peers_are_refused_before_loading(setup):
+    from mtpc.errors import InputError
+
+    for peers, message in [(("prompt-lookup:0",), "K in prompt-lookup"), (("assisted",), "draft LM"),
+                           (("assisted:/nonexistent",), "config.json"), (("medusa",), "unknown peer")]:
+        with pytest.raises(InputError, match=message):
+            run_bench(config(setup, peers=peers))
+    with pytest.raises(InputError, match="max repetition"):
+        run_bench(config(setup, max_repetition=2.0))

@@ -147,16 +147,16 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
 def test_draft_programs_equal_the_layered_conditionals(structure):
     """The decoder's planned greedy drafts (circuitc.draft) pick what the upward passes over all `v`
     candidates pick (float64 heads: no near-ties), with and without the bonus token."""
-    from mtpc.decode import _Circuit
+    from mtpc.drafting import CircuitDrafter
 
     head = random_head(structure, 4, 12, seed=7)
-    fast = _Circuit(head)
-    layered = _Circuit(head)
+    fast = CircuitDrafter(head)
+    layered = CircuitDrafter(head)
     layered.program = None
     for seed in range(4):
         theta = head(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))[None]
         for strategy in ("conditional", "marginal"):
-            for given in (None, seed + 2):
+            for given in ([], [seed + 2], [seed + 2, 1, 5]):  # nothing, x_0, x_0 and lookup tokens
                 assert torch.equal(fast.greedy(theta, strategy, None, given),
                                    layered.greedy(theta, strategy, None, given)), (strategy, given)
 
@@ -377,3 +377,82 @@ def test_bad_input_gets_a_clear_error():
     model.model.embed_dropout = torch.nn.Dropout(0.1)  # a dropout module in training mode
     with pytest.raises(ValueError, match="model.eval"):
         SpeculativeDecoder(model, head).generate(torch.tensor([[3]]), 2)
+
+
+# --------------------------------------------------------------------------- prompt lookup inside the loop
+
+def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
+    from mtpc.drafting import LookupState, PromptLookup
+
+    state = LookupState(PromptLookup(tokens=5, min_ngram=1, max_ngram=3))
+    state.extend([7, 1, 2, 9, 1, 2, 3, 1, 2])
+    proposal = state.propose()  # suffix [3, 1, 2] seen at 6..8 only (itself): [1, 2] at 4..5 is latest
+    assert (proposal.ngram, proposal.tokens) == (2, [3, 1, 2, 3, 1])  # period 3 beyond the present
+    state.extend([3, 1, 4])  # two of its tokens agreed
+    assert state.lookup_score == {2: 2} and not state.pending
+    state.extend([7, 1])
+    proposal = state.propose()
+    assert (proposal.ngram, proposal.tokens) == (2, [2, 9, 1, 2, 3])
+    assert state.use(proposal)  # the circuit is untried
+    state.record_circuit(1)
+    assert state.use(proposal)  # lookup's running acceptance 2 > the circuit's 1
+    state.record_circuit(9)
+    assert not state.use(proposal)  # the circuit's is now 1 + 0.25 * (9 - 1) = 3
+    assert state.length(proposal, window=8) == 3  # running acceptance 2: one more token, the circuit fills
+    assert state.length(proposal, window=4) == 5  # 2 + 1 reaches the window's end: all of it
+    assert LookupState(PromptLookup(min_ngram=2)).propose() is None
+
+
+@pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
+def test_greedy_with_lookup_equals_plain_greedy(structure):
+    from mtpc.drafting import PromptLookup
+
+    vocab, n = 12, 3
+    model = cyclic_lm(vocab)
+    heads = [random_head(structure, n, vocab, seed=1),
+             random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))]
+    lookups = [PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup"),  # circuit fills after it
+               PromptLookup(tokens=5, min_ngram=1, max_ngram=2, prefer="lookup"),  # windows longer than n
+               PromptLookup(tokens=4, min_ngram=1, max_ngram=3)]  # adaptive choice
+    lookup_cycles, accepted = 0, []
+    for head in heads:
+        for lookup in lookups:
+            for draft, bonus in (("conditional", False), ("conditional", True), ("map", True)):
+                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus, lookup=lookup)
+                for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
+                    budget = (1, 6, 19)[i]
+                    plain = generate_autoregressive(model, ids, budget).sequences
+                    out = decoder.generate(ids, budget)
+                    assert torch.equal(out.sequences, plain), (lookup, draft, bonus, ids.tolist(), budget)
+                    lookup_cycles += out.stats.lookup_cycles
+                    accepted += out.stats.accepted_per_cycle
+    assert lookup_cycles > 50 and max(accepted) > n  # lookup drafted, and past the circuit's window
+
+
+class PointMassResidualIsTarget(AcceptanceRule):
+    """Wrong only for lookup tokens: after rejecting a point-mass proposal, draw from p itself (which
+    can redraw the rejected token) instead of p with the token removed."""
+
+    def residual(self, p, q):
+        return p if float(q.max()) == 1.0 else super().residual(p, q)
+
+
+LOOKUP_PROMPT = torch.tensor([[1, 3, 2, 1, 3, 0, 1, 3]])
+
+
+@pytest.mark.parametrize("bonus, keep_graph, target", [
+    (True, True, {}), (False, False, {"temperature": 0.8, "top_p": 0.95})])
+def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(bonus, keep_graph, target):
+    from mtpc.drafting import PromptLookup
+
+    model, head = sampling_setup(3, VOCAB, keep_graph=keep_graph)
+    lookup = PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup")  # 1 lookup token, circuit fills
+    joint = exact_joint(model, LOOKUP_PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    decoder = SpeculativeDecoder(model, head, bonus=bonus, lookup=lookup)
+    assert decoder.generate(LOOKUP_PROMPT, 3, do_sample=True).stats.lookup_cycles > 0
+    right = speculative_samples(decoder, LOOKUP_PROMPT, 800, seed=1, **target)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, lookup=lookup,
+                                                   acceptance=PointMassResidualIsTarget()),
+                                LOOKUP_PROMPT, 800, seed=1, **target)
+    assert chi_square_pvalue(wrong, joint) < 1e-6

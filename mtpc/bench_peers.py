@@ -1,0 +1,189 @@
+"""What a user would pick instead of a circuit head, measured by `mtpc bench` on the same prompts.
+
+- `prompt-lookup[:K]`: transformers' prompt-lookup decoding (`generate(prompt_lookup_num_tokens=K)`),
+- `assisted:DIR`: transformers' assisted generation with a small draft LM (`generate(assistant_model=...)`),
+- `--compile`: the fastest plain decoding of the same model: a static KV cache (`transformers.StaticCache`),
+  the one-token step run eagerly ("plain (static cache)") and through `torch.compile`
+  ("plain (static + compile)"), gpt-fast's recipe. The compile happens in the untimed warm-up.
+
+Every peer runs as a task `task(ids, budget, seed) -> Run`, interleaved prompt by prompt with plain
+decoding and the heads. transformers' generate is timed with the same module hooks as the heads (from
+the end of the target's first forward, which reads the prompt, to the end); its cycles are the target's
+forward calls. Sampling uses the same temperature / top-k / top-p (transformers' warpers, the rules
+`mtpc.decode.Target` follows) and the global torch generator, seeded per prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .bench_timing import PHASES, PhaseClock, Run, backbone_marks, split_phases
+from .decode import DecodeStats, GenerateOutput, Target, _eos_set
+from .errors import InputError
+
+__all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
+
+PEER_KINDS = ("prompt-lookup", "assisted")
+DEFAULT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    kind: str  # prompt-lookup | assisted
+    tokens: int | None = None  # prompt-lookup: candidate tokens per match
+    path: str | None = None  # assisted: the draft LM folder
+
+
+@dataclass
+class Peer:
+    label: str
+    kind: str  # prompt-lookup | assisted | plain-static | plain-compiled
+    detail: str
+    task: Callable[[torch.Tensor, int, int], Run]
+
+
+def parse_peer(text: str) -> PeerSpec:
+    """`prompt-lookup`, `prompt-lookup:K` or `assisted:DIR` (checked before any model is loaded)."""
+    kind, _, arg = text.partition(":")
+    if kind == "prompt-lookup":
+        if not arg:
+            return PeerSpec(kind, tokens=DEFAULT_LOOKUP_TOKENS)
+        if not arg.isdigit() or int(arg) < 1:
+            raise InputError(f"--peers {text}: K in prompt-lookup:K must be an integer >= 1")
+        return PeerSpec(kind, tokens=int(arg))
+    if kind == "assisted":
+        if not arg:
+            raise InputError("--peers assisted:DIR needs the draft LM's folder (e.g. from mtpc tiny-lm --layers 1)")
+        if not (Path(arg) / "config.json").is_file():
+            raise InputError(f"--peers {text}: {arg} is not a Hugging Face checkpoint folder (no config.json)")
+        return PeerSpec(kind, path=arg)
+    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K] or assisted:DIR")
+
+
+def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device, eos: int,
+                max_len: int) -> list[Peer]:
+    """The peers' tasks: transformers' decoders for `specs`, and the static-cache baselines if `cfg.compile`."""
+    peers = []
+    if cfg.compile:
+        eager = StaticCacheDecoder(base, max_len, compile=False)
+        compiled = StaticCacheDecoder(base, max_len, compile=True)
+        peers.append(Peer("plain (static cache)", "plain-static", "StaticCache, eager step",
+                          _static_task(cfg, eager, eos)))
+        peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step",
+                          _static_task(cfg, compiled, eos)))
+    for spec in specs:
+        if spec.kind == "prompt-lookup":
+            peers.append(Peer(f"hf prompt-lookup:{spec.tokens}", spec.kind,
+                              f"generate(prompt_lookup_num_tokens={spec.tokens})",
+                              _hf_task(cfg, base, eos, device, prompt_lookup_num_tokens=spec.tokens)))
+        else:
+            draft = load_model(spec.path, dtype, device)
+            if draft.config.vocab_size != base.config.vocab_size:
+                raise InputError(f"the draft LM {spec.path} has a vocabulary of {draft.config.vocab_size}, the model's "
+                                 f"is {base.config.vocab_size}; assisted generation needs the same tokens")
+            peers.append(Peer(f"hf assisted:{Path(spec.path).name}", spec.kind,
+                              f"generate(assistant_model={spec.path}), "
+                              f"{sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M parameters",
+                              _hf_task(cfg, base, eos, device, assistant_model=draft)))
+    return peers
+
+
+def _hf_sampling(cfg) -> dict:
+    """transformers' settings for the bench's target (its top-k default of 50 switched off unless asked)."""
+    if cfg.mode == "greedy":
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k or 0,
+            "top_p": cfg.top_p if cfg.top_p is not None else 1.0}
+
+
+def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
+    embed, ends = backbone_marks(base)
+    pad = base.config.vocab_size - 1 if base.config.pad_token_id is None else base.config.pad_token_id
+
+    def task(ids, budget: int, seed: int) -> Run:
+        torch.manual_seed(seed)  # transformers samples with the global generator
+        clock = PhaseClock(None, embed, ends, device.type == "cuda")
+        with clock, torch.no_grad():
+            out = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, eos_token_id=eos,
+                                pad_token_id=pad, **_hf_sampling(cfg), **decoder)
+        stamps = clock.times()
+        phases, seconds = split_phases(stamps)
+        calls = sum(kind == "backbone_start" for kind, _ in stamps)
+        return Run(out.shape[1] - ids.shape[1], calls, seconds, phases, out[0].tolist(), ids.shape[1])
+
+    return task
+
+
+def _static_task(cfg, decoder: "StaticCacheDecoder", eos: int) -> Callable:
+    """No phase hooks here: a hook inside a `torch.compile`d step is traced by dynamo (graph breaks and
+    recompiles), which would time something else than the compiled step. The decoder's own cycle clock
+    (CUDA: synchronised) gives the decoding time; the phases stay empty."""
+    sampling = {"do_sample": False} if cfg.mode == "greedy" else {
+        "do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+
+    def task(ids, budget: int, seed: int) -> Run:
+        gen = torch.Generator().manual_seed(seed) if ids.device.type == "cpu" else None
+        if gen is None:
+            torch.manual_seed(seed)
+        out = decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **sampling)
+        stats = out.stats
+        return Run(stats.new_tokens, stats.cycles, sum(stats.cycle_seconds), dict.fromkeys(PHASES, 0.0),
+                   out.sequences[0].tolist(), ids.shape[1])
+
+    return task
+
+
+class StaticCacheDecoder:
+    """Plain one-token-per-step decoding with a preallocated `StaticCache` of `max_len` positions, the
+    step optionally `torch.compile`d (fixed shapes: one token, one cache, so it compiles once). The
+    prompt is read by an eager forward. Same targets and stats as `mtpc.decode.generate_autoregressive`."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int, compile: bool):
+        from transformers import StaticCache
+
+        self.model = model
+        self.max_len = max_len
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.step = torch.compile(self._step, dynamic=False) if compile else self._step
+
+    def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """`[1, 1]` token at `[1]` position -> `[1, 1, V]` logits (cache updated in place)."""
+        return self.model(token, cache=self.cache, cache_position=position, position_ids=position[None],
+                          use_cache=True).logits
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 eos_token_id=None, generator: torch.Generator | None = None) -> GenerateOutput:
+        import time
+
+        length = input_ids.shape[1]
+        if length + max_new_tokens > self.max_len:
+            raise InputError(f"prompt + new tokens = {length + max_new_tokens} exceed the static cache's {self.max_len}")
+        target, eos = Target(do_sample, temperature, top_k, top_p), _eos_set(eos_token_id)
+        stats, tokens = DecodeStats(), input_ids[0].tolist()
+        self.cache.reset()
+        start = time.perf_counter()
+        positions = torch.arange(length, device=input_ids.device)
+        logits = self.model(input_ids, cache=self.cache, cache_position=positions, use_cache=True).logits[0, -1]
+        stats.prefill_seconds = time.perf_counter() - start
+        for step in range(max_new_tokens):
+            start = time.perf_counter()
+            token = target.pick(logits, generator)
+            tokens.append(token)
+            done = token in eos or step == max_new_tokens - 1
+            if not done:
+                position = torch.tensor([length + step], device=input_ids.device)
+                logits = self.step(input_ids.new_tensor([[token]]), position)[0, -1].clone()
+            if logits.is_cuda:
+                torch.cuda.synchronize()
+            stats.cycle_seconds.append(time.perf_counter() - start)
+            stats.accepted_per_cycle.append(1)
+            stats.draft_accepted_per_cycle.append(0)
+            if done:
+                break
+        return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=input_ids.device), stats)

@@ -1,0 +1,93 @@
+"""Prompts for `mtpc bench` (a file, or held-out spans of a corpus) and how repetitive a continuation is."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from .errors import InputError
+from .tokenizer import ByteTokenizer
+
+__all__ = ["load_prompts", "prompts_from_file", "prompts_from_corpus", "repetition"]
+
+
+# --------------------------------------------------------------------------- prompts
+
+def load_prompts(cfg, tok: ByteTokenizer) -> list[list[int]]:
+    """`repeats * num_prompts` prompts (token ids), from `cfg.prompts` or sampled from `cfg.corpus`."""
+    need = cfg.repeats * cfg.num_prompts
+    if (cfg.prompts is None) == (cfg.corpus is None):
+        raise InputError("give exactly one of prompts (a file) or corpus (a path)")
+    if cfg.prompts is not None:
+        prompts = prompts_from_file(Path(cfg.prompts), tok)
+        if len(prompts) < need:
+            raise InputError(f"{cfg.prompts} has {len(prompts)} prompts; {cfg.repeats} sets of {cfg.num_prompts} "
+                             f"need {need}")
+        return prompts[:need]
+    return prompts_from_corpus(cfg.corpus, tok, need, cfg.prompt_len, cfg.seed, cfg.val_fraction)
+
+
+def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
+    """`.jsonl`: one JSON string or `{"prompt": ...}` per line; otherwise one prompt per non-empty line.
+    Each prompt starts with `<bos>`, like the training documents."""
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="surrogateescape").splitlines(), 1):
+        if not line.strip():
+            continue
+        text = line
+        if path.suffix == ".jsonl":
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{number}: invalid JSON: {e.msg}") from None
+            text = record.get("prompt") if isinstance(record, dict) else record
+            if not isinstance(text, str):
+                raise InputError(f"{path}:{number}: expected a JSON string or an object with a string 'prompt'")
+        prompts.append(tok.encode(text, add_bos=True))
+    return prompts
+
+
+def prompts_from_corpus(corpus: str, tok: ByteTokenizer, count: int, length: int, seed: int,
+                        val_fraction: float) -> list[list[int]]:
+    """`count` distinct spans of `length` tokens from the held-out documents of `corpus` (the same
+    deterministic split `mtpc tiny-lm` and `mtpc train` use), each starting at a line start."""
+    from .data import load_documents, split_documents
+
+    docs, _ = load_documents(None if corpus == "stdlib" else corpus, tok)
+    _, held_out = split_documents(docs, val_fraction)
+    candidates = [(d, s) for d in held_out for s in _line_starts(d.tokens, length)]
+    if len(candidates) < count:
+        raise InputError(f"the held-out part of {corpus} has only {len(candidates)} spans of {length} tokens; "
+                         f"{count} prompts were asked for")
+    rng = random.Random(seed)
+    picked = rng.sample(candidates, count)
+    return [d.tokens[s:s + length].astype("int64").tolist() for d, s in picked]
+
+
+def _line_starts(tokens, length: int, step: int = 512) -> list[int]:
+    """Offsets (at most one per `step` tokens) where a span of `length` tokens starts a line."""
+    newline = ord("\n")
+    starts, last = [], -step
+    for i in range(len(tokens) - length):
+        if (i == 0 or tokens[i - 1] == newline) and i - last >= step:
+            starts.append(i)
+            last = i
+    return starts
+
+
+
+def repetition(prompt: list[int], continuation: list[int], size: int = 8) -> float:
+    """The share of the continuation's `size`-grams (those ending inside it) that already occurred
+    earlier in prompt + continuation: 0 for text that never repeats itself, near 1 for a degenerate
+    loop. Anything that copies from the context (prompt lookup) is flattered by a high value."""
+    text = list(prompt) + list(continuation)
+    seen: set[tuple[int, ...]] = set()
+    repeated = total = 0
+    for end in range(size, len(text) + 1):
+        gram = tuple(text[end - size:end])
+        if end > len(prompt):
+            total += 1
+            repeated += gram in seen
+        seen.add(gram)
+    return repeated / total if total else 0.0
