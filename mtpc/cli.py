@@ -364,6 +364,9 @@ def add_generate(sub) -> None:
                    help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, auto, ...")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--lookup", type=positive_int, default=None, metavar="K",
+                   help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "
+                        "a match proposes), chosen per cycle by past acceptance; still lossless")
     p.set_defaults(func=run_generate)
 
 
@@ -377,7 +380,7 @@ def run_generate(args) -> int:
                          prompt=args.prompt, prompt_file=args.prompt_file, stdin=stdin,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
-                         compare=args.compare, device=args.device, threads=args.threads)
+                         compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 

@@ -57,6 +57,7 @@ class GenerateConfig:
     compare: bool = False
     device: str = "cpu"
     threads: int | None = None
+    lookup: int | None = None  # prompt-lookup drafting inside the speculative decoder (tokens per match)
 
 
 class Utf8Streamer:
@@ -99,6 +100,10 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError("--lora/--lora-layers belong to a draft head's path: give --head too")
     if cfg.lora_layers is not None and cfg.lora_layers < 1:
         raise InputError(f"--lora-layers must be >= 1, got {cfg.lora_layers}")
+    if cfg.lookup is not None and cfg.head is None:
+        raise InputError("--lookup drafts inside the speculative decoder: give --head too")
+    if cfg.lookup is not None and (isinstance(cfg.lookup, bool) or not isinstance(cfg.lookup, int) or cfg.lookup < 1):
+        raise InputError(f"--lookup must be a positive integer (tokens a match proposes), got {cfg.lookup!r}")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.threads is not None and cfg.threads < 1:
@@ -230,7 +235,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         base = load_model(cfg.model, torch.float32, device)
         decode = _plain(base, sampling, eos)
         if head is not None:
-            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos)
+            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     context = config.get("max_position_embeddings")
     if context and len(ids) + cfg.max_new_tokens > context:
@@ -304,7 +309,8 @@ def _plain(base, sampling: dict, eos: set[int]):
     return decode
 
 
-def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int]):
+def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
+                 lookup: int | None = None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it)."""
     from .bench import load_model
     from .bench_timing import PhaseClock
@@ -315,7 +321,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(lora)).eval()
-    decoder = SpeculativeDecoder(model, head, k)
+    decoder = SpeculativeDecoder(model, head, k, lookup=lookup)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer):
@@ -350,7 +356,8 @@ def comparison(spec: dict, plain: dict, greedy: bool) -> dict:
 
 def format_stats(label: str, run: dict) -> str:
     phases = "  ".join(f"{k} {v:.2f}" for k, v in run["phase_ms_per_cycle"].items())
-    return (f"[{label}] {run['new_tokens']} bytes in {run['cycles']} cycles ({run['mean_accepted']:.2f} bytes/cycle), "
+    lookup = f", {run['lookup_cycles']} drafted by lookup" if run.get("lookup_cycles") else ""
+    return (f"[{label}] {run['new_tokens']} bytes in {run['cycles']} cycles{lookup} ({run['mean_accepted']:.2f} bytes/cycle), "
             f"{run['tokens_per_second']:.1f} tok/s, {1e3 * run['mean_cycle_latency']:.2f} ms/cycle "
             f"(prefill {1e3 * run['prefill_seconds']:.1f} ms excluded); per cycle, ms: {phases}")
 

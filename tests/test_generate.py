@@ -189,3 +189,16 @@ def test_a_tiny_lm_folder_loads_with_auto_tokenizer_and_chats(tmp_path, capsys):
 def test_warns_when_the_text_outgrows_the_models_context(folders, capsys):
     assert generate(folders, "a" * 250, "--max-new-tokens", "10") == 0  # scripted LM: 256 positions
     assert "warning: 251 prompt + 10 new tokens exceed the 256 positions" in capsys.readouterr().err
+
+
+def test_lookup_drafting_stays_lossless_and_needs_a_head(folders, capsys):
+    """`--lookup K` turns on prompt-lookup drafting in the speculative decoder: the text (scripted to
+    repeat, so matches exist) is still plain greedy decoding's, and the report counts lookup cycles."""
+    assert generate(folders, "a", "--max-new-tokens", "20", "--lookup", "4", "--compare", "--stats") == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED + "\n" and "greedy outputs identical: yes" in captured.err
+    summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="a",
+                                          max_new_tokens=20, lookup=4), out=io.StringIO(), err=io.StringIO())
+    assert summary["text"] == EXPECTED and "lookup_cycles" in summary["stats"]
+    refused(["generate", "--model", str(folders / "lm"), "a", "--lookup", "4"], capsys, "give --head")
+    refused(["generate", "--model", str(folders / "lm"), "a", "--lookup", "0"], capsys, "--lookup")
