@@ -321,3 +321,36 @@ def window_targets(tokens: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
     B, _ = tokens.shape
     padded = torch.cat([tokens, tokens.new_full((B, n), fill)], 1)  # [B, T + n]
     return padded.unfold(1, n, 1)[:, 1:].contiguous()
+
+
+# ------------------------------------------------------------------ data order
+
+class EpochSampler:
+    """Sequence indices in a seeded random order per epoch (`mtpc train`); its state is the data
+    position (epoch, cursor). Subclasses choose the permutation of an epoch."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch, self.cursor = size, seed, 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=g).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        while len(out) < count:
+            if self.cursor == self.size:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._perm = self._permutation()
+            k = min(count - len(out), self.size - self.cursor)
+            out += self._perm[self.cursor:self.cursor + k]
+            self.cursor += k
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._perm = self._permutation()

@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checks
-from .data import DataStats, PackedDataset, collate, load_documents, split_documents, target_validity
+from .data import DataStats, EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity
 from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
 from .errors import InputError
 from .head import PARAMETERISATIONS, MTPHead, save_head
@@ -201,40 +201,16 @@ class JointLM(nn.Module):
         return ce + self.mtp_weight * mtp, ce.detach(), mtp.detach()
 
 
-class ShuffledOrder:
-    """Sequence indices, a fresh permutation per epoch from one `random.Random(seed)` (the order
-    `tiny-lm` has always used); its state is (epoch, cursor), restored by replaying the shuffles."""
+class ShuffledOrder(EpochSampler):
+    """The order `tiny-lm` has always used: epoch `e` is the `e + 1`-th shuffle of one
+    `random.Random(seed)`, so a resumed run replays the shuffles up to its epoch."""
 
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed = size, seed
-        self._start(0)
-        self.cursor = 0
-
-    def _start(self, epoch: int) -> None:
-        self._rng = random.Random(self.seed)
-        for _ in range(epoch + 1):
-            self._perm = list(range(self.size))
-            self._rng.shuffle(self._perm)
-        self.epoch = epoch
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        while len(out) < count:
-            if self.cursor == self.size:
-                self._perm = list(range(self.size))
-                self._rng.shuffle(self._perm)
-                self.epoch, self.cursor = self.epoch + 1, 0
-            k = min(count - len(out), self.size - self.cursor)
-            out += self._perm[self.cursor:self.cursor + k]
-            self.cursor += k
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._start(int(state["epoch"]))
-        self.cursor = int(state["cursor"])
+    def _permutation(self) -> list[int]:
+        rng = random.Random(self.seed)
+        for _ in range(self.epoch + 1):
+            perm = list(range(self.size))
+            rng.shuffle(perm)
+        return perm
 
 
 def train_tiny_lm(cfg: TinyLMConfig) -> dict:

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import checks
-from .data import PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
+from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
 from .distributed import Dist, all_sum as _all_sum, barrier as _barrier, init_distributed
 from .kl_loss import kl_loss, lm_teacher
 from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
@@ -107,39 +107,6 @@ class TrainConfig:
     resume: bool = True
     stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
-
-
-# ------------------------------------------------------------------ data order
-
-
-class EpochSampler:
-    """Sequence indices in a seeded random order per epoch; its state is the data position."""
-
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed, self.epoch, self.cursor = size, seed, 0, 0
-        self._perm = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.size, generator=g).tolist()
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        while len(out) < count:
-            if self.cursor == self.size:
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._perm = self._permutation()
-            k = min(count - len(out), self.size - self.cursor)
-            out += self._perm[self.cursor:self.cursor + k]
-            self.cursor += k
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.cursor = state["epoch"], state["cursor"]
-        self._perm = self._permutation()
 
 
 # ------------------------------------------------------------------ model pieces
