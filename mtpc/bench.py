@@ -204,7 +204,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     specs = [parse_peer(text) for text in cfg.peers]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     dtype = DTYPES[cfg.dtype]
     tok = ByteTokenizer.load(cfg.model)
     base = load_model(cfg.model, dtype, device)
@@ -269,7 +269,8 @@ def _check_inputs(cfg: BenchConfig) -> None:
         checks.output_folder(cfg.out)
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The device called `name`; "auto" is CUDA when available, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

@@ -31,62 +31,47 @@ HEAD_FILES = ("head.json", "head.safetensors")
 # ------------------------------------------------------------------ numeric flags (argparse types)
 
 
-def _number(text: str, kind: type, what: str):
+def _number(text: str, kind: type, what: str, accepts) -> int | float:
+    """`text` parsed as `kind` (floats finite), refused with one message naming `what` unless `accepts` it."""
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if kind is float and not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} (NaN and infinities are refused)")
+    if not accepts(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    value = _number(text, int, "a positive integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _number(text, int, "a positive integer", lambda v: v >= 1)
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    value = _number(text, int, "an integer >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    value = _number(text, float, "a finite number > 0")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _number(text, float, "a finite number > 0", lambda v: v > 0)
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
-    value = _number(text, float, "a finite number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+    return _number(text, float, "a finite number >= 0", lambda v: v >= 0)
 
 
 def probability(text: str) -> float:
     """A number in (0, 1] (discounts such as --gamma, nucleus mass such as --top-p)."""
-    value = _number(text, float, "a number in (0, 1]")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+    return _number(text, float, "a number in (0, 1]", lambda v: 0 < v <= 1)
 
 
 def unit_interval(text: str) -> float:
     """A number in [0, 1] (a share, such as --greedy-fraction)."""
-    value = _number(text, float, "a number in [0, 1]")
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+    return _number(text, float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
 
 
 # ------------------------------------------------------------------ files and folders

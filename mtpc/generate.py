@@ -227,9 +227,9 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
 
-    from .bench import _device, load_model
+    from .bench import load_model, resolve_device
 
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     sampling = _sampling(cfg)
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
         base = load_model(cfg.model, torch.float32, device)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+from _tiny import save_tiny_lm
 from mtpc.cli import main
 from mtpc.data import load_documents, split_documents
 from mtpc.distill import DistillConfig, distill_data
@@ -19,17 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
-    from mtpc.tinylm import TinyLMConfig, build_model
-
-    path = tmp_path_factory.mktemp("lm")
-    torch.manual_seed(0)
-    tok = ByteTokenizer()
-    model = build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)  # confident enough that greedy choices are not float near-ties
-    model.save_pretrained(path)
-    tok.save(path)
-    return str(path)
+    return save_tiny_lm(tmp_path_factory.mktemp("lm"), sharpen=4.0)  # no float near-ties in greedy choices
 
 
 @pytest.fixture(scope="module")

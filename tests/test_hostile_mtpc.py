@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _tiny import write_source_corpus
 from mtpc.cli import describe_error, main
 from mtpc.errors import InputError, MtpcError
 from mtpc.train import CHECKPOINT
@@ -56,11 +57,7 @@ def lm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus")
-    text = (ROOT / "mtpc" / "data.py").read_text()
-    for i in range(8):
-        (path / f"part{i}.py").write_text(text[i * 700:(i + 1) * 700 + 300])
-    return str(path)
+    return write_source_corpus(tmp_path_factory.mktemp("corpus"), parts=8, length=700, overlap=300)
 
 
 FAST = ["--steps", "2", "--seq-len", "32", "--batch-size", "2", "--val-every", "1", "--val-sequences", "2",

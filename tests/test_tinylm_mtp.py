@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _tiny import write_source_corpus
 from mtpc.cli import main
 from mtpc.errors import InputError
 from mtpc.tinylm import CHECKPOINT, MTP_HEAD_DIR, JointLM, TinyLMConfig, build_model, train_tiny_lm
@@ -28,11 +29,7 @@ SMALL_ARGS = ["--context", "48", "--d-model", "32", "--layers", "2", "--heads", 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus")
-    text = (ROOT / "mtpc" / "data.py").read_text()
-    for i in range(12):
-        (path / f"part{i}.py").write_text(text[i * 900:(i + 1) * 900 + 400])
-    return str(path)
+    return write_source_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def joint_config(out, corpus, **kw):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _tiny import save_tiny_lm, write_source_corpus
 from mtpc.cli import main
 from mtpc.train import CHECKPOINT, TrainConfig, train
 
@@ -19,24 +20,12 @@ BTREE = str(ROOT / "examples" / "btree.pc")
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
-    from mtpc.tinylm import TinyLMConfig, build_model
-    from mtpc.tokenizer import ByteTokenizer
-
-    path = tmp_path_factory.mktemp("lm")
-    torch.manual_seed(0)
-    tok = ByteTokenizer()
-    build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok).save_pretrained(path)
-    tok.save(path)
-    return str(path)
+    return save_tiny_lm(tmp_path_factory.mktemp("lm"))
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus")
-    text = (ROOT / "mtpc" / "data.py").read_text()
-    for i in range(12):
-        (path / f"part{i}.py").write_text(text[i * 900:(i + 1) * 900 + 400])
-    return str(path)
+    return write_source_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def config(tiny_lm, corpus, out, **kw):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _tiny import save_tiny_lm, write_source_corpus
 from mtpc.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,27 +18,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def peaky_lm(tmp_path_factory):
     """A random tiny LM with a sharpened output layer: confident, context-dependent distributions that
     are unrelated to the corpus, so matching the LM and matching the text are different goals."""
-    from mtpc.tinylm import TinyLMConfig, build_model
-    from mtpc.tokenizer import ByteTokenizer
-
-    path = tmp_path_factory.mktemp("lm")
-    torch.manual_seed(0)
-    tok = ByteTokenizer()
-    model = build_model(TinyLMConfig(out="", context=64, d_model=32, layers=2, heads=2, ffn=64), tok)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(path)
-    tok.save(path)
-    return str(path)
+    return save_tiny_lm(tmp_path_factory.mktemp("lm"), sharpen=4.0)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus")
-    text = (ROOT / "mtpc" / "data.py").read_text()
-    for i in range(12):
-        (path / f"part{i}.py").write_text(text[i * 900:(i + 1) * 900 + 400])
-    return str(path)
+    return write_source_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def train_args(lm, corpus, out, loss, steps=30):
