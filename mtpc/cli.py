@@ -95,15 +95,6 @@ def add_tiny_lm(sub) -> None:
 
 
 def run_tiny_lm(args) -> int:
-    from . import checks
-
-    checks.output_folder(args.out)
-    checks.data_source(args.data)
-    if args.d_model % args.heads:
-        raise InputError(f"--heads {args.heads} must divide --d-model {args.d_model}")
-    if args.vocab_size is not None and args.vocab_size < checks.MIN_BYTE_VOCAB:
-        raise InputError(f"--vocab-size {args.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
-                         f"{checks.MIN_BYTE_VOCAB}")
     from .tinylm import TinyLMConfig, train_tiny_lm
 
     cfg = TinyLMConfig(out=args.out, data=args.data, minutes=args.minutes, steps=args.steps, context=args.context,

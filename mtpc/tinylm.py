@@ -427,6 +427,11 @@ def _check_config(cfg: TinyLMConfig) -> None:
         raise InputError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.steps is None and not cfg.minutes > 0:
         raise InputError(f"--minutes must be positive, got {cfg.minutes}")
+    if cfg.d_model % cfg.heads:
+        raise InputError(f"--heads {cfg.heads} must divide --d-model {cfg.d_model}")
+    if cfg.vocab_size is not None and cfg.vocab_size < checks.MIN_BYTE_VOCAB:
+        raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
+                         f"{checks.MIN_BYTE_VOCAB}")
     if cfg.mtp_circuit is None:
         given = [flag for flag, value, default in (("-D", cfg.mtp_bindings, {}), ("--mtp-weight", cfg.mtp_weight, 0.2),
                                                    ("--mtp-window-stride", cfg.mtp_window_stride, 1))
