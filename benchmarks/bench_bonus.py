@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
-from mtpc.decode import Target  # noqa: E402
+from mtpc.decoding.acceptance import Target  # noqa: E402
 
 PROMPT_SOURCE = Path(os.__file__).parent  # the Python standard library (the tiny LM's corpus)
 

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from circuitc import builders  # noqa: E402
 from mtpc import MTPHead  # noqa: E402
-from mtpc.decode import _Circuit, generate_autoregressive  # noqa: E402
+from mtpc.decoding.decoder import _Circuit, generate_autoregressive  # noqa: E402
 
 STRUCTURES = ("ff", "cp", "hmm", "btree")
 PARAMETERISATIONS = ("full", "shared", "factorised")

@@ -33,8 +33,8 @@ def measure(args) -> dict:
 
     import circuitc
     from circuitc import builders
-    from mtpc.head import MTPHead
-    from mtpc.loss import mtp_loss
+    from mtpc.heads.head import MTPHead
+    from mtpc.heads.nll_loss import mtp_loss
 
     torch.manual_seed(0)
     device = torch.device(args.device)

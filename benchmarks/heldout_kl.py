@@ -1,7 +1,7 @@
 """How close each head is to the LM, and to the text, on held-out sequences.
 
-For every head: the KL loss (`mtpc.kl_loss`, Eq. 5 weighting) from the LM's own next-byte distributions
-to the head's conditionals, its terms at window positions 1 and n, and the NLL loss (`mtpc.loss`) of the
+For every head: the KL loss (`mtpc.heads.kl_loss`, Eq. 5 weighting) from the LM's own next-byte distributions
+to the head's conditionals, its terms at window positions 1 and n, and the NLL loss (`mtpc.heads.nll_loss`) of the
 gold bytes, on the same randomly chosen held-out sequences of the corpus split `mtpc train` uses.
 
 Usage: python benchmarks/heldout_kl.py --model runs/tiny-lm --heads runs/ff8-nll runs/ff8-kl [--data SRC]
@@ -28,10 +28,10 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from mtpc.data import PackedDataset, collate, load_documents, split_documents
-    from mtpc.head import load_head
-    from mtpc.kl_loss import kl_loss, lm_teacher
-    from mtpc.loss import mtp_loss
+    from mtpc.training.data import PackedDataset, collate, load_documents, split_documents
+    from mtpc.heads.head import load_head
+    from mtpc.heads.kl_loss import kl_loss, lm_teacher
+    from mtpc.heads.nll_loss import mtp_loss
     from mtpc.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer.load(args.model)

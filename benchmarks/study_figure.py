@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mtpc.bench import plot_tradeoff
+from mtpc.bench.report import plot_tradeoff
 
 
 def select(report: dict, bonus: str) -> dict:

@@ -1,21 +1,37 @@
-"""mtpc: multi-token prediction with probabilistic circuits, and lossless self-speculative decoding."""
+"""mtpc: multi-token prediction with probabilistic circuits, and lossless self-speculative decoding.
+
+The package follows its pipeline; imports run only downward (tests/test_layers.py checks it):
+
+    errors, checks, tokenizer, loading   ground floor: used by every stage
+    heads/       hidden state -> circuit parameters; the NLL and KL losses
+    decoding/    backbone split, proposals, acceptance, the one speculative loop
+    training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
+    bench/       prompts, timed runs, peers, the report
+    cli/         the mtpc command
+"""
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 
-# Public names and the submodule defining each. They are imported on first use: most of them need
+try:
+    __version__ = version("circuitc")  # one distribution carries circuitc and mtpc
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# Public names and the module defining each. They are imported on first use: most of them need
 # torch and transformers (seconds to import), which `mtpc --help` and input checks do not.
 _EXPORTS = {
-    "SpeculativeDecoder": "decode",
-    "MTPHead": "head", "load_head": "head", "save_head": "head",
-    "DataStats": "data", "Document": "data", "PackedDataset": "data", "load_documents": "data",
-    "split_documents": "data",
-    "mtp_loss": "loss", "teacher_forced_accepted": "loss",
-    "TinyLMConfig": "tinylm", "train_tiny_lm": "tinylm",
+    "SpeculativeDecoder": "decoding.decoder", "generate_autoregressive": "decoding.decoder",
+    "MTPHead": "heads.head", "load_head": "heads.head", "save_head": "heads.head",
+    "DataStats": "training.data", "Document": "training.data", "PackedDataset": "training.data",
+    "load_documents": "training.data", "split_documents": "training.data",
+    "mtp_loss": "heads.nll_loss", "teacher_forced_accepted": "heads.nll_loss", "kl_loss": "heads.kl_loss",
+    "TinyLMConfig": "training.tiny_lm", "train_tiny_lm": "training.tiny_lm",
     "ByteTokenizer": "tokenizer",
-    "TrainConfig": "train", "train": "train",
+    "TrainConfig": "training.trainer", "train": "training.trainer",
     "InputError": "errors", "MtpcError": "errors",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str):
@@ -23,5 +39,5 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'mtpc' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # also rebinds `mtpc.train` from the submodule to the function, as before
+    globals()[name] = value
     return value

@@ -19,3 +19,9 @@ class InputError(MtpcError, ValueError):
     """Bad user input: a flag, a file, a model or head folder; detected before slow work (exit status 2)."""
 
     exit_status = 2
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none), for one-line errors."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

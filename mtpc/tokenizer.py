@@ -13,7 +13,7 @@ The same vocabulary as a Hugging Face tokenizer (`ByteTokenizer.to_hf()`; `save`
 `mtpc_tokenizer.json`, so a model folder loads with `AutoTokenizer.from_pretrained(DIR)`, no remote
 code): a `tokenizers` byte-level BPE without merges whose 256 base tokens are GPT-2's printable
 stand-ins for the bytes, numbered by byte value (id == byte), the specials (and `<unused_N>` padding)
-as special added tokens after them, and the chat template of `mtpc.data`. Text encodes to its UTF-8
+as special added tokens after them, and the chat template of `mtpc.training.data`. Text encodes to its UTF-8
 bytes; any id sequence decodes (invalid UTF-8 as U+FFFD); `hf_ids_to_bytes` recovers raw bytes exactly.
 `save_hf_tokenizer(DIR)` adds these files to a model folder written before they existed.
 """
@@ -139,7 +139,7 @@ class ByteTokenizer:
     # ------------------------------------------------------------------ Hugging Face view
 
     def chat_template(self) -> str:
-        """Jinja text of the `mtpc.data` chat format: `<bos>`, then `<|role|> content <|end|>` per
+        """Jinja text of the `mtpc.training.data` chat format: `<bos>`, then `<|role|> content <|end|>` per
         message, then `<eos>` (or `<|assistant|>` with `add_generation_prompt`, where the model writes)."""
         roles = ", ".join(f"'{r}'" for r in ROLES)
         end = self.token_name(self.end_of_turn_id)

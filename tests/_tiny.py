@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def save_tiny_lm(path, sharpen: float = 1.0) -> str:
     """A 2-layer d=32 LM (seed 0) with the byte tokenizer. `sharpen` scales the output layer: a
     confident LM has no float near-ties between greedy choices and a peaky teacher for the KL loss."""
-    from mtpc.tinylm import TinyLMConfig, build_model
+    from mtpc.training.tiny_lm import TinyLMConfig, build_model
     from mtpc.tokenizer import ByteTokenizer
 
     torch.manual_seed(0)
@@ -26,8 +26,8 @@ def save_tiny_lm(path, sharpen: float = 1.0) -> str:
 
 
 def write_source_corpus(path, parts: int = 12, length: int = 900, overlap: int = 400) -> str:
-    """`parts` files, each `length + overlap` characters of mtpc/data.py starting `length` apart."""
-    text = (ROOT / "mtpc" / "data.py").read_text()
+    """`parts` files, each `length + overlap` characters of mtpc/training/data.py starting `length` apart."""
+    text = (ROOT / "mtpc" / "training" / "data.py").read_text()
     for i in range(parts):
         (Path(path) / f"part{i}.py").write_text(text[i * length:(i + 1) * length + overlap])
     return str(path)

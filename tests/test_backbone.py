@@ -6,7 +6,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mtpc.backbone import LlamaFamily, SplitBackbone, attach_draft_lora
+from mtpc.decoding.backbone import LlamaFamily, SplitBackbone, attach_draft_lora
 
 
 def tiny_llama(vocab=40, hidden=32, layers=3, seed=0, dtype=torch.float64, config_cls=LlamaConfig, **extra):

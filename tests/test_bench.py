@@ -10,9 +10,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder, save_head
-from mtpc.backbone import attach_draft_lora
-from mtpc.bench import BenchConfig, format_table, load_prompts, run_bench, split_phases
-from mtpc.cli import main
+from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.bench.config import BenchConfig
+from mtpc.bench.report import format_table
+from mtpc.bench.prompts import load_prompts
+from mtpc.bench.run import run_bench
+from mtpc.decoding.clock import split_phases
+from mtpc.cli.commands import main
 from mtpc.tokenizer import ByteTokenizer
 
 D, N = 32, 4
@@ -159,7 +163,7 @@ def test_prompts_from_a_corpus_are_held_out_spans(setup, tmp_path):
     prompts = load_prompts(cfg, setup["tok"])
     assert len(prompts) == 6 and all(len(p) == 24 for p in prompts)
     assert len({tuple(p) for p in prompts}) == 6
-    from mtpc.data import load_documents, split_documents
+    from mtpc.training.data import load_documents, split_documents
 
     train, held_out = split_documents(load_documents(str(corpus), setup["tok"])[0], 0.3)
     text = lambda docs: [d.tokens.tolist() for d in docs]  # noqa: E731
@@ -204,8 +208,8 @@ def test_peers_lookup_variants_and_repetition_are_reported_and_checked(setup):
 
 
 def test_repetition_filter_drops_prompts_for_every_decoder(setup):
-    from mtpc.bench import Run
-    from mtpc.bench_report import drop_repetitive
+    from mtpc.bench.timing import Run
+    from mtpc.bench.report import drop_repetitive
 
     def run(continuation):
         return Run(len(continuation), len(continuation), 1.0, {}, [0, 1, 2] + continuation, 3)
@@ -220,7 +224,7 @@ def test_repetition_filter_drops_prompts_for_every_decoder(setup):
 
 
 def test_repetition_counts_repeated_ngrams_of_the_continuation():
-    from mtpc.bench_prompts import repetition
+    from mtpc.bench.prompts import repetition
 
     assert repetition(list(range(10)), list(range(10, 30))) == 0.0
     assert repetition([1, 2], [1, 2] * 20, size=2) == pytest.approx(39 / 40)  # all but the first, [2, 1]
@@ -231,8 +235,8 @@ def test_repetition_counts_repeated_ngrams_of_the_continuation():
 def test_static_cache_decoder_equals_plain_decoding(setup):
     from transformers import AutoModelForCausalLM
 
-    from mtpc.bench_peers import StaticCacheDecoder
-    from mtpc.decode import generate_autoregressive
+    from mtpc.bench.peers import StaticCacheDecoder
+    from mtpc.decoding.decoder import generate_autoregressive
 
     model = AutoModelForCausalLM.from_pretrained(setup["model"]).eval()
     decoder = StaticCacheDecoder(model, 40, compile=False)

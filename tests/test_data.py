@@ -4,8 +4,8 @@ import logging
 import pytest
 import torch
 
-from mtpc.data import (PackedDataset, chat_template, collate, find_files, load_documents, split_documents,
-                       target_validity, window_targets)
+from mtpc.training.data import PackedDataset, chat_template, collate, find_files, load_documents, split_documents
+from mtpc.heads.windows import target_validity, window_targets
 from mtpc.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -61,7 +61,7 @@ def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
     write(tmp_path / "chat.jsonl", "\n".join(lines) + "\n")
     write(tmp_path / "empty.txt", b"  \n")
     write(tmp_path / "blob.bin", b"\x00\x01\x02")
-    with caplog.at_level(logging.WARNING, logger="mtpc.data"):
+    with caplog.at_level(logging.WARNING, logger="mtpc.training.data"):
         docs, stats = load_documents(tmp_path, TOK)
     assert len(docs) == 2
     assert (stats.skipped_corrupt, stats.skipped_empty, stats.skipped_binary) == (5, 3, 1)
@@ -94,7 +94,7 @@ def test_split_cuts_a_single_document(tmp_path):
 
 def test_packing_keeps_document_boundaries():
     docs, _ = [], None
-    from mtpc.data import text_document
+    from mtpc.training.data import text_document
     docs = [text_document("a", b"abc", TOK), text_document("b", b"defgh", TOK)]  # 5 + 7 tokens
     ds = PackedDataset(docs, seq_len=5, pad_id=TOK.pad_id)
     assert len(ds) == 3

@@ -10,8 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import circuitc
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
-from mtpc.backbone import attach_draft_lora
-from mtpc.decode import AcceptanceRule, Target, generate_autoregressive
+from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.decoding.acceptance import AcceptanceRule, Target
+from mtpc.decoding.decoder import generate_autoregressive
 
 D = 32
 
@@ -147,7 +148,7 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
 def test_draft_programs_equal_the_layered_conditionals(structure):
     """The decoder's planned greedy drafts (circuitc.draft) pick what the upward passes over all `v`
     candidates pick (float64 heads: no near-ties), with and without the bonus token."""
-    from mtpc.drafting import CircuitDrafter
+    from mtpc.decoding.proposals import CircuitDrafter
 
     head = random_head(structure, 4, 12, seed=7)
     fast = CircuitDrafter(head)
@@ -382,7 +383,7 @@ def test_bad_input_gets_a_clear_error():
 # --------------------------------------------------------------------------- prompt lookup inside the loop
 
 def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
-    from mtpc.drafting import LookupState, PromptLookup
+    from mtpc.decoding.proposals import LookupState, PromptLookup
 
     state = LookupState(PromptLookup(tokens=5, min_ngram=1, max_ngram=3))
     state.extend([7, 1, 2, 9, 1, 2, 3, 1, 2])
@@ -405,7 +406,7 @@ def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
 
 @pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
 def test_greedy_with_lookup_equals_plain_greedy(structure):
-    from mtpc.drafting import PromptLookup
+    from mtpc.decoding.proposals import PromptLookup
 
     vocab, n = 12, 3
     model = cyclic_lm(vocab)
@@ -443,7 +444,7 @@ LOOKUP_PROMPT = torch.tensor([[1, 3, 2, 1, 3, 0, 1, 3]])
 @pytest.mark.parametrize("bonus, keep_graph, target", [
     (True, True, {}), (False, False, {"temperature": 0.8, "top_p": 0.95})])
 def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(bonus, keep_graph, target):
-    from mtpc.drafting import PromptLookup
+    from mtpc.decoding.proposals import PromptLookup
 
     model, head = sampling_setup(3, VOCAB, keep_graph=keep_graph)
     lookup = PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup")  # 1 lookup token, circuit fills

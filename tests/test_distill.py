@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from _tiny import save_tiny_lm
-from mtpc.cli import main
-from mtpc.data import load_documents, split_documents
-from mtpc.distill import DistillConfig, distill_data
+from mtpc.cli.commands import main
+from mtpc.training.data import load_documents, split_documents
+from mtpc.training.distill import DistillConfig, distill_data
 from mtpc.errors import InputError
 from mtpc.tokenizer import ByteTokenizer, to_bytes
 

@@ -1,4 +1,4 @@
-"""`mtpc generate` through `mtpc.cli.main` (and one subprocess for standard input), on a scripted byte
+"""`mtpc generate` through `mtpc.cli.commands` (and one subprocess for standard input), on a scripted byte
 LM saved as `mtpc tiny-lm` saves models and a head saved as `mtpc train` saves heads."""
 
 import io
@@ -11,9 +11,9 @@ import torch
 from _scripted_lm import TEXT, VOCAB, oracle_head, scripted_lm
 
 from mtpc import save_head
-from mtpc.backbone import attach_draft_lora
-from mtpc.cli import main
-from mtpc.generate import GenerateConfig, Utf8Streamer, run_generate
+from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.cli.commands import main
+from mtpc.cli.generate import GenerateConfig, Utf8Streamer, run_generate
 from mtpc.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -119,7 +119,7 @@ def test_sampling_is_reproducible_with_a_seed(folders, capsys):
 
 
 def test_chat_renders_the_models_chat_template(folders, capsys):
-    from mtpc.data import chat_template
+    from mtpc.training.data import chat_template
 
     tok = ByteTokenizer(VOCAB)
     summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="hé?",

@@ -247,7 +247,7 @@ def test_load_refuses_weights_of_another_parameterisation(tmp_path):
 def test_the_chunked_loss_trains_adapter_heads_like_the_naive_loss(parameterisation, ranks):
     """`mtp_loss` reads non-full heads through `input_logits(h, leaves)` / `sum_logits` in chunks:
     the same loss and gradients as materialising every leaf at once."""
-    from mtpc.loss import mtp_loss
+    from mtpc.heads.nll_loss import mtp_loss
 
     head = perturbed(MTPHead(builders.hmm_graph(3, 2, 6), D, parameterisation=parameterisation,
                              dtype=torch.float64, **ranks))

@@ -11,7 +11,7 @@ import torch
 from circuitc import builders
 from mtpc import MTPHead, load_head
 from mtpc.errors import InputError
-from mtpc.head import FactorisedHead, FullHead, SharedHead
+from mtpc.heads.head import FactorisedHead, FullHead, SharedHead
 
 OLD = Path(__file__).parent / "data" / "heads_v1"
 KINDS = {"full": FullHead, "shared": SharedHead, "factorised": FactorisedHead}

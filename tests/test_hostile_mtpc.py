@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from _tiny import write_source_corpus
-from mtpc.cli import describe_error, main
+from mtpc.cli.commands import describe_error, main
 from mtpc.errors import InputError, MtpcError
-from mtpc.train import CHECKPOINT
+from mtpc.training.trainer import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parent.parent
 BTREE = str(ROOT / "examples" / "btree.pc")
@@ -108,7 +108,7 @@ def test_help_does_not_import_torch_and_shows_defaults():
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as e:  # argparse's version action exits itself
-        from mtpc.cli import build_parser
+        from mtpc.cli.commands import build_parser
 
         build_parser().parse_args(["--version"])
     assert e.value.code == 0
@@ -165,12 +165,12 @@ def test_describe_error_classifies_every_kind():
 
 
 def test_internal_errors_are_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
-    import mtpc.cli
+    import mtpc.cli.commands
 
     def broken(args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(mtpc.cli, "run_train", broken)
+    monkeypatch.setattr(mtpc.cli.commands, "run_train", broken)
     argv = ["train", "--model", "m", "--out", "o", "--steps", "1"]
     err = fails(capsys, argv, 1, "internal error: KeyError: 'a bug'", "rerun with --debug")
     assert len(err.strip().splitlines()) == 1

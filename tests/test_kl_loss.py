@@ -7,9 +7,9 @@ import torch
 
 from circuitc import builders
 from circuitc import compile as compile_circuit
-from mtpc.head import MTPHead
-from mtpc.kl_loss import kl_loss, lm_teacher, logits_teacher
-from mtpc.loss import mtp_loss, valid_counts, window_validity
+from mtpc.heads.head import MTPHead
+from mtpc.heads.kl_loss import kl_loss, lm_teacher, logits_teacher
+from mtpc.heads.nll_loss import mtp_loss, valid_counts, window_validity
 
 GRAPHS = {"btree": builders.btree_graph(3, 2, 4), "hmm": builders.hmm_graph(3, 2, 4), "ff": builders.ff_graph(3, 4),
           "cp": builders.cp_graph(4, 3, 4)}

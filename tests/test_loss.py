@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from circuitc import builders
-from mtpc.head import MTPHead
-from mtpc.loss import mtp_loss, teacher_forced_accepted, valid_counts
+from mtpc.heads.head import MTPHead
+from mtpc.heads.nll_loss import mtp_loss, teacher_forced_accepted, valid_counts
 
 
 def compiled(graph):

@@ -12,7 +12,7 @@ from transformers import TextIteratorStreamer, TextStreamer
 from transformers.generation.streamers import BaseStreamer
 
 from mtpc import SpeculativeDecoder
-from mtpc.decode import generate_autoregressive
+from mtpc.decoding.decoder import generate_autoregressive
 from mtpc.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -2,8 +2,8 @@ import json
 
 import torch
 
-from mtpc.cli import main
-from mtpc.tinylm import TinyLMConfig, train_tiny_lm
+from mtpc.cli.commands import main
+from mtpc.training.tiny_lm import TinyLMConfig, train_tiny_lm
 
 
 def small_corpus(path):

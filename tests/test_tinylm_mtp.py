@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from _tiny import write_source_corpus
-from mtpc.cli import main
+from mtpc.cli.commands import main
 from mtpc.errors import InputError
-from mtpc.tinylm import CHECKPOINT, MTP_HEAD_DIR, JointLM, TinyLMConfig, build_model, train_tiny_lm
+from mtpc.training.tiny_lm import CHECKPOINT, MTP_HEAD_DIR, JointLM, TinyLMConfig, build_model, train_tiny_lm
 from mtpc.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,9 +47,9 @@ def log_values(out, key):
 def test_joint_loss_is_cross_entropy_plus_weighted_mtp_loss_and_reaches_the_backbone(tmp_path):
     import circuitc
 
-    from mtpc.head import MTPHead
-    from mtpc.loss import mtp_loss
-    from mtpc.tinylm import lm_nll
+    from mtpc.heads.head import MTPHead
+    from mtpc.heads.nll_loss import mtp_loss
+    from mtpc.training.tiny_lm import lm_nll
 
     torch.manual_seed(0)
     tok = ByteTokenizer()
@@ -82,7 +82,7 @@ def test_joint_head_is_saved_loads_and_drafts_losslessly(tmp_path, corpus):
     from transformers import LlamaForCausalLM
 
     from mtpc import SpeculativeDecoder, load_head
-    from mtpc.decode import generate_autoregressive
+    from mtpc.decoding.decoder import generate_autoregressive
 
     out = tmp_path / "lm"
     s = train_tiny_lm(joint_config(out, corpus, steps=8))

@@ -119,7 +119,7 @@ def test_hf_tokenizer_round_trips_every_byte_and_random_byte_strings(hf_tok):
 
 
 def test_hf_chat_template_gives_exactly_the_training_bytes(hf_tok):
-    from mtpc.data import chat_template
+    from mtpc.training.data import chat_template
 
     ours = ByteTokenizer(320)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo?"},

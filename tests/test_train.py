@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from _tiny import save_tiny_lm, write_source_corpus
-from mtpc.cli import main
-from mtpc.train import CHECKPOINT, TrainConfig, train
+from mtpc.cli.commands import main
+from mtpc.training.trainer import CHECKPOINT, TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
 BTREE = str(ROOT / "examples" / "btree.pc")
@@ -46,7 +46,7 @@ def log_losses(out, key="loss"):
 
 
 def test_training_reduces_the_loss_and_writes_a_self_describing_folder(tiny_lm, corpus, tmp_path):
-    from mtpc.head import load_head
+    from mtpc.heads.head import load_head
 
     s = train(config(tiny_lm, corpus, tmp_path / "a", steps=12, lr=1e-2, warmup_steps=2))
     losses = log_losses(tmp_path / "a")
@@ -94,7 +94,7 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from mtpc import SpeculativeDecoder, load_head
-    from mtpc.decode import generate_autoregressive
+    from mtpc.decoding.decoder import generate_autoregressive
 
     train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
     stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, bindings={},
@@ -145,7 +145,7 @@ def test_cli_train_parses_defines_and_runs(tiny_lm, corpus, tmp_path, capsys):
 
 @pytest.mark.parametrize("parameterisation", ["shared", "factorised"])
 def test_cli_trains_cheap_head_parameterisations(tiny_lm, corpus, tmp_path, parameterisation):
-    from mtpc.head import load_head
+    from mtpc.heads.head import load_head
 
     out = tmp_path / parameterisation
     assert main(["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=2", "--data", corpus,

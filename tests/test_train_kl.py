@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _tiny import save_tiny_lm, write_source_corpus
-from mtpc.cli import main
+from mtpc.cli.commands import main
 
 ROOT = Path(__file__).resolve().parent.parent
 BTREE = str(ROOT / "examples" / "btree.pc")
@@ -36,12 +36,12 @@ def held_out_losses(lm_dir, head_dir, corpus):
     """KL to the LM and NLL of the gold bytes on the held-out documents (the split mtpc train uses)."""
     from transformers import AutoModelForCausalLM
 
-    from mtpc.data import PackedDataset, collate, load_documents, split_documents
-    from mtpc.head import load_head
-    from mtpc.kl_loss import kl_loss, lm_teacher
-    from mtpc.loss import mtp_loss
+    from mtpc.training.data import PackedDataset, collate, load_documents, split_documents
+    from mtpc.heads.head import load_head
+    from mtpc.heads.kl_loss import kl_loss, lm_teacher
+    from mtpc.heads.nll_loss import mtp_loss
     from mtpc.tokenizer import ByteTokenizer
-    from mtpc.train import TrainConfig
+    from mtpc.training.trainer import TrainConfig
 
     tok = ByteTokenizer.load(lm_dir)
     lm = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float32).eval()
@@ -90,7 +90,7 @@ def test_kl_with_lora_uses_the_verifier_as_teacher(peaky_lm, corpus, tmp_path):
              for name in ("plain", "lora")}
     assert first["lora"] == pytest.approx(first["plain"], rel=1e-6)
     from circuitc import load_graph
-    from mtpc.train import DraftModel, TrainConfig, build_head, load_lm
+    from mtpc.training.trainer import DraftModel, TrainConfig, build_head, load_lm
 
     cfg = TrainConfig(model=peaky_lm, out=str(tmp_path / "x"), circuit=BTREE, bindings={"n": 4, "r": 4},
                       lora_layers=1)

@@ -28,6 +28,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
+from ..loading import SPLIT_MODEL_TYPES
+
 __all__ = [
     "BackboneFamily",
     "LlamaFamily",
@@ -36,6 +38,9 @@ __all__ = [
     "SplitBackbone",
     "attach_draft_lora",
     "family_for",
+    "is_peft",
+    "lora_depth",
+    "lora_layer_indices",
 ]
 
 
@@ -121,12 +126,7 @@ class LlamaFamily(BackboneFamily):
                      use_cache=True, **{_cache_kwarg(layer): cache})
 
 
-FAMILIES: dict[str, type[BackboneFamily]] = {
-    "llama": LlamaFamily,
-    "mistral": LlamaFamily,
-    "qwen2": LlamaFamily,
-    "qwen3": LlamaFamily,
-}
+FAMILIES: dict[str, type[BackboneFamily]] = {model_type: LlamaFamily for model_type in SPLIT_MODEL_TYPES}
 
 
 def family_for(config) -> BackboneFamily:
@@ -148,7 +148,7 @@ def _cache_kwarg(layer: nn.Module) -> str:
 
 # --------------------------------------------------------------------------- peft helpers
 
-def _is_peft(model: nn.Module) -> bool:
+def is_peft(model: nn.Module) -> bool:
     try:
         from peft import PeftModel
     except ImportError:  # peft is a dependency, but the split works without it
@@ -156,7 +156,7 @@ def _is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _lora_layer_indices(base: nn.Module, layers: nn.ModuleList) -> tuple[set[int], list[str]]:
+def lora_layer_indices(base: nn.Module, layers: nn.ModuleList) -> tuple[set[int], list[str]]:
     """Decoder-layer indices holding LoRA modules, and names of LoRA modules outside any decoder layer."""
     from peft.tuners.lora import LoraLayer
 
@@ -169,6 +169,16 @@ def _lora_layer_indices(base: nn.Module, layers: nn.ModuleList) -> tuple[set[int
             else:
                 outside.append(name)
     return inside, outside
+
+
+def lora_depth(model: nn.Module) -> int:
+    """For a PeftModel: the number of trailing layers that carry adapters (0 for a plain model)."""
+    if not is_peft(model):
+        return 0
+    base = model.get_base_model()
+    layers = family_for(base.config).parts(base).layers
+    inside, _ = lora_layer_indices(base, layers)
+    return len(layers) - min(inside) if inside else 0
 
 
 def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: float = 16.0,
@@ -227,7 +237,7 @@ class SplitBackbone:
 
     def __init__(self, model: nn.Module, lora_layers: int = 0, family: BackboneFamily | None = None):
         self.model = model
-        self.peft = model if _is_peft(model) else None
+        self.peft = model if is_peft(model) else None
         self.base = self.peft.get_base_model() if self.peft is not None else model
         self.config = self.base.config
         self.family = family or family_for(self.config)
@@ -258,7 +268,7 @@ class SplitBackbone:
         kinds = sorted({str(getattr(c.peft_type, "value", c.peft_type)) for c in self.peft.peft_config.values()})
         if kinds != ["LORA"]:
             raise ValueError(f"only LoRA adapters are supported on the draft path, the model has {kinds}")
-        inside, outside = _lora_layer_indices(self.base, self.parts.layers)
+        inside, outside = lora_layer_indices(self.base, self.parts.layers)
         if outside:
             raise ValueError(f"LoRA adapters outside the decoder layers ({outside[:3]}) would change the verifier; "
                              "only adapters on the last lora_layers decoder layers are supported")

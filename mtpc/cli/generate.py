@@ -12,7 +12,7 @@ Temperature 0 (the default) decodes greedily; above 0 it samples the shaped targ
 Output is written as cycles commit it (`Utf8Streamer`: incremental UTF-8, so a character split across
 cycles is printed once, whole, and invalid bytes as U+FFFD). `--stats` and `--compare` report on
 stderr, so stdout holds only the text: bytes per cycle, tok/s (prefill excluded) and the per-cycle
-breakdown measured inside the decoding loop with `mtpc.bench`'s clock; `--compare` decodes the same
+breakdown measured inside the decoding loop with `mtpc.decoding.clock`; `--compare` decodes the same
 prompt plainly too and reports the speed-up and whether the greedy outputs are identical.
 
 Everything the user gave is checked before a model is loaded (`InputError`).
@@ -31,8 +31,9 @@ from typing import TextIO
 
 import torch
 
-from .errors import InputError
-from .tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
+from .. import loading
+from ..errors import InputError
+from ..tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
 
 __all__ = ["GenerateConfig", "Utf8Streamer", "run_generate", "load_prompt"]
 
@@ -181,28 +182,9 @@ def check_head_fits(head, config: dict, head_dir: str) -> None:
 
 def lora_folder(cfg: GenerateConfig) -> Path | None:
     """The draft path's adapter folder: --lora, else HEAD/lora when `mtpc train` saved one there."""
-    from .bench import LORA_DIR
-
     if cfg.lora is not None:
-        folder = Path(cfg.lora)
-        if not (folder / "adapter_config.json").is_file():
-            raise InputError(f"--lora {cfg.lora}: no adapter_config.json; expected a peft adapter folder "
-                             f"(mtpc train writes one to OUT/{LORA_DIR})")
-        return folder
-    default = Path(cfg.head) / LORA_DIR
-    return default if (default / "adapter_config.json").is_file() else None
-
-
-def adapter_layers(folder: Path, wanted: int | None) -> int:
-    try:
-        layers = json.loads((folder / "adapter_config.json").read_text()).get("layers_to_transform") or []
-    except (OSError, ValueError) as e:
-        raise InputError(f"{folder / 'adapter_config.json'} is unreadable ({e})") from None
-    if not layers:
-        raise InputError(f"{folder}: the adapter does not say which layers it adapts (layers_to_transform)")
-    if wanted is not None and wanted != len(layers):
-        raise InputError(f"--lora-layers {wanted}, but the adapter in {folder} adapts the last {len(layers)} layers")
-    return len(layers)
+        return loading.lora_folder(cfg.lora)
+    return loading.head_lora_folder(cfg.head)
 
 
 # --------------------------------------------------------------------------- the run
@@ -211,7 +193,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     """Decode `cfg`'s prompt; writes the text to `out` (default stdout) and stats/comparison to `err`
     (default stderr); returns a summary with the prompt and generated ids and, when measured, the stats
     and the comparison."""
-    from .head import load_head
+    from ..heads import load_head
 
     out, err = out or sys.stdout, err or sys.stderr
     check_config(cfg)
@@ -223,16 +205,14 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         head = load_head(cfg.head)
         check_head_fits(head, config, cfg.head)
     lora = lora_folder(cfg) if head is not None else None
-    k = adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
+    k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
 
-    from .bench import load_model, resolve_device
-
-    device = resolve_device(cfg.device)
+    device = loading.resolve_device(cfg.device)
     sampling = _sampling(cfg)
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
-        base = load_model(cfg.model, torch.float32, device)
+        base = loading.load_model(cfg.model, torch.float32, device)
         decode = _plain(base, sampling, eos)
         if head is not None:
             decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup)
@@ -294,8 +274,7 @@ def _sampling(cfg: GenerateConfig) -> dict:
 
 def _plain(base, sampling: dict, eos: set[int]):
     """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding."""
-    from .bench_timing import PhaseClock, backbone_marks
-    from .decode import generate_autoregressive
+    from ..decoding import PhaseClock, backbone_marks, generate_autoregressive
 
     embed, ends = backbone_marks(base)
 
@@ -312,15 +291,11 @@ def _plain(base, sampling: dict, eos: set[int]):
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
                  lookup: int | None = None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it)."""
-    from .bench import load_model
-    from .bench_timing import PhaseClock
-    from .decode import SpeculativeDecoder
+    from ..decoding import PhaseClock, SpeculativeDecoder
 
-    model = load_model(model_path, torch.float32, device)
+    model = loading.load_model(model_path, torch.float32, device)
     if lora is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(lora)).eval()
+        model = loading.load_lora(model, lora)
     decoder = SpeculativeDecoder(model, head, k, lookup=lookup)
     parts = decoder.backbone.parts
 
@@ -336,7 +311,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
 
 def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dict:
     """One generation (after an untimed 4-token warm-up), with its stats and per-cycle breakdown."""
-    from .bench_timing import split_phases
+    from ..decoding import split_phases
 
     decode(prompt, min(4, cfg.max_new_tokens), torch.Generator(prompt.device).manual_seed(cfg.seed), None)
     out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .data import target_validity, window_targets
+from .windows import target_validity, window_targets
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # logits materialised at once by the chunked leaves (16 MiB in float32)
 
@@ -250,7 +250,7 @@ def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Te
              gamma: float = 0.9, fused: bool = True, normalizer: torch.Tensor | None = None,
              window_mask: torch.Tensor | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
     """The composite loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `tokens`,
-    `doc_ids` [B, T] long, `loss_mask` [B, T] bool (see `mtpc.data`).
+    `doc_ids` [B, T] long, `loss_mask` [B, T] bool (see `mtpc.training.data`).
 
     `normalizer` ([n], optional) replaces the batch's own `N_j`: pass the counts of the whole
     (global, accumulated) batch so that micro-batches and data-parallel ranks add up exactly.

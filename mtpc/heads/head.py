@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "save_head", "load_head", "PARAMETERISATIONS",
            "HEAD_FORMAT"]

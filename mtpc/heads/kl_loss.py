@@ -5,7 +5,7 @@ gold text, `p_j = p_LM(x_{t+j} | x_{<t+j})`, is the teacher of the head's condit
 
     q_{t,j}(s) = q_t(x_{t+j} = s | x_{t+1..t+j-1})   for every state s,
 
-and the loss is the KL divergence, weighted and averaged like the NLL of `mtpc.loss` (Eq. 5):
+and the loss is the KL divergence, weighted and averaged like the NLL of `mtpc.heads.nll_loss` (Eq. 5):
 
     L = sum_j gamma^(j-1) * (sum_t valid[t, j] * KL(p_j || q_{t,j})) / N_j.
 
@@ -39,8 +39,8 @@ from collections.abc import Callable
 
 import torch
 
-from .data import window_targets
-from .loss import DEFAULT_CHUNK_ELEMENTS, LossOutput, at_least_float32, gamma_weights, window_validity
+from .windows import window_targets
+from .nll_loss import DEFAULT_CHUNK_ELEMENTS, LossOutput, at_least_float32, gamma_weights, window_validity
 
 Teacher = Callable[[torch.Tensor], torch.Tensor]  # flat positions [M] -> the LM's next-token logits [M, V]
 
@@ -66,7 +66,7 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
     """The KL loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `teacher` (e.g.
     `lm_teacher(lm.lm_head, verifier_hidden)`: the logits at position `t` predict `tokens[t + 1]`),
     `tokens`, `doc_ids` [B, T] long, `loss_mask` [B, T] bool; `normalizer` and `window_mask` as in
-    `mtpc.loss.mtp_loss`. `term_sums[j]` is the sum of the KLs at window position `j`."""
+    `mtpc.heads.nll_loss.mtp_loss`. `term_sums[j]` is the sum of the KLs at window position `j`."""
     n, v = head.num_variables, head.num_states
     B, T = tokens.shape
     valid = window_validity(tokens, doc_ids, loss_mask, n, v, window_mask)  # [B, T, n]

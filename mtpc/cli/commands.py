@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checks import non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
-from .errors import InputError, MtpcError
+from ..checks import non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
+from ..errors import InputError, MtpcError, first_line
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -95,7 +95,7 @@ def add_tiny_lm(sub) -> None:
 
 
 def run_tiny_lm(args) -> int:
-    from .tinylm import TinyLMConfig, train_tiny_lm
+    from ..training.tiny_lm import TinyLMConfig, train_tiny_lm
 
     cfg = TinyLMConfig(out=args.out, data=args.data, minutes=args.minutes, steps=args.steps, context=args.context,
                        d_model=args.d_model, layers=args.layers, heads=args.heads, ffn=args.ffn,
@@ -199,7 +199,7 @@ def _number(text: str):
 
 
 def run_train(args) -> int:
-    from .train import TrainConfig, train
+    from ..training.trainer import TrainConfig, train
 
     cfg = TrainConfig(model=args.model, out=args.out, circuit=args.circuit, bindings=parse_defines(args.defines),
                       data=args.data, lora_layers=args.lora_layers, lora_rank=args.lora_rank,
@@ -270,7 +270,7 @@ def add_bench(sub) -> None:
 
 
 def run_bench(args) -> int:
-    from .bench import BenchConfig, format_table, run_bench as bench
+    from ..bench import BenchConfig, format_table, run_bench as bench
 
     cfg = BenchConfig(model=args.model, heads=args.heads, prompts=args.prompts, corpus=args.corpus,
                       num_prompts=args.num_prompts, repeats=args.repeats, prompt_len=args.prompt_len,
@@ -317,7 +317,7 @@ def add_distill_data(sub) -> None:
 
 
 def run_distill_data(args) -> int:
-    from .distill import DistillConfig, distill_data
+    from ..training.distill import DistillConfig, distill_data
 
     cfg = DistillConfig(model=args.model, out=args.out, data=args.data, num_prompts=args.num_prompts,
                         prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
@@ -436,14 +436,5 @@ def describe_error(e: BaseException) -> tuple[int, str]:
         user = isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
         return (2 if user else 1), message
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
-        return 1, f"out of memory: {_first_line(e)} (try a smaller --batch-size or --seq-len)"
-    return 1, f"internal error: {type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)"
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else "(no message)"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return 1, f"out of memory: {first_line(e)} (try a smaller --batch-size or --seq-len)"
+    return 1, f"internal error: {type(e).__name__}: {first_line(e)} (rerun with --debug for the traceback)"

@@ -34,13 +34,13 @@ conditionals; default: it accepted most in our measurements), `"marginal"` (per-
 argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample). Sampling mode always
 drafts circuit samples.
 
-Prompt lookup (`lookup=K` or a `mtpc.drafting.PromptLookup`; off by default): after `x_0`, a cycle may
+Prompt lookup (`lookup=K` or a `mtpc.decoding.proposals.PromptLookup`; off by default): after `x_0`, a cycle may
 draft the `K` tokens that followed the latest earlier occurrence of the text's last few tokens instead
 of (or, when shorter than the window, before) the circuit's tokens. They are point-mass proposals:
 accepted with probability `p(c)`, residual `p` without `c`, renormalised, the same `AcceptanceRule`
-with `q = delta_c`; the choice of source reads only the past (`mtpc.drafting.LookupState.use`), so
+with `q = delta_c`; the choice of source reads only the past (`mtpc.decoding.proposals.LookupState.use`), so
 greedy output still equals plain greedy and sampling stays exact. Proposal sources live in
-`mtpc.drafting`; this module keeps the one loop, the targets and the acceptance rule.
+`mtpc.decoding.proposals`; this module keeps the one loop, the targets and the acceptance rule.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
 (transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
@@ -56,19 +56,13 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from .backbone import BackboneState, SplitBackbone
-from .drafting import CircuitDrafter, Draft, LookupState, PromptLookup
-from .head import MTPHead
+from ..heads import MTPHead
+from .acceptance import AcceptanceRule, Target, draw, uniform
+from .backbone import BackboneState, SplitBackbone, lora_depth
+from .inputs import check_budget, check_eval, check_processors, check_prompt, eos_set
+from .proposals import CircuitDrafter, Draft, LookupState, PromptLookup
 
-__all__ = [
-    "AcceptanceRule",
-    "DecodeStats",
-    "GenerateOutput",
-    "SpeculativeDecoder",
-    "Target",
-    "generate_autoregressive",
-    "DRAFT_STRATEGIES",
-]
+__all__ = ["DecodeStats", "GenerateOutput", "SpeculativeDecoder", "generate_autoregressive", "DRAFT_STRATEGIES"]
 
 DRAFT_STRATEGIES = ("conditional", "marginal", "map", "sample")
 
@@ -121,77 +115,6 @@ class GenerateOutput:
     stats: DecodeStats
 
 
-# --------------------------------------------------------------------------- the verifier's target
-
-@dataclass(frozen=True)
-class Target:
-    """The distribution tokens must follow: greedy (argmax of the logits) or the softmax of the logits
-    shaped by temperature, then top-k, then top-p (the order and rules of transformers' warpers)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        if not self.do_sample:
-            return
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise ValueError(f"top_k must be a positive integer (or None/0 for no top-k), got {self.top_k!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """`[..., V]` logits -> `[..., V]` float64 probabilities of the shaped target."""
-        scores = logits.double() / self.temperature
-        if self.top_k:
-            k = min(self.top_k, scores.shape[-1])
-            kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, -torch.inf)
-        if self.top_p is not None and self.top_p < 1:
-            sorted_scores, order = torch.sort(scores, dim=-1)  # ascending
-            cumulative = sorted_scores.softmax(-1).cumsum(-1)
-            remove = cumulative <= 1 - self.top_p
-            remove[..., -1] = False  # keep at least the most likely token
-            scores = scores.masked_fill(remove.scatter(-1, order, remove), -torch.inf)
-        return scores.softmax(-1)
-
-    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        """One token from the target at a single position (`logits` `[V]`)."""
-        if not self.do_sample:
-            return int(logits.argmax())
-        return _draw(self.probs(logits), generator)
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), generator=generator, dtype=torch.float64))
-
-
-# --------------------------------------------------------------------------- acceptance rule
-
-class AcceptanceRule:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): a token `x ~ q` is kept with
-    probability `min(1, p(x) / q(x))`; after a rejection the token is drawn from the residual
-    `norm(max(0, p - q))`. Together: exactly `p`. Subclass to study other rules (the tests show that
-    wrong ones are caught)."""
-
-    def accept(self, p_x: float, q_x: float, u: float) -> bool:
-        """`u ~ U[0, 1)`; True with probability `min(1, p_x / q_x)`."""
-        return u * q_x < p_x
-
-    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """`[V]`, `[V]` -> `[V]`: the distribution of the token after a rejection."""
-        r = (p - q).clamp_min(0)
-        total = r.sum()
-        return r / total if total > 0 else p  # total = 0 only when p = q, where nothing is ever rejected
-
-
 # --------------------------------------------------------------------------- the decoder
 
 class SpeculativeDecoder:
@@ -201,7 +124,7 @@ class SpeculativeDecoder:
     (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
     rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
     inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
-    `mtpc.drafting`).
+    `mtpc.decoding.proposals`).
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
@@ -235,11 +158,11 @@ class SpeculativeDecoder:
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
         then `end()` once."""
-        prompt = _check_prompt(input_ids, self.backbone.vocab_size)
-        _check_budget(max_new_tokens)
-        _check_eval(self.backbone.model)
+        prompt = check_prompt(input_ids, self.backbone.vocab_size)
+        check_budget(max_new_tokens)
+        check_eval(self.backbone.model)
         target = Target(do_sample, temperature, top_k, top_p)
-        eos = _eos_set(eos_token_id)
+        eos = eos_set(eos_token_id)
         stats = DecodeStats()
         tokens = prompt[0].tolist()
         if streamer is not None:
@@ -328,7 +251,7 @@ class SpeculativeDecoder:
         afterwards; otherwise the circuit drafts first and x_0 is its own first token when the verifier
         accepts it, so the circuit's whole window comes back with it."""
         if self.bonus:
-            return (_draw(first, generator) if target.do_sample else int(first.argmax())), None
+            return (draw(first, generator) if target.do_sample else int(first.argmax())), None
         own = self._unconditioned_draft(theta, first, target, generator)
         return int(own.window[0]), own
 
@@ -359,17 +282,17 @@ class SpeculativeDecoder:
         if c.program is not None:
             d, rows = c.program.sample(theta[0], generator)
             d0 = int(d[0])
-            if self.acceptance.accept(float(first[d0]), float(rows[0, d0]), _uniform(generator)):
+            if self.acceptance.accept(float(first[d0]), float(rows[0, d0]), uniform(generator)):
                 return Draft(d, d, True, True, rows=rows)
-            x0 = _draw(self.acceptance.residual(first, self._padded_probs(rows[0], first)), generator)
+            x0 = draw(self.acceptance.residual(first, self._padded_probs(rows[0], first)), generator)
             return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False, rows=rows)
         d = c.sample(theta, generator, [])
         log_r = c.log_r(theta, d, True)
         d0 = int(d[0])
-        if self.acceptance.accept(float(first[d0]), float(log_r[0].exp()), _uniform(generator)):
+        if self.acceptance.accept(float(first[d0]), float(log_r[0].exp()), uniform(generator)):
             return Draft(d, d, True, True, log_r)
         q0 = self._padded(c.conditional(theta, d, 0, True, 0), first)
-        x0 = _draw(self.acceptance.residual(first, q0), generator)
+        x0 = draw(self.acceptance.residual(first, q0), generator)
         window = torch.cat([d.new_tensor([x0]), d[1:]])
         return Draft(window, d, True, False, log_r)
 
@@ -398,7 +321,7 @@ class SpeculativeDecoder:
         if not target.do_sample:
             return token == int(logits_j.argmax()), None
         p = target.probs(logits_j)  # [V]
-        if self.acceptance.accept(float(p[token]), draft.q(j), _uniform(generator)):
+        if self.acceptance.accept(float(p[token]), draft.q(j), uniform(generator)):
             return True, None
         if j <= draft.point_mass:  # a lookup token: q = delta_token, residual = p without it, renormalised
             r = torch.zeros_like(p)
@@ -445,7 +368,7 @@ class SpeculativeDecoder:
         mask = model_kwargs.get("attention_mask")
         if mask is not None and not bool((mask == 1).all()):
             raise ValueError("padded input is not supported: speculative decoding runs at batch size 1")
-        _check_processors(logits_processor, stopping_criteria)
+        check_processors(logits_processor, stopping_criteria)
         cfg = generation_config
         top_k = cfg.top_k if cfg.do_sample else None
         top_p = cfg.top_p if cfg.do_sample else None
@@ -469,12 +392,12 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
     """Plain one-token-per-step decoding of the verifier (a PeftModel runs with adapters disabled), for
     comparison; same targets, same stats (one token per cycle), same `streamer` protocol (one token
     `[1]` per step, as transformers' greedy/sampling loop puts it)."""
-    backbone = SplitBackbone(model, _lora_depth(model))
-    prompt = _check_prompt(input_ids, backbone.vocab_size)
-    _check_budget(max_new_tokens)
+    backbone = SplitBackbone(model, lora_depth(model))
+    prompt = check_prompt(input_ids, backbone.vocab_size)
+    check_budget(max_new_tokens)
     target = Target(do_sample, temperature, top_k, top_p)
-    eos = _eos_set(eos_token_id)
-    _check_eval(backbone.model)
+    eos = eos_set(eos_token_id)
+    check_eval(backbone.model)
     stats, tokens = DecodeStats(), prompt[0].tolist()
     if streamer is not None:
         streamer.put(prompt.cpu())
@@ -505,68 +428,3 @@ def _end(streamer) -> None:
         streamer.end()
 
 
-def _lora_depth(model: nn.Module) -> int:
-    """For a PeftModel: the number of trailing layers that carry adapters (so the split accepts it)."""
-    from .backbone import _is_peft, _lora_layer_indices, family_for
-
-    if not _is_peft(model):
-        return 0
-    base = model.get_base_model()
-    layers = family_for(base.config).parts(base).layers
-    inside, _ = _lora_layer_indices(base, layers)
-    return len(layers) - min(inside) if inside else 0
-
-
-# --------------------------------------------------------------------------- checks
-
-def _check_prompt(input_ids, vocab_size: int) -> torch.Tensor:
-    if not isinstance(input_ids, torch.Tensor):
-        input_ids = torch.as_tensor(input_ids, dtype=torch.long)
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [1, T] (or [T]), got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"speculative decoding runs at batch size 1; got a batch of {input_ids.shape[0]} "
-                         "prompts (call generate once per prompt)")
-    if input_ids.shape[1] == 0:
-        raise ValueError("the prompt is empty: give at least one token (e.g. a BOS token)")
-    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
-        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
-        raise ValueError(f"input_ids must lie in 0..{vocab_size - 1} (the model's vocabulary)")
-    return input_ids.long()
-
-
-def _check_budget(max_new_tokens) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-
-
-def _eos_set(eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, torch.Tensor):
-        return set(eos_token_id.flatten().tolist())
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return set(int(e) for e in eos_token_id)
-
-
-def _check_eval(model: nn.Module) -> None:
-    """Dropout in training mode would make verification random: refuse instead of silently diverging."""
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Dropout) and module.training and module.p > 0:
-            raise ValueError(f"{name} is a dropout layer in training mode; call model.eval() before decoding")
-
-
-_SUPPORTED_PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
-_SUPPORTED_CRITERIA = {"MaxLengthCriteria", "EosTokenCriteria"}
-
-
-def _check_processors(logits_processor, stopping_criteria) -> None:
-    unknown = [type(p).__name__ for p in (logits_processor or []) if type(p).__name__ not in _SUPPORTED_PROCESSORS]
-    unknown += [type(c).__name__ for c in (stopping_criteria or []) if type(c).__name__ not in _SUPPORTED_CRITERIA]
-    if unknown:
-        raise ValueError(f"speculative decoding supports max_new_tokens/max_length, do_sample, temperature, top_k, "
-                         f"top_p and eos_token_id; not {unknown}")

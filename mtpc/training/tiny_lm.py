@@ -23,15 +23,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
-from . import checks
+from .. import checks, loading
 from .data import DataStats, EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity
+from .precision import autocast, autocast_dtype
+from .progress import advance, progress_bar
+from .schedule import cosine_lr
 from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
-from .errors import InputError
-from .head import PARAMETERISATIONS, MTPHead, save_head
-from .loss import mtp_loss, valid_counts
-from .tokenizer import NUM_BYTES, ByteTokenizer
+from ..errors import InputError
+from ..heads.head import PARAMETERISATIONS, MTPHead, save_head
+from ..heads.nll_loss import mtp_loss, valid_counts
+from ..tokenizer import NUM_BYTES, ByteTokenizer
 
 LN2 = math.log(2.0)
 CHECKPOINT = "checkpoint.pt"
@@ -70,55 +72,10 @@ class TinyLMConfig:
     mtp_circuit: str | None = None  # .pc file; None: next-byte loss only
     mtp_bindings: dict = field(default_factory=dict)
     mtp_weight: float = 0.2
-    mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.head)
+    mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
     mtp_window_stride: int = 1  # score the windows at every s-th position (shifting with the step)
     mtp_gamma: float = 0.9
     mtp_sum_init_std: float = 0.02
-
-
-# ------------------------------------------------------------------ helpers shared with mtpc.train
-
-def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
-    """The autocast dtype for `precision` ("auto": bf16 where the hardware runs it natively)."""
-    if precision == "fp32":
-        return None
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision != "auto":
-        raise ValueError(f"precision must be auto, fp32 or bf16, got {precision!r}")
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if _cpu_has_bf16() else None
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
-
-
-def cosine_lr(base: float, progress: float, step: int, warmup: int, min_ratio: float) -> float:
-    """Linear warm-up over `warmup` steps, then a cosine from `base` to `base * min_ratio` as
-    `progress` goes from 0 to 1."""
-    warm = min(1.0, (step + 1) / max(1, warmup))
-    progress = min(max(progress, 0.0), 1.0)
-    return base * warm * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def progress_bar(total: int, unit: str, enabled: bool, desc: str):
-    return tqdm(total=total, unit=unit, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
-
-
-def advance(bar, value: float) -> None:
-    """Move `bar` to `value` (whole units, never past its total)."""
-    target = min(int(value), bar.total)
-    if target > bar.n:
-        bar.update(target - bar.n)
 
 
 # ------------------------------------------------------------------ model
@@ -429,9 +386,9 @@ def _check_config(cfg: TinyLMConfig) -> None:
         raise InputError(f"--minutes must be positive, got {cfg.minutes}")
     if cfg.d_model % cfg.heads:
         raise InputError(f"--heads {cfg.heads} must divide --d-model {cfg.d_model}")
-    if cfg.vocab_size is not None and cfg.vocab_size < checks.MIN_BYTE_VOCAB:
+    if cfg.vocab_size is not None and cfg.vocab_size < loading.MIN_BYTE_VOCAB:
         raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
-                         f"{checks.MIN_BYTE_VOCAB}")
+                         f"{loading.MIN_BYTE_VOCAB}")
     if cfg.mtp_circuit is None:
         given = [flag for flag, value, default in (("-D", cfg.mtp_bindings, {}), ("--mtp-weight", cfg.mtp_weight, 0.2),
                                                    ("--mtp-window-stride", cfg.mtp_window_stride, 1))

@@ -17,7 +17,7 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
   only what the LM wrote as bytes, never a special dropped from the middle). A share `G` of the
   records is greedy, the rest sampled at temperature `T` (and top-p `P`).
 - `mtpc train --data FILE.jsonl` reads the records as `<bos> prompt completion <eos>` with the prompt
-  masked out of the loss (`mtpc.data.completion_document`).
+  masked out of the loss (`mtpc.training.data.completion_document`).
 - Bytes: `prompt` and `completion` are the exact bytes decoded as UTF-8 with Python's
   `surrogateescape` (an invalid byte 0x80..0xFF becomes the lone surrogate U+DC80..U+DCFF, which JSON
   writes as `\\udc80`..`\\udcff`); `mtpc.tokenizer.to_bytes` gives back the bytes exactly.
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 META_SUFFIX = ".meta.json"
 NEWLINE = ord("\n")
@@ -78,8 +78,8 @@ class DistillConfig:
 
 def distill_data(cfg: DistillConfig) -> dict:
     """Write (or complete) `cfg.out`; returns a summary of the whole file and of this run."""
-    from .tinylm import progress_bar
-    from .tokenizer import ByteTokenizer
+    from .progress import progress_bar
+    from ..tokenizer import ByteTokenizer
 
     _check_config(cfg)
     tok = ByteTokenizer.load(cfg.model)
@@ -275,7 +275,7 @@ def _generator(cfg: DistillConfig, tok):
     """`generate(ids, greedy, seed) -> (new token ids, decoding cycles or None)` for one prompt."""
     from transformers import AutoModelForCausalLM
 
-    from .decode import SpeculativeDecoder, generate_autoregressive
+    from ..decoding.decoder import SpeculativeDecoder, generate_autoregressive
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -292,7 +292,7 @@ def _generator(cfg: DistillConfig, tok):
             return out.sequences[0, len(ids):].tolist(), None
         return generate
 
-    from .bench import load_head_entry
+    from ..decoding.head_entry import load_head_entry
 
     try:
         entry = load_head_entry(cfg.head, model, cfg.model, torch.float32, None, device)

@@ -10,7 +10,7 @@ Every peer runs as a task `task(ids, budget, seed) -> Run`, interleaved prompt b
 decoding and the heads. transformers' generate is timed with the same module hooks as the heads (from
 the end of the target's first forward, which reads the prompt, to the end); its cycles are the target's
 forward calls. Sampling uses the same temperature / top-k / top-p (transformers' warpers, the rules
-`mtpc.decode.Target` follows) and the global torch generator, seeded per prompt.
+`mtpc.decoding.decoder.Target` follows) and the global torch generator, seeded per prompt.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Callable
 
 import torch
 
-from .bench_timing import PHASES, PhaseClock, Run, backbone_marks, split_phases
-from .decode import DecodeStats, GenerateOutput, Target, _eos_set
-from .errors import InputError
+from ..decoding import PHASES, DecodeStats, GenerateOutput, PhaseClock, Target, backbone_marks, split_phases
+from ..decoding.inputs import eos_set
+from ..errors import InputError
+from .timing import Run
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
 
@@ -140,7 +141,7 @@ def _static_task(cfg, decoder: "StaticCacheDecoder", eos: int) -> Callable:
 class StaticCacheDecoder:
     """Plain one-token-per-step decoding with a preallocated `StaticCache` of `max_len` positions, the
     step optionally `torch.compile`d (fixed shapes: one token, one cache, so it compiles once). The
-    prompt is read by an eager forward. Same targets and stats as `mtpc.decode.generate_autoregressive`."""
+    prompt is read by an eager forward. Same targets and stats as `mtpc.decoding.decoder.generate_autoregressive`."""
 
     def __init__(self, model: torch.nn.Module, max_len: int, compile: bool):
         from transformers import StaticCache
@@ -164,7 +165,7 @@ class StaticCacheDecoder:
         length = input_ids.shape[1]
         if length + max_new_tokens > self.max_len:
             raise InputError(f"prompt + new tokens = {length + max_new_tokens} exceed the static cache's {self.max_len}")
-        target, eos = Target(do_sample, temperature, top_k, top_p), _eos_set(eos_token_id)
+        target, eos = Target(do_sample, temperature, top_k, top_p), eos_set(eos_token_id)
         stats, tokens = DecodeStats(), input_ids[0].tolist()
         self.cache.reset()
         start = time.perf_counter()

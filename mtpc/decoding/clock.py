@@ -1,14 +1,15 @@
-"""Timing inside the decoding loop for `mtpc bench`: phase stamps from module hooks, one timed generation."""
+"""The phase clock: stamps inside the decoding loop (from module hooks) summed into draft / verify / accept phases."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-__all__ = ["PHASES", "PhaseClock", "Run", "run_one", "split_phases", "backbone_marks"]
+from .backbone import SplitBackbone
+
+__all__ = ["PHASES", "PhaseClock", "split_phases", "backbone_marks"]
 
 PHASES = ("head", "circuit", "backbone", "accept")
 
@@ -111,36 +112,5 @@ def _end_of_call(stamps, start: int) -> int | None:
 
 def backbone_marks(model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
     """The modules whose hooks open (embedding) and may close (final norm, LM head) a backbone call."""
-    from .backbone import SplitBackbone
-
     parts = SplitBackbone(model).parts
     return parts.embed, [parts.norm, parts.lm_head]
-
-
-# --------------------------------------------------------------------------- one generation
-
-@dataclass
-class Run:
-    """One generation's numbers: tokens, cycles, decoding seconds, seconds per phase, the output."""
-
-    tokens: int
-    cycles: int
-    seconds: float
-    phases: dict[str, float]
-    sequence: list[int]  # prompt + continuation
-    prompt_tokens: int
-    lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
-
-
-def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
-    """Run `generate()` under `clock`. `stats_clock`: take the decoding time from the decoder's own
-    cycle clock (CPU); otherwise from the clock's stamps (CUDA events)."""
-    with clock:
-        out = generate()
-    phases, hooked = split_phases(clock.times())
-    stats = out.stats
-    seconds = sum(stats.cycle_seconds) if stats_clock else hooked
-    return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
-               stats.lookup_cycles)
-
-

@@ -7,16 +7,15 @@ import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
-from .bench_prompts import repetition
-from .bench_timing import PHASES, Run
-
-if TYPE_CHECKING:
-    from .bench import BenchConfig, Variant
-    from .bench_peers import Peer
+from ..decoding import PHASES
+from .config import BenchConfig, Variant
+from .peers import Peer
+from .prompts import repetition
+from .timing import Run
 
 __all__ = ["build_report", "format_table", "markdown_table", "plot_tradeoff", "write_markdown", "write_outputs",
            "set_metrics", "greedy_check", "drop_repetitive"]

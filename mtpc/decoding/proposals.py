@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .head import MTPHead
+from ..heads.head import MTPHead
 
 __all__ = ["CircuitDrafter", "Draft", "LookupProposal", "LookupState", "PromptLookup", "LOOKUP_PREFERENCES"]
 

@@ -6,9 +6,9 @@
   factorised product of per-position LM softmaxes) and, with `k > 0`, LoRA adapters on the last `k`
   decoder layers (peft `layers_to_transform`) are trained with AdamW, a warm-up + cosine schedule,
   gradient clipping, gradient accumulation and bf16 autocast where the hardware has it.
-- The loss (`--loss`) is `nll`, the windowed likelihood of the gold bytes (`mtpc.loss.mtp_loss`),
+- The loss (`--loss`) is `nll`, the windowed likelihood of the gold bytes (`mtpc.heads.nll_loss.mtp_loss`),
   `kl`, the KL from the frozen LM's own next-byte distributions to the head's conditionals
-  (`mtpc.kl_loss.kl_loss`, the paper's Appendix J; the teacher is the verifier path, adapters off),
+  (`mtpc.heads.kl_loss.kl_loss`, the paper's Appendix J; the teacher is the verifier path, adapters off),
   or `nll+kl`, their plain sum (each term already weighted by gamma and averaged per window
   position, so the two are on the same per-byte nats scale). Every loss is normalised by the counts
   of the whole global batch, so gradient accumulation and data parallelism give the same update as
@@ -47,13 +47,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checks
+from .. import checks, loading
 from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
 from .distributed import Dist, all_sum as _all_sum, barrier as _barrier, init_distributed
-from .kl_loss import kl_loss, lm_teacher
-from .loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
-from .tinylm import advance, autocast, autocast_dtype, cosine_lr, progress_bar
-from .errors import InputError, MtpcError
+from ..heads.kl_loss import kl_loss, lm_teacher
+from ..heads.nll_loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
+from .precision import autocast, autocast_dtype
+from .progress import advance, progress_bar
+from .schedule import cosine_lr
+from ..errors import InputError, MtpcError
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "mtpc-train-checkpoint-2"
@@ -92,7 +94,7 @@ class TrainConfig:
     loss: str = "nll"  # nll | kl | nll+kl (see the module docstring)
     window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
     sum_init_std: float = 0.02
-    parameterisation: str = "full"  # full | shared | factorised (see mtpc.head)
+    parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
     adapter_rank: int = 16  # shared/factorised: rank of the per-unit adapters
     factor_rank: int = 64  # factorised: rank of the per-position unembedding
     val_fraction: float = 0.02
@@ -159,9 +161,9 @@ class DraftModel(nn.Module):
 
 def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
-    from .backbone import attach_draft_lora
+    from ..decoding.backbone import attach_draft_lora
 
-    model, _ = checks.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
     previous = _init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
@@ -179,7 +181,7 @@ def _init_adapter(cfg: TrainConfig) -> Path | None:
 
 
 def _adapter_layers(adapter_dir: Path) -> int:
-    meta = checks.json_object(adapter_dir / "adapter_config.json", "the LoRA adapter of the init head")
+    meta = loading.json_object(adapter_dir / "adapter_config.json", "the LoRA adapter of the init head")
     layers = meta.get("layers_to_transform") or []
     return len(layers)
 
@@ -188,9 +190,9 @@ def load_init_head(cfg: TrainConfig):
     """The `--init-head` head (an `InputError` for a folder that is not one)."""
     from safetensors import SafetensorError
 
-    from .head import load_head
+    from ..heads.head import load_head
 
-    folder = checks.head_folder(cfg.init_head)
+    folder = loading.head_folder(cfg.init_head)
     try:
         return load_head(folder)
     except (ValueError, KeyError, OSError, SafetensorError) as e:
@@ -199,7 +201,7 @@ def load_init_head(cfg: TrainConfig):
 
 def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, init=None):
     """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
-    from .head import MTPHead
+    from ..heads.head import MTPHead
 
     if init is not None:
         return init.float().to(device)
@@ -223,7 +225,7 @@ class Trainer:
         self.init = load_init_head(cfg) if cfg.init_head else None
         self.graph = self._check_inputs()
         self.resume_state = self._read_checkpoint()
-        self.tok = checks.byte_tokenizer(cfg.model)
+        self.tok = loading.byte_tokenizer(cfg.model)
         self.lm = load_lm(cfg, self.d.device)
         self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init)
         self.saved_step = self.resume_state["step"] if self.resume_state else None
@@ -275,7 +277,7 @@ class Trainer:
         self._check_batch()
         checks.output_folder(cfg.out)
         checks.data_source(cfg.data)
-        info = checks.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+        info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
         graph = None
         if cfg.circuit is not None:
             graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
@@ -297,7 +299,7 @@ class Trainer:
         if graph is None:
             raise InputError("give --circuit (or --init-head to continue from a trained head)")
         checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
-        config = checks.json_object(info.path / "config.json", "")
+        config = loading.json_object(info.path / "config.json", "")
         layers = config.get("num_hidden_layers")
         if isinstance(layers, int) and cfg.lora_layers > layers:
             raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")
@@ -500,7 +502,7 @@ class Trainer:
     def save_outputs(self, summary: dict) -> None:
         if not self.d.main:
             return
-        from .head import save_head
+        from ..heads.head import save_head
 
         self._check_finite()
         save_head(self.head, self.out)

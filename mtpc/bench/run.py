@@ -24,12 +24,13 @@ bonus-conditioned drafting), over `K` disjoint prompt sets of `N` prompts each:
   `backbone` (the one backbone call: verifier + draft path), `accept` (after the backbone call until
   the next cycle: acceptance, residuals after a rejection, cache crop, bookkeeping).
 
-Peers (`mtpc.bench_peers`): transformers' prompt lookup and assisted generation, and with `--compile`
+Peers (`mtpc.bench.peers`): transformers' prompt lookup and assisted generation, and with `--compile`
 plain decoding with a static KV cache, eager and `torch.compile`d (speed-ups are then also reported
-against the compiled baseline). Modules: prompts in `bench_prompts`, timing in `bench_timing`, the
-report in `bench_report`, peers in `bench_peers`; this one loads, runs and interleaves.
+against the compiled baseline). Prompts come from `mtpc.bench.prompts`, one timed generation from
+`mtpc.bench.timing` (with the loop's own `mtpc.decoding.clock`), the report from `mtpc.bench.report`;
+this module loads, runs and interleaves.
 
-Every prompt is decoded by plain autoregressive decoding (`mtpc.decode.generate_autoregressive`), by
+Every prompt is decoded by plain autoregressive decoding (`mtpc.decoding.decoder.generate_autoregressive`), by
 every peer and by every variant, interleaved prompt by prompt (rotating the order), so machine noise hits all of
 them alike. In greedy mode every speculative output is compared token for token with the plain greedy
 output of the same prompt, and the report counts the mismatches (`mtpc bench` exits with status 1 if
@@ -39,138 +40,26 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from . import checks
-from .bench_peers import Peer, build_peers, parse_peer
-from .bench_prompts import load_prompts
-from .bench_report import build_report, drop_repetitive, format_table, plot_tradeoff, write_markdown, write_outputs
-from .bench_timing import PHASES, PhaseClock, Run, backbone_marks, run_one, split_phases
-from .decode import DRAFT_STRATEGIES, SpeculativeDecoder, generate_autoregressive
-from .drafting import PromptLookup
-from .errors import InputError, MtpcError
-from .head import MTPHead, load_head
-from .tokenizer import ByteTokenizer
+from .. import checks, loading
+from ..decoding import (DRAFT_STRATEGIES, PhaseClock, PromptLookup, SpeculativeDecoder, backbone_marks,
+                        generate_autoregressive, load_head_entry)
+from ..decoding.head_entry import HeadEntry
+from ..errors import InputError, MtpcError
+from ..tokenizer import ByteTokenizer
+from .config import DTYPES, BenchConfig, Variant
+from .peers import Peer, build_peers, parse_peer
+from .prompts import load_prompts
+from .report import build_report, drop_repetitive, write_outputs
+from .timing import Run, run_one
 
-__all__ = ["BenchConfig", "run_bench", "load_prompts", "format_table", "write_markdown", "plot_tradeoff",
-           "PhaseClock", "split_phases", "PHASES", "Run"]
+__all__ = ["run_bench", "build_variants", "measure"]
 
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
-LORA_DIR = "lora"  # where `mtpc train` saves a head's draft-path adapter (mtpc.train.LORA_DIR)
-
-
-@dataclass
-class BenchConfig:
-    model: str
-    heads: Sequence[str]
-    prompts: str | None = None  # a .txt (one prompt per line) or .jsonl file
-    corpus: str | None = None  # or: sample prompts from the held-out documents of a corpus ("stdlib": Python's)
-    num_prompts: int = 8  # prompts per set
-    repeats: int = 3  # K disjoint prompt sets
-    prompt_len: int = 128  # corpus prompts: tokens per prompt
-    max_new_tokens: int = 256
-    mode: str = "greedy"  # greedy | sample
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    drafts: Sequence[str] = ("conditional",)  # greedy draft strategies to compare
-    bonus: Sequence[bool] = (False,)  # plain and/or bonus-conditioned drafting
-    lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
-    lookup_tokens: int = 10  # tokens a lookup match proposes
-    peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
-    compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd
-    max_repetition: float | None = None  # leave out prompts whose plain continuation repeats more
-    dtype: str = "fp32"  # the LM's dtype
-    head_dtype: str | None = None  # cast heads for inference (None: as saved)
-    device: str = "auto"
-    threads: int | None = None
-    seed: int = 0
-    warmup_tokens: int = 32
-    val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
-    out: str | None = None
-    progress: bool = True
-    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
-
-
-# --------------------------------------------------------------------------- heads and variants
-
-@dataclass
-class HeadEntry:
-    """One head folder, loaded: the head, the model its decoder runs (a PeftModel with the head's LoRA
-    adapter, or the shared base model), and what the report says about it."""
-
-    label: str
-    path: str
-    head: MTPHead
-    model: torch.nn.Module
-    lora_layers: int
-    info: dict
-
-
-@dataclass
-class Variant:
-    label: str
-    entry: HeadEntry
-    draft: str
-    bonus: bool
-    lookup: bool
-    window: int  # the most tokens one cycle can commit
-    decoder: SpeculativeDecoder
-
-
-def load_model(path: str, dtype: torch.dtype, device: torch.device, allow_non_byte_vocab: bool = True
-               ) -> torch.nn.Module:
-    """The LM in eval mode (`checks.open_model`: a folder that cannot be one is an `InputError`)."""
-    model, _ = checks.open_model(path, allow_non_byte_vocab=allow_non_byte_vocab, dtype=dtype)
-    return model.to(device).eval()
-
-
-def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: torch.dtype,
-                    head_dtype: torch.dtype | None, device: torch.device) -> HeadEntry:
-    """A head folder written by `mtpc train` (or `save_head`): head, LoRA adapter if any, its config."""
-    from safetensors import SafetensorError
-
-    folder = checks.head_folder(path)
-    try:
-        head = load_head(folder, device=device)
-    except (ValueError, KeyError, OSError, SafetensorError) as e:
-        raise InputError(f"head folder {path}: {e}") from None
-    head = head.to(head_dtype) if head_dtype is not None else head
-    head.eval()
-    train_cfg = _read_json(folder / "train_config.json")
-    lora_dir = folder / LORA_DIR
-    model, k = base, 0
-    if (lora_dir / "adapter_config.json").exists():
-        from peft import PeftModel
-
-        k = len(_read_json(lora_dir / "adapter_config.json").get("layers_to_transform") or [])
-        model = PeftModel.from_pretrained(load_model(model_path, dtype, device), str(lora_dir)).eval()
-    info = head_info(head, train_cfg, k)
-    return HeadEntry(folder.name, str(folder), head, model, k, info)
-
-
-def head_info(head: MTPHead, train_cfg: dict, lora_layers: int) -> dict:
-    """Structure, window, size and training summary of a head, for the report."""
-    circuit = train_cfg.get("circuit")
-    structure = Path(circuit).stem if isinstance(circuit, str) and circuit.endswith((".pc", ".json")) else None
-    if structure is None:
-        structure = "ff" if head.num_leaves == head.num_variables else "circuit"
-    return {"structure": structure, "bindings": train_cfg.get("bindings", {}), "n": head.num_variables,
-            "leaves": head.num_leaves, "parameters": head.num_weights(),
-            "parameterisation": head.parameterisation, "head_dtype": str(head.dtype).removeprefix("torch."),
-            "lora_layers": lora_layers, "train_steps": train_cfg.get("steps"),
-            "train_seconds": train_cfg.get("train_seconds"), "val_loss": train_cfg.get("val_loss"),
-            "val_accepted": train_cfg.get("val_accepted")}
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
-
+# --------------------------------------------------------------------------- variants
 
 def build_variants(entries: Sequence[HeadEntry], drafts: Sequence[str], bonus: Sequence[bool], mode: str,
                    decoder_cls: Callable[..., SpeculativeDecoder], lookup: Sequence[bool] = (False,),
@@ -204,17 +93,17 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     specs = [parse_peer(text) for text in cfg.peers]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    device = loading.resolve_device(cfg.device)
     dtype = DTYPES[cfg.dtype]
     tok = ByteTokenizer.load(cfg.model)
-    base = load_model(cfg.model, dtype, device)
+    base = loading.load_model(cfg.model, dtype, device)
     head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device) for p in cfg.heads]
     variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens)
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
-    peers = build_peers(cfg, base, specs, load_model, dtype, device, tok.eos_id, max_len)
+    peers = build_peers(cfg, base, specs, loading.load_model, dtype, device, tok.eos_id, max_len)
     runs = measure(cfg, base, variants, peers, sets, device, tok.eos_id)
     dropped = None
     if cfg.max_repetition is not None:
@@ -253,9 +142,9 @@ def _check_config(cfg: BenchConfig) -> None:
 def _check_inputs(cfg: BenchConfig) -> None:
     """Files and how they fit, before any model is loaded: model folder, head folders (hidden size,
     states within the vocabulary), prompts file, output folder."""
-    info = checks.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
     for path in cfg.heads:
-        spec = checks.json_object(checks.head_folder(path) / "head.json", "")
+        spec = loading.json_object(loading.head_folder(path) / "head.json", "")
         hidden, graph = spec.get("hidden_size"), spec.get("graph")
         if isinstance(hidden, int):
             checks.hidden_sizes_match(hidden, info.hidden_size, path, cfg.model)
@@ -267,13 +156,6 @@ def _check_inputs(cfg: BenchConfig) -> None:
         checks.data_source(cfg.corpus, "--corpus")
     if cfg.out:
         checks.output_folder(cfg.out)
-
-
-def resolve_device(name: str) -> torch.device:
-    """The device called `name`; "auto" is CUDA when available, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def measure(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence[Peer], sets,

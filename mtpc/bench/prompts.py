@@ -6,8 +6,8 @@ import json
 import random
 from pathlib import Path
 
-from .errors import InputError
-from .tokenizer import ByteTokenizer
+from ..errors import InputError
+from ..tokenizer import ByteTokenizer
 
 __all__ = ["load_prompts", "prompts_from_file", "prompts_from_corpus", "repetition"]
 
@@ -52,7 +52,7 @@ def prompts_from_corpus(corpus: str, tok: ByteTokenizer, count: int, length: int
                         val_fraction: float) -> list[list[int]]:
     """`count` distinct spans of `length` tokens from the held-out documents of `corpus` (the same
     deterministic split `mtpc tiny-lm` and `mtpc train` use), each starting at a line start."""
-    from .data import load_documents, split_documents
+    from ..training.data import load_documents, split_documents
 
     docs, _ = load_documents(None if corpus == "stdlib" else corpus, tok)
     _, held_out = split_documents(docs, val_fraction)

@@ -1,0 +1,58 @@
+"""What `mtpc bench` is asked to measure (`BenchConfig`) and the decoder variants it builds (`Variant`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..decoding import HeadEntry, SpeculativeDecoder
+
+__all__ = ["BenchConfig", "Variant", "DTYPES"]
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+
+
+@dataclass
+class BenchConfig:
+    model: str
+    heads: Sequence[str]
+    prompts: str | None = None  # a .txt (one prompt per line) or .jsonl file
+    corpus: str | None = None  # or: sample prompts from the held-out documents of a corpus ("stdlib": Python's)
+    num_prompts: int = 8  # prompts per set
+    repeats: int = 3  # K disjoint prompt sets
+    prompt_len: int = 128  # corpus prompts: tokens per prompt
+    max_new_tokens: int = 256
+    mode: str = "greedy"  # greedy | sample
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    drafts: Sequence[str] = ("conditional",)  # greedy draft strategies to compare
+    bonus: Sequence[bool] = (False,)  # plain and/or bonus-conditioned drafting
+    lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
+    lookup_tokens: int = 10  # tokens a lookup match proposes
+    peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
+    compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd
+    max_repetition: float | None = None  # leave out prompts whose plain continuation repeats more
+    dtype: str = "fp32"  # the LM's dtype
+    head_dtype: str | None = None  # cast heads for inference (None: as saved)
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+    warmup_tokens: int = 32
+    val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
+    out: str | None = None
+    progress: bool = True
+    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
+
+
+@dataclass
+class Variant:
+    label: str
+    entry: HeadEntry
+    draft: str
+    bonus: bool
+    lookup: bool
+    window: int  # the most tokens one cycle can commit
+    decoder: SpeculativeDecoder

@@ -1,0 +1,37 @@
+"""One timed generation for `mtpc bench`: the decoder's output and the phase clock's sums, as a `Run`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..decoding.clock import PhaseClock, split_phases
+
+__all__ = ["Run", "run_one"]
+
+
+@dataclass
+class Run:
+    """One generation's numbers: tokens, cycles, decoding seconds, seconds per phase, the output."""
+
+    tokens: int
+    cycles: int
+    seconds: float
+    phases: dict[str, float]
+    sequence: list[int]  # prompt + continuation
+    prompt_tokens: int
+    lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
+
+
+def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
+    """Run `generate()` under `clock`. `stats_clock`: take the decoding time from the decoder's own
+    cycle clock (CPU); otherwise from the clock's stamps (CUDA events)."""
+    with clock:
+        out = generate()
+    phases, hooked = split_phases(clock.times())
+    stats = out.stats
+    seconds = sum(stats.cycle_seconds) if stats_clock else hooked
+    return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
+               stats.lookup_cycles)
+
+

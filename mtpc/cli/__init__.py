@@ -1,0 +1,9 @@
+"""Stage: the command line. `mtpc SUBCOMMAND ...`: argument parsing, one error path (`mtpc: error: ...`),
+and the commands; `generate` (text in, text out) is a command here, not a library stage.
+
+Modules: `commands` (the parser, every subcommand's flags and runner, `main()`), `generate` (`mtpc generate`).
+"""
+
+from .commands import build_parser, describe_error, main
+
+__all__ = ["main", "build_parser", "describe_error"]

@@ -1,0 +1,26 @@
+"""Stage: training. Local files -> packed batches -> a trained head (`mtpc train`), a tiny byte LM
+(`mtpc tiny-lm`), or the LM's own continuations as head-training data (`mtpc distill-data`).
+
+Takes: a model folder and a data source (files, folders, globs, JSONL); hands on: head folders and
+model folders on disk (`mtpc.loading` and `mtpc.heads` read them back).
+Modules: `data` (documents, split, packing, epoch order), `trainer` (`mtpc train`), `tiny_lm`
+(`mtpc tiny-lm`), `distill` (`mtpc distill-data`), and their shared pieces: `schedule`, `precision`,
+`progress`, `distributed`.
+Imported lazily (`from mtpc.training import train`): its modules pull in torch and transformers.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "DataStats": "data", "Document": "data", "PackedDataset": "data", "load_documents": "data",
+    "split_documents": "data", "TrainConfig": "trainer", "train": "trainer", "TinyLMConfig": "tiny_lm",
+    "train_tiny_lm": "tiny_lm", "DistillConfig": "distill", "distill_data": "distill",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mtpc.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
