@@ -84,7 +84,8 @@ def add_tiny_lm(sub) -> None:
     mtp.add_argument("--mtp-circuit", default=None, metavar="FILE.pc", help="the head's circuit structure")
     mtp.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                      help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
-    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.2, help="weight of the MTP loss")
+    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.1,
+                     help="weight of the MTP loss, a gamma-weighted average over window positions")
     mtp.add_argument("--mtp-parameterisation", choices=("full", "shared", "factorised"), default="full",
                      help="head weights (see mtpc train --parameterisation)")
     mtp.add_argument("--mtp-window-stride", type=positive_int, default=1,
