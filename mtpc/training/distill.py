@@ -334,7 +334,7 @@ def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tok
     stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
     cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=ids, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
+    cache, logits = _cache_of(out), out.logits[:, -1]  # [B, V]
     new, done = [], torch.zeros(len(requests), dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         probs = target.probs(logits)  # [B, V] float64
@@ -345,9 +345,15 @@ def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tok
         if bool(done.all()):
             break
         out = model(input_ids=token[:, None], use_cache=True, **{cache_kwarg: cache})
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = _cache_of(out), out.logits[:, -1]
     rows = torch.stack(new, 1).tolist()  # [B, steps]
     return [_until_stop(row, set(stop)) for row in rows]
+
+
+def _cache_of(output):
+    """The KV cache of a model output (`cache` in recent transformers, `past_key_values` before)."""
+    fields = getattr(output, "__dataclass_fields__", {})
+    return output.cache if "cache" in fields else output.past_key_values
 
 
 def _until_stop(row: list[int], stop: set[int]) -> list[int]:
