@@ -58,13 +58,19 @@ class JointLM(nn.Module):
     """The LM and, for MTP-aware pretraining, a circuit head on its final hidden states; `forward`
     returns the loss of this rank's share of a batch, so DistributedDataParallel can wrap the whole
     computation. Both normalisers are the *global* batch's counts: the ranks' losses add up to the
-    loss of the whole batch (and one process gives the same number)."""
+    loss of the whole batch (and one process gives the same number).
+
+    The MTP term is the windowed loss divided by `sum_j gamma^(j-1)`: a weighted *average* over window
+    positions, on the scale of one next-byte cross-entropy, so `mtp_weight` means the same for every
+    window length and discount (undivided, an n = 8, gamma = 0.9 term was 5.7 cross-entropies)."""
 
     def __init__(self, model: nn.Module, head: nn.Module | None, mtp_weight: float, gamma: float,
                  amp: torch.dtype | None):
         super().__init__()
         self.model, self.head = model, head
         self.mtp_weight, self.gamma, self.amp = mtp_weight, gamma, amp
+        n = head.num_variables if head is not None else 1
+        self.mtp_scale = 1.0 / sum(gamma ** j for j in range(n))  # 1 / sum_j gamma^(j-1)
 
     def forward(self, tokens, doc_ids, loss_mask, ce_count, mtp_counts=None, window_mask=None):
         """Returns (loss, cross-entropy share, MTP-loss share); the shares are detached."""
@@ -77,7 +83,7 @@ class JointLM(nn.Module):
             return ce, ce.detach(), torch.zeros((), device=ce.device)
         with autocast(tokens.device, self.amp):
             mtp = mtp_loss(self.head, hidden, tokens, doc_ids, loss_mask, gamma=self.gamma, normalizer=mtp_counts,
-                           window_mask=window_mask).loss
+                           window_mask=window_mask).loss * self.mtp_scale
         return ce + self.mtp_weight * mtp, ce.detach(), mtp.detach()
 
 
@@ -97,6 +103,6 @@ def mtp_val_loss(joint: JointLM, data: PackedDataset, max_tokens: int, batch_siz
         with autocast(device, joint.amp):
             hidden = joint.model.get_decoder()(input_ids=part["tokens"]).last_hidden_state
             total += mtp_loss(joint.head, hidden, part["tokens"], part["doc_ids"], part["loss_mask"],
-                              gamma=joint.gamma, normalizer=counts).loss.item()
+                              gamma=joint.gamma, normalizer=counts).loss.item() * joint.mtp_scale
     joint.train(was_training)
     return total

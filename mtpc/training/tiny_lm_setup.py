@@ -54,7 +54,7 @@ class TinyLMConfig:
     # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
     mtp_circuit: str | None = None  # .pc file; None: next-byte loss only
     mtp_bindings: dict = field(default_factory=dict)
-    mtp_weight: float = 0.2
+    mtp_weight: float = 0.1  # weight of the per-position MTP loss (normalised by sum_j gamma^(j-1))
     mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
     mtp_window_stride: int = 1  # score the windows at every s-th position (shifting with the step)
     mtp_gamma: float = 0.9
@@ -105,9 +105,10 @@ def check_config(cfg: TinyLMConfig) -> None:
         raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
                          f"{loading.MIN_BYTE_VOCAB}")
     if cfg.mtp_circuit is None:
-        given = [flag for flag, value, default in (("-D", cfg.mtp_bindings, {}), ("--mtp-weight", cfg.mtp_weight, 0.2),
-                                                   ("--mtp-window-stride", cfg.mtp_window_stride, 1))
-                 if value != default]
+        defaults = TinyLMConfig(out=cfg.out)
+        given = [flag for flag, name in (("-D", "mtp_bindings"), ("--mtp-weight", "mtp_weight"),
+                                         ("--mtp-window-stride", "mtp_window_stride"))
+                 if getattr(cfg, name) != getattr(defaults, name)]
         if given:
             raise InputError(f"{', '.join(given)} only apply with --mtp-circuit")
         return
