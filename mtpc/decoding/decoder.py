@@ -159,7 +159,7 @@ class SpeculativeDecoder:
         lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
         self.drafter = Drafter(self.circuit, draft, bonus, self.acceptance, self.width, lookup_width,
                                self.backbone.vocab_size)
-        self.verifier = Verifier(self.backbone, compile=compile)
+        self.verifier = Verifier(self.backbone, (self.width, lookup_width), compile=compile)
         self.host_reads = HostReads()
 
     # ----------------------------------------------------------------- public API
@@ -168,9 +168,12 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  eos_token_id: int | Iterable[int] | None = None,
-                 generator: torch.Generator | None = None, streamer=None) -> GenerateOutput:
+                 generator: torch.Generator | None = None, streamer=None, phase_clock=None) -> GenerateOutput:
         """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
         first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
+
+        `phase_clock`: a `PhaseClock` without backbone hooks (a hook inside a compiled call would be
+        traced by the compiler): the decoder stamps the start and end of every backbone call itself.
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
@@ -189,7 +192,10 @@ class SpeculativeDecoder:
             return GenerateOutput(prompt.clone(), stats)
 
         start = time.perf_counter()
+        stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
+        stamp("backbone_start")
         logits, h = self.verifier.start(prompt, max_new_tokens + self.drafter.lookup_width)
+        stamp("backbone_end")
         carried = _carry(target, logits)
         x0 = self.host_reads(_pick(target, carried, generator)[None])[0] if self.bonus else None
         lookup = None
@@ -202,7 +208,7 @@ class SpeculativeDecoder:
         left = max_new_tokens
         while left > 0:
             start = time.perf_counter()
-            cycle = self._cycle(h, carried, x0, left, target, eos, eos_ids, generator, lookup)
+            cycle = self._cycle(h, carried, x0, left, target, eos, eos_ids, generator, lookup, stamp)
             committed, from_draft, source, h, carried, x0 = cycle
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(len(committed))
@@ -220,8 +226,8 @@ class SpeculativeDecoder:
     # ----------------------------------------------------------------- one cycle: draft, verify, accept
 
     def _cycle(self, h, carried, x0: int | None, left: int, target: Target, eos: set[int], eos_ids, generator,
-               lookup: LookupState | None):
-        """Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
+               lookup: LookupState | None, stamp):
+        """`stamp(kind)` marks the backbone call for a phase clock. Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
         carried target `[V]`, next first token (bonus-conditioned drafting) or None)."""
         theta = self.head(h.to(self.head.dtype))[None]  # [1, P]
         draft = self.drafter.draft(theta, carried, x0, target, generator, lookup, self._read_first)
@@ -229,7 +235,9 @@ class SpeculativeDecoder:
             first, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
             return [first], own, draft.source, h, carried, None
         base = self.verifier.length
+        stamp("backbone_start")
         logits, hidden = self.verifier.verify(draft.window)  # [W, V], [W, d]
+        stamp("backbone_end")
         limit = torch.tensor(min(draft.length, left), device=logits.device)
         verdict = accept_window(target, self.acceptance, draft.window, logits, hidden, limit, eos_ids, draft.rows,
                                 generator)
@@ -332,6 +340,10 @@ def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:
 def _pick(target: Target, carried: torch.Tensor, generator) -> torch.Tensor:
     """`[]` the first token from a carried target, on the device."""
     return torch.multinomial(carried, 1, generator=generator)[0] if target.do_sample else carried.argmax()
+
+
+def _no_stamp(kind: str) -> None:
+    """No phase clock: nothing to stamp."""
 
 
 def _end(streamer) -> None:

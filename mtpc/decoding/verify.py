@@ -7,7 +7,8 @@ tokens, so the rejected rows are overwritten by the next call (no crop of tensor
 
 `compile=True` runs the call through `torch.compile` (fixed shapes: one graph per width, the position
 an input tensor; CUDA: `mode="reduce-overhead"`, CUDA graphs). The compiled call is cached on the
-verifier, so every generation of one decoder reuses it.
+verifier, so every generation of one decoder reuses it; every width is compiled when the caches are
+allocated (the first generation, or one that needs longer caches), never in the middle of a generation.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ CACHE_ROUNDING = 256  # cache lengths are rounded up to this: nearby prompt leng
 
 
 class Verifier:
-    def __init__(self, backbone: SplitBackbone, compile: bool = False):
+    def __init__(self, backbone: SplitBackbone, widths: tuple[int, ...], compile: bool = False):
         self.backbone = backbone
+        self.widths = tuple(sorted(set(widths)))
         self.compile = compile
         self.state: BackboneState | None = None
         self.max_len = 0
@@ -36,6 +38,8 @@ class Verifier:
         if self.state is None or need > self.max_len:
             self.max_len = -(-need // CACHE_ROUNDING) * CACHE_ROUNDING
             self.state = self.backbone.new_state(max_len=self.max_len)
+            if self.compile:
+                self._compile_widths(prompt)
         self.backbone.crop(self.state, 0)
         out = self.backbone(prompt, self.state, keep=1)
         return out.logits[0, -1], out.hidden[0, -1]
@@ -55,6 +59,13 @@ class Verifier:
     def commit(self, length: int) -> None:
         """Keep the first `length` cached tokens; later rows are overwritten by the next call."""
         self.backbone.crop(self.state, length)
+
+    def _compile_widths(self, prompt: torch.Tensor) -> None:
+        """Run every verify width once (the compiler traces it now, not inside a timed cycle)."""
+        for width in self.widths:
+            self.backbone.crop(self.state, 0)
+            self.verify(prompt.new_zeros(width))
+        self.backbone.crop(self.state, 0)
 
     def _eager(self, ids: torch.Tensor, positions: torch.Tensor):
         # a view of the same caches whose host length is a constant: `verify` advances the real one, so a
