@@ -254,8 +254,9 @@ def add_bench(sub) -> None:
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10) and/or assisted:DIR "
                         "(a small draft LM folder)")
     p.add_argument("--compile", action="store_true",
-                   help="also run plain decoding with a static KV cache, eager and torch.compile'd (compiled in the "
-                        "warm-up); speed-ups are then reported against the compiled baseline too")
+                   help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
+                        "variant again with its verify call compiled (all compiled in the warm-up); speed-ups are "
+                        "then reported against the compiled baseline too")
     p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
                    help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "
                         "(degenerate loops; reported)")
@@ -363,6 +364,9 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", type=positive_int, default=None, metavar="K",
                    help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "
                         "a match proposes), chosen per cycle by past acceptance; still lossless")
+    p.add_argument("--compile", action="store_true",
+                   help="with --head: torch.compile the decoder's verify call (static caches, one shape per window; "
+                        "compiled in the untimed warm-up)")
     p.set_defaults(func=run_generate)
 
 
@@ -376,7 +380,8 @@ def run_generate(args) -> int:
                          prompt=args.prompt, prompt_file=args.prompt_file, stdin=stdin,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
-                         compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup)
+                         compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup,
+                         compile=args.compile)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 
