@@ -64,7 +64,7 @@ LOG = "train_log.jsonl"
 # Settings that may differ between a checkpoint and the command resuming it: the length of the run,
 # how often it validates and saves, and presentation. Everything else must match.
 RESUMABLE = ("steps", "minutes", "val_every", "save_every", "stop_after", "progress", "resume",
-             "allow_non_byte_vocab")
+             "allow_non_byte_vocab", "trust_remote_code")
 LOSSES = ("nll", "kl", "nll+kl")
 
 
@@ -109,6 +109,7 @@ class TrainConfig:
     resume: bool = True
     stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
+    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
 # ------------------------------------------------------------------ model pieces
@@ -163,7 +164,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
     from ..decoding.backbone import attach_draft_lora
 
-    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                                  trust_remote_code=cfg.trust_remote_code)
     previous = _init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
@@ -277,7 +279,9 @@ class Trainer:
         self._check_batch()
         checks.output_folder(cfg.out)
         checks.data_source(cfg.data)
-        info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+        info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                                  trust_remote_code=cfg.trust_remote_code)
+        _check_lora_family(cfg, info)
         graph = None
         if cfg.circuit is not None:
             graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
@@ -575,6 +579,16 @@ class Trainer:
         if self.d.world > 1:
             dist.broadcast(per_step, 0)
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
+
+
+def _check_lora_family(cfg: TrainConfig, info) -> None:
+    """A LoRA draft path runs the split layer loop, which needs the family's adapter."""
+    from ..decoding.families import FAMILIES, has_adapter
+
+    if cfg.lora_layers > 0 and not has_adapter(info.model_type):
+        raise InputError(f"--lora-layers {cfg.lora_layers}: no split-backbone adapter for model_type "
+                         f"{info.model_type!r} (known: {', '.join(sorted(FAMILIES))}); use --lora-layers 0, or add a "
+                         "BackboneFamily in mtpc/decoding/families.py")
 
 
 def _spread(size: int, count: int) -> list[int]:
