@@ -152,3 +152,41 @@ def test_cli_train_generate_bench_end_to_end(model_type, tmp_path, capsys):
                  "--repeats", "1", "--out", str(bench), "--device", "cpu", "--no-progress", "--threads", "1"]) == 0
     report = json.loads((bench / "bench.json").read_text())
     assert report["greedy_identical"] is True and len(report["heads"]) == 2
+
+
+def test_model_info_accepts_every_decoder_family_and_refuses_others(tmp_path):
+    from mtpc import loading
+    from mtpc.errors import InputError
+
+    gpt2 = loading.model_info(save_family_lm(tmp_path / "gpt2", "gpt2"))
+    assert (gpt2.model_type, gpt2.hidden_size, gpt2.byte_level) == ("gpt2", 32, True)  # n_embd read as hidden_size
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 32, "vocab_size": 300,
+                                                "is_encoder_decoder": True}))
+    with pytest.raises(InputError, match="'t5' is not a decoder-only causal LM"):
+        loading.model_info(t5)
+
+
+def test_remote_code_never_runs_without_the_flag(tmp_path, capsys):
+    """A folder whose config names its own modelling code is refused (library and CLI) before any of
+    that code is imported; the planted module would write a file the moment it ran."""
+    from mtpc import loading
+    from mtpc.errors import InputError
+
+    folder = tmp_path / "remote"
+    save_family_lm(folder, "llama")
+    ran = tmp_path / "the_code_ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="custom modelling code.*--trust-remote-code"):
+        loading.open_model(folder)
+    assert main(["train", "--model", str(folder), "--circuit", "examples/ff.pc", "-D", "n=2", "--steps", "1",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+    assert not ran.exists()
+    with pytest.raises(Exception):  # with the flag the planted code is imported (and here fails to define a model)
+        loading.open_model(folder, trust_remote_code=True)
+    assert ran.exists()
