@@ -141,10 +141,12 @@ def add_train(sub) -> None:
                    help="LoRA adapters on the last k decoder layers")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank")
     p.add_argument("--init-head", default=None, help="continue from a trained head folder (two-stage schedule)")
-    p.add_argument("--parameterisation", choices=("full", "shared", "factorised"), default="full",
+    p.add_argument("--parameterisation", choices=("full", "shared", "factorised", "tied"), default="full",
                    help="head weights: full (the paper's n*r*v*d), shared (per-position unembedding + low-rank "
-                        "per-unit adapters), factorised (low-rank unembedding + adapters)")
-    p.add_argument("--adapter-rank", type=positive_int, default=16, help="shared/factorised: per-unit adapter rank")
+                        "per-unit adapters), factorised (low-rank unembedding + adapters), tied (the LM's own "
+                        "output layer, not copied, behind low-rank per-unit adapters in hidden space: subword LMs)")
+    p.add_argument("--adapter-rank", type=positive_int, default=16,
+                   help="shared/factorised/tied: per-unit adapter rank")
     p.add_argument("--factor-rank", type=positive_int, default=64, help="factorised: unembedding rank")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=positive_int, help="optimizer steps")

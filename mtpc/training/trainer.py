@@ -205,11 +205,14 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
     """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
     from ..heads.head import MTPHead
 
-    if init is not None:
-        return init.float().to(device)
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    unembed = base.get_output_embeddings().weight.detach()  # [V, d]
-    head = MTPHead(graph, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std,
+    output = base.get_output_embeddings()
+    if init is not None:
+        head = init.float().to(device)
+        return head.tie_to(output) if head.parameterisation == "tied" else head
+    # a tied head references the output layer itself (its bias too); the others copy rows of its weight
+    unembed = output if cfg.parameterisation == "tied" else output.weight.detach()  # [V, d]
+    head = MTPHead(graph, output.weight.shape[1], init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
                    factor_rank=cfg.factor_rank)
     return head.to(device)
