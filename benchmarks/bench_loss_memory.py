@@ -10,7 +10,12 @@ the other's allocator state. Memory is measured as
   serve every allocation above 64 KiB with mmap (`MALLOC_MMAP_THRESHOLD_`), so freed tensors really
   leave the resident set and the peak is the peak of live tensors (plus allocator slack).
 
-Usage: python benchmarks/bench_loss_memory.py [--n 16 --r 32 --tokens 2048] [--json PATH]
+Subword vocabularies: `--parameterisation tied --v 152064 [--loss kl]` measures the tied head (the
+LM's output layer `[v, d]`, frozen and referenced, behind per-unit adapters; the KL teacher is that
+same layer) at a real vocabulary size; the naive variant then materialises `[tokens, Q, v]`.
+
+Usage: python benchmarks/bench_loss_memory.py [--n 16 --r 32 --tokens 2048] [--parameterisation tied --v 32000]
+       [--loss nll|kl] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/loss_memory.json).
 """
 
@@ -34,13 +39,17 @@ def measure(args) -> dict:
     import circuitc
     from circuitc import builders
     from mtpc.heads.head import MTPHead
+    from mtpc.heads.kl_loss import kl_loss, lm_teacher
     from mtpc.heads.nll_loss import mtp_loss
 
     torch.manual_seed(0)
     device = torch.device(args.device)
     graph = {"btree": builders.btree_graph, "hmm": builders.hmm_graph, "cp": builders.cp_graph}[args.structure](
         args.n, args.r, args.v)
-    head = MTPHead(circuitc.compile(graph), args.d, sum_init_std=0.02).to(device)
+    output = torch.nn.Linear(args.d, args.v, bias=False).to(device).requires_grad_(False)  # the LM's, frozen
+    init = output if args.parameterisation == "tied" else None
+    head = MTPHead(circuitc.compile(graph), args.d, init_from=init, sum_init_std=0.02,
+                   parameterisation=args.parameterisation).to(device)
     B, T = args.batch, args.tokens // args.batch
     hidden = torch.randn(B, T, args.d, device=device, requires_grad=True)  # [B, T, d]
     tokens = torch.randint(0, args.v, (B, T), device=device)
@@ -52,14 +61,19 @@ def measure(args) -> dict:
 
     before = _start(device)
     t0 = time.perf_counter()
-    out = mtp_loss(head, hidden, tokens, doc_ids, mask, fused=args.variant == "fused")
+    fused = args.variant == "fused"
+    if args.loss == "kl":
+        teacher = lm_teacher(output, hidden.detach())
+        out = kl_loss(head, hidden, teacher, tokens, doc_ids, mask, fused=fused)
+    else:
+        out = mtp_loss(head, hidden, tokens, doc_ids, mask, fused=fused)
     out.loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     peak = _peak(device) - before
     return {"variant": args.variant, "peak_bytes": peak, "seconds": seconds, "loss": out.loss.item(),
-            "grad_norm": float(torch.linalg.vector_norm(head.weight.grad)),
+            "grad_norm": float(torch.linalg.vector_norm(next(head.parameters()).grad)),
             "method": ("cuda max_memory_allocated" if device.type == "cuda"
                        else "peak RSS (VmHWM, reset via clear_refs)")}
 
@@ -101,7 +115,8 @@ def run_child(args, variant: str) -> dict:
 
 def _shared(args) -> list[str]:
     return ["--structure", args.structure, "--n", str(args.n), "--r", str(args.r), "--v", str(args.v), "--d",
-            str(args.d), "--tokens", str(args.tokens), "--batch", str(args.batch), "--device", args.device]
+            str(args.d), "--tokens", str(args.tokens), "--batch", str(args.batch), "--device", args.device,
+            "--parameterisation", args.parameterisation, "--loss", args.loss]
 
 
 def main() -> None:
@@ -113,6 +128,8 @@ def main() -> None:
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--tokens", type=int, default=2048, help="window positions in the batch")
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--parameterisation", default="full", choices=("full", "shared", "factorised", "tied"))
+    p.add_argument("--loss", default="nll", choices=("nll", "kl"))
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "loss_memory.json"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -124,14 +141,15 @@ def main() -> None:
     rows = [run_child(args, v) for v in ("fused", "naive")]
     fused, naive = rows
     ratio = fused["peak_bytes"] / naive["peak_bytes"]
-    print(f"MTP loss, {args.structure} n={args.n} r={args.r} v={args.v} d={args.d}, {args.tokens} tokens, "
+    print(f"MTP {args.loss} loss, {args.parameterisation} head, {args.structure} n={args.n} r={args.r} v={args.v} d={args.d}, {args.tokens} tokens, "
           f"{args.device}; memory: {fused['method']}")
     print(f"{'variant':8} {'peak MiB':>10} {'seconds':>9} {'loss':>12} {'|grad W|':>12}")
     for r in rows:
         print(f"{r['variant']:8} {r['peak_bytes'] / 2**20:10.1f} {r['seconds']:9.2f} {r['loss']:12.6f} "
               f"{r['grad_norm']:12.6f}")
     print(f"fused / naive peak memory: {ratio:.3f} (target <= 0.125)")
-    result = {"config": {k: getattr(args, k) for k in ("structure", "n", "r", "v", "d", "tokens", "batch", "device")},
+    keys = ("structure", "n", "r", "v", "d", "tokens", "batch", "device", "parameterisation", "loss")
+    result = {"config": {k: getattr(args, k) for k in keys},
               "rows": rows, "fused_over_naive": ratio}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

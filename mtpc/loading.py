@@ -21,8 +21,7 @@ MIN_BYTE_VOCAB = 264  # 256 bytes + the 8 special tokens of mtpc.tokenizer
 HEAD_FILES = ("head.json", "head.safetensors")
 LORA_DIR = "lora"  # where `mtpc train` saves a head's draft-path adapter, inside the head folder
 ADAPTER_CONFIG = "adapter_config.json"
-# model types whose decoder follows the Llama layout (mtpc.decoding.backbone.FAMILIES adapts them)
-SPLIT_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+REMOTE_CODE_FLAG = "--trust-remote-code"
 
 
 # ------------------------------------------------------------------ folders and JSON
@@ -61,19 +60,21 @@ class ModelInfo:
     hidden_size: int
     vocab_size: int
     byte_level: bool  # ids 0..255 are the bytes (mtpc_tokenizer.json, or a small vocabulary)
+    remote_code: bool = False  # the config names its own modelling code (auto_map), allowed by the caller
 
 
-def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False) -> ModelInfo:
+def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_remote_code: bool = False) -> ModelInfo:
     """Check a Hugging Face checkpoint folder without loading its weights: readable, `config.json`
-    of a supported family (Llama layout, `SPLIT_MODEL_TYPES`), a byte-level vocabulary
-    (refused otherwise unless `allow_non_byte_vocab`), and weights whose safetensors headers are whole."""
+    of a decoder-only causal LM (any `AutoModelForCausalLM` family; custom code, `auto_map`, only
+    with `trust_remote_code`), a byte-level vocabulary (refused otherwise unless
+    `allow_non_byte_vocab`), and weights whose safetensors headers are whole."""
     folder = readable_folder(path, "model folder")
     config = json_object(folder / "config.json", "is this a Hugging Face checkpoint folder (save_pretrained)?")
     model_type = config.get("model_type")
-    if model_type not in SPLIT_MODEL_TYPES:
-        raise InputError(f"{folder}: model_type {model_type!r} is not supported; mtpc runs decoder-only models with "
-                         f"the Llama layout ({', '.join(SPLIT_MODEL_TYPES)})")
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    remote = _remote_code(folder, config, trust_remote_code)
+    if not remote:
+        _check_causal_lm(folder, config)
+    hidden, vocab = (_config_value(config, name) for name in ("hidden_size", "vocab_size"))
     for name, value in (("hidden_size", hidden), ("vocab_size", vocab)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(f"{folder / 'config.json'}: {name} must be a positive integer, got {value!r}")
@@ -83,7 +84,48 @@ def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False) -> Model
                          f"(mtpc needs ids 0..255 = bytes); pass --allow-non-byte-vocab to use token ids 0..255 "
                          "as bytes anyway")
     _check_weights(folder)
-    return ModelInfo(folder, model_type, hidden, vocab, byte_level)
+    return ModelInfo(folder, model_type, hidden, vocab, byte_level, remote)
+
+
+def _remote_code(folder: Path, config: dict, trust_remote_code: bool) -> bool:
+    """Whether the folder's config asks for its own modelling code (`auto_map`); refused unless trusted,
+    so that no planted `modeling_*.py` runs by accident."""
+    if "auto_map" not in config:
+        return False
+    if not trust_remote_code:
+        raise InputError(f"{folder}: config.json names custom modelling code (auto_map: "
+                         f"{', '.join(sorted(map(str, config['auto_map'])))[:80]}), which would run Python code from "
+                         f"the folder; pass {REMOTE_CODE_FLAG} (Python: trust_remote_code=True) if you trust it")
+    if "AutoModelForCausalLM" not in config["auto_map"]:
+        raise InputError(f"{folder}: its custom code (auto_map) has no AutoModelForCausalLM; mtpc runs causal LMs")
+    return True
+
+
+def _check_causal_lm(folder: Path, config: dict) -> None:
+    """A `model_type` transformers builds as a decoder-only `AutoModelForCausalLM`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.get("is_encoder_decoder"):
+        raise InputError(f"{folder}: model_type {str(model_type)[:40]!r} is not a decoder-only causal LM that "
+                         "transformers knows (AutoModelForCausalLM); mtpc runs those")
+
+
+def _config_value(config: dict, name: str):
+    """`name` from a config.json, through the family's own spelling (GPT-2: `n_embd`) and, for a
+    multimodal config, its `text_config`."""
+    from transformers import CONFIG_MAPPING
+
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        if name in part:
+            return part[name]
+        cls = CONFIG_MAPPING[part["model_type"]] if part.get("model_type") in CONFIG_MAPPING else None
+        alias = getattr(cls, "attribute_map", {}).get(name)
+        if alias in part:
+            return part[alias]
+    return None
 
 
 def _byte_level(folder: Path, vocab: int) -> bool:
@@ -117,15 +159,16 @@ def safetensors_file(file: Path) -> None:
         raise InputError(f"{file} is damaged (truncated or not safetensors): {e}") from None
 
 
-def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=None):
+def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=None, trust_remote_code: bool = False):
     """`model_info(path)` checks, then the causal LM in eval mode (float32 unless `dtype`), frozen.
     Returns `(model, info)`; a load that still fails is reported as an `InputError` about the folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    info = model_info(path, allow_non_byte_vocab=allow_non_byte_vocab)
+    info = model_info(path, allow_non_byte_vocab=allow_non_byte_vocab, trust_remote_code=trust_remote_code)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=dtype or torch.float32,
+                                                     trust_remote_code=info.remote_code, local_files_only=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise InputError(f"{info.path}: the model cannot be loaded: {first_line(e)}") from e
     model.requires_grad_(False)
@@ -153,9 +196,11 @@ def head_folder(path: str | Path) -> Path:
 
 # ------------------------------------------------------------------ models and devices
 
-def load_model(path: str | Path, dtype=None, device=None, allow_non_byte_vocab: bool = True):
+def load_model(path: str | Path, dtype=None, device=None, allow_non_byte_vocab: bool = True,
+               trust_remote_code: bool = False):
     """The LM in eval mode on `device` (`open_model`: a folder that cannot be one is an `InputError`)."""
-    model, _ = open_model(path, allow_non_byte_vocab=allow_non_byte_vocab, dtype=dtype)
+    model, _ = open_model(path, allow_non_byte_vocab=allow_non_byte_vocab, dtype=dtype,
+                          trust_remote_code=trust_remote_code)
     return model.to(device).eval() if device is not None else model
 
 

@@ -31,3 +31,56 @@ def write_source_corpus(path, parts: int = 12, length: int = 900, overlap: int =
     for i in range(parts):
         (Path(path) / f"part{i}.py").write_text(text[i * length:(i + 1) * length + overlap])
     return str(path)
+
+
+# every family the backbone is tested on: model_type -> (config class, its size arguments)
+FAMILY_CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 5}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 8}),
+    "gemma2": ("Gemma2Config", {"head_dim": 8, "sliding_window": 5}),
+    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 8, "sliding_window": 5, "sliding_window_pattern": 2}),
+    "phi3": ("Phi3Config", {}),
+    "olmo2": ("Olmo2Config", {}),
+    "gpt_neox": ("GPTNeoXConfig", {"num_key_value_heads": None}),
+    "gpt2": ("GPT2Config", {}),
+}
+
+
+def family_config(model_type: str, vocab: int, hidden: int = 32, layers: int = 3, **overrides):
+    """A small random-initialisable config of a real transformers family (no special token ids, so
+    any vocabulary size works)."""
+    import transformers
+
+    cls_name, extra = FAMILY_CONFIGS[model_type]
+    cls = getattr(transformers, cls_name)
+    if model_type == "gpt2":
+        args = dict(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=256)
+    else:
+        args = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    args.update(extra)
+    args = {k: v for k, v in args.items() if v is not None}
+    args.update({"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **overrides})
+    return cls(**args)
+
+
+def family_lm(model_type: str, vocab: int = 40, seed: int = 0, dtype=torch.float64, **config):
+    """A random-initialised causal LM of `model_type`, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(family_config(model_type, vocab, **config)).to(dtype).eval()
+
+
+def save_family_lm(path, model_type: str, layers: int = 2) -> str:
+    """A byte-level (ByteTokenizer vocabulary) random LM of `model_type` saved as a model folder."""
+    from mtpc.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    model = family_lm(model_type, tok.vocab_size, dtype=torch.float32, layers=layers,
+                      bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    model.save_pretrained(path)
+    tok.save(path)
+    return str(path)

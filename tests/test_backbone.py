@@ -136,12 +136,15 @@ def test_non_lora_adapters_are_refused():
         SplitBackbone(ia3, lora_layers=2)
 
 
-def test_unsupported_family_and_sliding_window():
-    mistral = tiny_llama(config_cls=transformers.MistralConfig, sliding_window=8)
-    with pytest.raises(ValueError, match="sliding"):
-        SplitBackbone(mistral)
+def test_families_without_an_adapter_run_whole_but_not_split():
+    opt = transformers.OPTForCausalLM(transformers.OPTConfig(vocab_size=40, hidden_size=32, ffn_dim=64,
+                                                             num_hidden_layers=2, num_attention_heads=2,
+                                                             word_embed_proj_dim=32)).double().eval()
+    ids = torch.randint(0, 40, (1, 9), generator=torch.Generator().manual_seed(5))
+    logits, _ = run_in_chunks(SplitBackbone(opt), ids, [5, 4])
+    torch.testing.assert_close(logits, opt(ids).logits, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="no split-backbone adapter for model_type 'opt'.*lora_layers=1"):
+        SplitBackbone(opt, lora_layers=1)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2))
-    with pytest.raises(ValueError, match="no split-backbone adapter for model_type 'gpt2'"):
-        SplitBackbone(gpt2)
-    with pytest.raises(ValueError, match="does not have the Llama layout"):
-        SplitBackbone(gpt2, family=LlamaFamily())
+    with pytest.raises(ValueError, match="does not have the layout"):
+        SplitBackbone(gpt2, lora_layers=1, family=LlamaFamily())

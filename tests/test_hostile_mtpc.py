@@ -203,8 +203,11 @@ def test_model_folder_mistakes(capsys, lm, corpus, tmp_path):
     broken = Path(shutil.copytree(lm, tmp_path / "badjson"))
     (broken / "config.json").write_text("{not json")
     fails(capsys, train_args(str(broken), corpus, out), 2, "cannot be read as JSON")
-    gpt = save_lm(tmp_path / "gpt", model_type="gpt2")
-    fails(capsys, train_args(gpt, corpus, out), 2, "model_type 'gpt2' is not supported", "Llama layout")
+    t5 = save_lm(tmp_path / "t5", model_type="t5")
+    fails(capsys, train_args(t5, corpus, out), 2, "model_type 't5' is not a decoder-only causal LM")
+    opt = save_lm(tmp_path / "opt", model_type="opt")  # decodes (lora_layers=0), but has no split-loop adapter
+    fails(capsys, train_args(opt, corpus, out, "--lora-layers", "1"), 2, "no split-backbone adapter for model_type "
+          "'opt'", "--lora-layers 0")
     head = Path(shutil.copytree(lm, tmp_path / "noweights"))
     (head / "model.safetensors").unlink()
     fails(capsys, train_args(str(head), corpus, out), 2, "holds no model weights")

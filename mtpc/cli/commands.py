@@ -129,6 +129,8 @@ def add_train(sub) -> None:
                                    "--minutes, --val-every, --save-every, --stop-after and --no-progress may "
                                    "change); --no-resume starts over.")
     p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--allow-non-byte-vocab", action="store_true",
                    help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
     p.add_argument("--circuit", default=None, help=".pc or graph-spec .json file (optional with --init-head)")
@@ -140,10 +142,12 @@ def add_train(sub) -> None:
                    help="LoRA adapters on the last k decoder layers")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank")
     p.add_argument("--init-head", default=None, help="continue from a trained head folder (two-stage schedule)")
-    p.add_argument("--parameterisation", choices=("full", "shared", "factorised"), default="full",
+    p.add_argument("--parameterisation", choices=("full", "shared", "factorised", "tied"), default="full",
                    help="head weights: full (the paper's n*r*v*d), shared (per-position unembedding + low-rank "
-                        "per-unit adapters), factorised (low-rank unembedding + adapters)")
-    p.add_argument("--adapter-rank", type=positive_int, default=16, help="shared/factorised: per-unit adapter rank")
+                        "per-unit adapters), factorised (low-rank unembedding + adapters), tied (the LM's own "
+                        "output layer, not copied, behind low-rank per-unit adapters in hidden space: subword LMs)")
+    p.add_argument("--adapter-rank", type=positive_int, default=16,
+                   help="shared/factorised/tied: per-unit adapter rank")
     p.add_argument("--factor-rank", type=positive_int, default=64, help="factorised: unembedding rank")
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=positive_int, help="optimizer steps")
@@ -211,7 +215,8 @@ def run_train(args) -> int:
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
                       save_every=args.save_every, precision=args.precision,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
-                      stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab)
+                      stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab,
+                      trust_remote_code=args.trust_remote_code)
     s = train(cfg)
     if s.get("val_accepted") is not None:
         print(f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s; "

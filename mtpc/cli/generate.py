@@ -299,6 +299,8 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     from ..decoding import PhaseClock, SpeculativeDecoder
 
     model = loading.load_model(model_path, torch.float32, device)
+    if head.parameterisation == "tied":  # its input units are this model's own output layer
+        head.tie_to(model.get_output_embeddings())
     if lora is not None:
         model = loading.load_lora(model, lora)
     decoder = SpeculativeDecoder(model, head, k, lookup=lookup, compile=compile)

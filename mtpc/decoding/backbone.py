@@ -8,13 +8,15 @@ whose final hidden states feed the MTP head. Each path keeps its own KV cache fo
 rejection. `k = 0` is one path: the draft hidden state is the verifier's.
 
 The model is never copied or patched. A peft `PeftModel` is used through its public API
-(`disable_adapter()` around the verifier tail). The decoder-layer loop is written against a small
-per-family adapter (`BackboneFamily`: embeddings, layers, final norm, rotary embedding, LM head, mask
-and layer call), so other Hugging Face families plug in by adding an adapter.
+(`disable_adapter()` around the verifier tail). With `k = 0` (and no family given) the backbone is
+the model's own forward (`mtpc.decoding.families.WholeModelPath`: any decoder-only LM). The
+decoder-layer loop is written against a small per-family adapter (`BackboneFamily`: embeddings,
+layers, final norm, rotary embedding, LM head, mask and layer call, in `mtpc.decoding.families`), so
+other Hugging Face families plug in by adding an adapter.
 
 Positions: the backbone keeps no state of its own; a `BackboneState` holds the caches and the number
 of tokens they hold, and `crop(state, length)` forgets everything after `length` tokens. With
-`new_state(max_len=...)` the caches are preallocated (`transformers.StaticCache`): a call writes its
+`new_state(max_len=...)` the caches are preallocated (transformers `StaticLayer`s): a call writes its
 rows at positions `length ..`, cropping only moves the write position back (a rejected suffix is
 overwritten by the next call, and the causal mask by position hides it until then), and the same
 state serves generation after generation (`crop(state, 0)`).
@@ -23,16 +25,14 @@ state serves generation after generation (`crop(state, 0)`).
 from __future__ import annotations
 
 import contextlib
-import inspect
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, StaticCache
-from transformers.masking_utils import create_causal_mask
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, StaticLayer
 
-from ..loading import SPLIT_MODEL_TYPES
+from .families import BackboneFamily, LlamaFamily, WholeModelPath, decoder_layers, family_for, split_family
 
 __all__ = [
     "BackboneFamily",
@@ -43,111 +43,10 @@ __all__ = [
     "attach_draft_lora",
     "family_for",
     "is_peft",
+    "WholeModelPath",
     "lora_depth",
     "lora_layer_indices",
 ]
-
-
-# --------------------------------------------------------------------------- family adapters
-
-@dataclass(frozen=True)
-class DecoderParts:
-    """The pieces of a decoder-only LM the split loop needs (all owned by the model, never copied)."""
-
-    embed: nn.Module  # token ids [B, T] -> [B, T, d]
-    layers: nn.ModuleList  # decoder layers, in order
-    norm: nn.Module  # final norm, [B, T, d] -> [B, T, d]
-    rotary: nn.Module | None  # (hidden, position_ids) -> position embeddings shared by all layers
-    lm_head: nn.Module  # [B, T, d] -> [B, T, V]
-
-
-class BackboneFamily(ABC):
-    """How to run one model family's decoder layer by layer. Subclass it for a new family.
-
-    `parts(model)` finds the modules; `masks(...)` builds one attention mask per layer from the
-    verifier cache *before* it is updated; `position_embeddings(...)` and `call_layer(...)` run one
-    layer exactly as the family's own `forward` does.
-    """
-
-    @abstractmethod
-    def parts(self, model: nn.Module) -> DecoderParts:
-        """Defined by each subclass."""
-
-    def check_config(self, config) -> None:
-        """Raise `ValueError` for configurations the split loop cannot run exactly."""
-
-    @abstractmethod
-    def masks(self, config, embeds: torch.Tensor, cache, position_ids: torch.Tensor, num_layers: int) -> list:
-        """Defined by each subclass."""
-
-    @abstractmethod
-    def position_embeddings(self, parts: DecoderParts, hidden: torch.Tensor, position_ids: torch.Tensor):
-        """Defined by each subclass."""
-
-    @abstractmethod
-    def call_layer(self, layer: nn.Module, hidden: torch.Tensor, mask, position_embeddings,
-                   position_ids: torch.Tensor, cache) -> torch.Tensor:
-        """Defined by each subclass."""
-
-
-class LlamaFamily(BackboneFamily):
-    """Llama layout (also Mistral, Qwen2, Qwen3 without sliding windows): `model.model.{embed_tokens,
-    layers, norm, rotary_emb}` and `model.lm_head`; one rotary embedding and one causal mask shared by
-    all layers; each layer called as `layer(hidden, attention_mask, position_ids, cache, use_cache,
-    position_embeddings)`."""
-
-    def parts(self, model: nn.Module) -> DecoderParts:
-        inner = getattr(model, "model", None)
-        missing = [name for name in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(inner, name)]
-        if inner is None or missing or not hasattr(model, "lm_head"):
-            raise ValueError(
-                f"{type(model).__name__} does not have the Llama layout (model.model.embed_tokens/layers/norm/"
-                f"rotary_emb and model.lm_head; missing {missing or ['model' if inner is None else 'lm_head']}); "
-                "write a BackboneFamily adapter for it"
-            )
-        return DecoderParts(inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb, model.lm_head)
-
-    def check_config(self, config) -> None:
-        types = getattr(config, "layer_types", None) or []
-        other = sorted({t for t in types if t != "full_attention"})
-        if other or getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-            raise ValueError(
-                f"{config.model_type}: layers with {other or ['sliding_attention']} are not supported by the split "
-                "backbone (a sliding-window cache cannot be cropped back after a rejection); use full attention "
-                "(e.g. sliding_window=None)"
-            )
-
-    def masks(self, config, embeds, cache, position_ids, num_layers):
-        mask = create_causal_mask(config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
-        return [mask] * num_layers
-
-    def position_embeddings(self, parts, hidden, position_ids):
-        return parts.rotary(hidden, position_ids)
-
-    def call_layer(self, layer, hidden, mask, position_embeddings, position_ids, cache):
-        return layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
-                     use_cache=True, **{_cache_kwarg(layer): cache})
-
-
-FAMILIES: dict[str, type[BackboneFamily]] = {model_type: LlamaFamily for model_type in SPLIT_MODEL_TYPES}
-
-
-def family_for(config) -> BackboneFamily:
-    """The adapter for a config's `model_type`, with a clear error for families without one."""
-    cls = FAMILIES.get(getattr(config, "model_type", None))
-    if cls is None:
-        raise ValueError(
-            f"no split-backbone adapter for model_type {config.model_type!r} (known: {sorted(FAMILIES)}); pass "
-            "family=LlamaFamily() if its decoder follows the Llama layout, or subclass BackboneFamily"
-        )
-    return cls()
-
-
-def _cache_kwarg(layer: nn.Module) -> str:
-    """transformers 5.x renamed the layer argument `past_key_values` to `cache`; accept either."""
-    params = inspect.signature(layer.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 # --------------------------------------------------------------------------- peft helpers
@@ -180,7 +79,7 @@ def lora_depth(model: nn.Module) -> int:
     if not is_peft(model):
         return 0
     base = model.get_base_model()
-    layers = family_for(base.config).parts(base).layers
+    layers = decoder_layers(base)
     inside, _ = lora_layer_indices(base, layers)
     return len(layers) - min(inside) if inside else 0
 
@@ -191,7 +90,7 @@ def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: 
     (`layers_to_transform`), the layout `SplitBackbone(peft_model, lora_layers)` expects.
 
     peft injects the adapter modules into `model` itself (that is how peft works); nothing is copied.
-    Default targets: every linear map of a Llama-style layer.
+    Default targets: every linear map of a layer of the model's family (`BackboneFamily.lora_targets`).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -199,9 +98,11 @@ def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: 
     _check_k(lora_layers, num_layers)
     if lora_layers == 0:
         raise ValueError("attach_draft_lora needs lora_layers >= 1 (k = 0 has no draft-only layers)")
-    targets = list(target_modules or ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    family = split_family(model.config, "a LoRA draft path")
+    targets = list(target_modules or family.lora_targets)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                        layers_to_transform=list(range(num_layers - lora_layers, num_layers)), layers_pattern="layers")
+                        layers_to_transform=list(range(num_layers - lora_layers, num_layers)),
+                        layers_pattern=family.layers_pattern)
     return get_peft_model(model, config)
 
 
@@ -219,8 +120,8 @@ class BackboneState:
     """KV caches of one generation: `verifier` holds all layers of the base model, `draft` the last
     `k` layers of the draft path (None when k = 0). `length` = tokens held by both."""
 
-    verifier: DynamicCache | StaticCache
-    draft: DynamicCache | StaticCache | None
+    verifier: Cache  # a DynamicCache, or preallocated full-attention StaticLayers
+    draft: Cache | None
     length: int = 0
     draft_path: bool = True  # False: verifier only, no draft hidden states
 
@@ -239,12 +140,15 @@ class SplitBackbone:
     error (they would silently change the verifier or be ignored).
     """
 
-    def __init__(self, model: nn.Module, lora_layers: int = 0, family: BackboneFamily | None = None):
+    def __init__(self, model: nn.Module, lora_layers: int = 0, family: BackboneFamily | WholeModelPath | None = None):
         self.model = model
         self.peft = model if is_peft(model) else None
         self.base = self.peft.get_base_model() if self.peft is not None else model
         self.config = self.base.config
-        self.family = family or family_for(self.config)
+        self.family = family or family_for(self.config, lora_layers if isinstance(lora_layers, int) else 0)
+        self.whole_model = isinstance(self.family, WholeModelPath)
+        if self.whole_model and lora_layers:
+            raise ValueError("the whole-model path runs lora_layers=0 only; a LoRA draft path needs a BackboneFamily")
         self.family.check_config(self.config)
         self.parts = self.family.parts(self.base)
         self.num_layers = len(self.parts.layers)
@@ -256,7 +160,7 @@ class SplitBackbone:
 
     @property
     def hidden_size(self) -> int:
-        return self.config.hidden_size
+        return self.parts.lm_head.weight.shape[1]  # what the head reads: the final hidden state
 
     @property
     def vocab_size(self) -> int:
@@ -292,7 +196,13 @@ class SplitBackbone:
         with_draft = draft and self.k > 0
 
         def cache():
-            return DynamicCache(config=self.config) if max_len is None else StaticCache(self.config, max_len)
+            # The whole-model path lets the model place rows by its cache's length: it needs a real crop.
+            # Dynamic caches have full layers everywhere (no config): a sliding-window layer could not be
+            # cropped back, and under the sliding-window mask a full cache attends as the model does; the
+            # preallocated caches are full-attention layers for the same reason.
+            if max_len is None or self.whole_model:
+                return DynamicCache()
+            return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in range(self.num_layers)])
 
         return BackboneState(cache(), cache() if with_draft else None, draft_path=draft)
 
@@ -321,17 +231,21 @@ class SplitBackbone:
         `position_ids` `[1, T]`: `state.length ..` given as a tensor (a compiled caller passes it so the
         position is an input of the graph, not a constant baked into it).
         """
+        if self.whole_model:
+            logits, hidden = self.family.run(self.base, input_ids, state.verifier, keep)
+            state.length += input_ids.shape[1]
+            return BackboneOutput(logits, hidden if state.draft_path else None)
         parts, family = self.parts, self.family
         T = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(state.length, state.length + T, device=input_ids.device)[None]  # [1, T]
-        x = parts.embed(input_ids)  # [B, T, d]
+        x = family.embed(parts, input_ids, position_ids)  # [B, T, d]
         masks = family.masks(self.config, x, state.verifier, position_ids, self.num_layers)
-        pos_emb = family.position_embeddings(parts, x, position_ids)
+        pos_emb = family.position_embeddings(self.config, parts, x, position_ids, self.num_layers)
 
         def run(h, layer_ids, cache):
             for i in layer_ids:
-                h = family.call_layer(parts.layers[i], h, masks[i], pos_emb, position_ids, cache)
+                h = family.call_layer(parts.layers[i], h, masks[i], pos_emb[i], position_ids, cache)
             return h
 
         tail = range(self.shared_layers, self.num_layers)
@@ -341,7 +255,7 @@ class SplitBackbone:
         state.length += T
         start = 0 if keep is None else T - keep
         verifier_hidden = parts.norm(verifier[:, start:])  # [B, T', d]
-        logits = parts.lm_head(verifier_hidden)  # [B, T', V]
+        logits = family.logits(self.config, parts, verifier_hidden)  # [B, T', V]
         if not state.draft_path:
             return BackboneOutput(logits, None)
         if not self.k:

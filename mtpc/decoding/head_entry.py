@@ -40,6 +40,8 @@ def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: to
     except (ValueError, KeyError, OSError, SafetensorError) as e:
         raise InputError(f"head folder {path}: {e}") from None
     head = head.to(head_dtype) if head_dtype is not None else head
+    if head.parameterisation == "tied":  # its input units are the model's own output layer, never saved
+        head.tie_to(base.get_output_embeddings())
     head.eval()
     train_cfg = _read_json(folder / "train_config.json")
     lora_dir = loading.head_lora_folder(folder)

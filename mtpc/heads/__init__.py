@@ -7,11 +7,11 @@ Modules: `head` (the parameterisations, save/load), `windows` (which targets a w
 `nll_loss` (the fused, chunked windowed NLL), `kl_loss` (distillation against the LM's own conditionals).
 """
 
-from .head import PARAMETERISATIONS, FactorisedHead, FullHead, MTPHead, SharedHead, load_head, save_head
+from .head import PARAMETERISATIONS, FactorisedHead, FullHead, MTPHead, SharedHead, TiedHead, load_head, save_head
 from .kl_loss import kl_loss, lm_teacher, logits_teacher
 from .nll_loss import mtp_loss, teacher_forced_accepted, valid_counts
 from .windows import target_validity, window_targets
 
-__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "PARAMETERISATIONS", "load_head", "save_head",
+__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "PARAMETERISATIONS", "load_head", "save_head",
            "mtp_loss", "teacher_forced_accepted", "valid_counts", "kl_loss", "lm_teacher", "logits_teacher",
            "target_validity", "window_targets"]

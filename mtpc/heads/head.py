@@ -19,6 +19,12 @@ units (leaves; `n` positions, `Q` leaves, `v` states, `d` hidden size):
   `E_i = U_i V_i` (`V_i` `[k, d]`, `U_i` `[v, k]`, `k = factor_rank`), plus the same adapters:
   one matmul `[n*k + Q*a + S, d]`, then `[v, k]` and `[v, a]` batched products.
 
+- `"tied"` (subword vocabularies): no unembedding of its own; every leaf reads the LM's own output
+  layer `W` `[V, d]` (+ bias), *referenced, never copied or saved*, through a rank-`adapter_rank`
+  adapter in hidden space: `logits_q = W[:v] (h + U_q (D_q h + e_q)) + b[:v]`. A head for a 152k-token
+  LM costs `Q * a * 2d` weights (megabytes). `head.tie_to(lm.get_output_embeddings())` attaches the
+  layer (the trainer, `load_head_entry` and `init_from` do it); a loaded head is untied until then.
+
 Vocabulary mapping: circuit state `s` is token id `s`. A circuit with `v` states drafts token ids
 `0 .. v-1` of an LM whose vocabulary may be larger (a byte circuit, v = 256, over a byte LM with a few
 special tokens appended); `init_from` rows `0 .. v-1` initialise the units.
@@ -58,11 +64,11 @@ from torch import nn
 
 from ..errors import InputError
 
-__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "save_head", "load_head", "PARAMETERISATIONS",
-           "HEAD_FORMAT"]
+__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "save_head", "load_head",
+           "PARAMETERISATIONS", "HEAD_FORMAT"]
 
 HEAD_FORMAT = "mtpc-head/1"
-PARAMETERISATIONS = ("full", "shared", "factorised")
+PARAMETERISATIONS = ("full", "shared", "factorised", "tied")
 DEFAULT_ADAPTER_RANK = 16
 DEFAULT_FACTOR_RANK = 64
 
@@ -415,7 +421,70 @@ def _low_rank(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return up, down
 
 
-_HEADS = {cls.parameterisation: cls for cls in (FullHead, SharedHead, FactorisedHead)}
+class TiedHead(MTPHead):
+    """`logits_q = W[:v] (h + U_q (D_q h + e_q)) + b[:v]`: the LM's own output layer `W` (+ bias `b`),
+    referenced (never a parameter, so never trained, copied or saved) behind per-leaf low-rank adapters
+    in hidden space. `proj_weight` `[Q*a + S, d]` stacks the adapters' `D` and the sum projection;
+    `adapter_up` is `U` transposed, `[Q, a, d]`, zero at initialisation, so every leaf starts as the
+    LM's next-token distribution over states `0 .. v-1`."""
+
+    parameterisation = "tied"
+
+    def _build(self, dtype, adapter_rank, factor_rank) -> None:
+        if adapter_rank < 1:
+            raise ValueError(f"the tied head needs adapter_rank >= 1, got {adapter_rank}")
+        self.options["adapter_rank"] = adapter_rank
+        self.adapter_rank = adapter_rank
+        rows = self.num_leaves * adapter_rank + self.num_sum_params
+        self.proj_weight = nn.Parameter(torch.zeros(rows, self.hidden_size, dtype=dtype))  # [Q*a + S, d]
+        self.proj_bias = nn.Parameter(torch.zeros(rows, dtype=dtype))
+        self.adapter_up = nn.Parameter(torch.zeros(self.num_leaves, adapter_rank, self.hidden_size, dtype=dtype))
+        self._tied: tuple[torch.Tensor, torch.Tensor | None] | None = None  # a plain attribute: not in state_dict
+
+    def tie_to(self, output: nn.Module | torch.Tensor) -> "TiedHead":
+        """Read the input units from `output` (the LM's output layer, or its weight `[V, d]`); returns self."""
+        weight = output.weight if isinstance(output, nn.Module) else output
+        bias = getattr(output, "bias", None) if isinstance(output, nn.Module) else None
+        if weight.dim() != 2 or weight.shape[1] != self.hidden_size or weight.shape[0] < self.num_states:
+            raise ValueError(f"the output layer has shape {tuple(weight.shape)}; the tied head needs [V >= "
+                             f"{self.num_states}, {self.hidden_size}]")
+        self._tied = (weight.detach(), None if bias is None else bias.detach())  # views: the same storage
+        return self
+
+    @property
+    def tied(self) -> bool:
+        return self._tied is not None
+
+    def _init_inputs(self, init_from) -> None:
+        if init_from is not None:
+            self.tie_to(init_from)
+        down = self.proj_weight[: self.num_leaves * self.adapter_rank]
+        nn.init.normal_(down, std=self.hidden_size ** -0.5)  # D random, U zero: no change at init
+
+    def _sum_rows(self):
+        qa = self.num_leaves * self.adapter_rank
+        return self.proj_weight[qa:], self.proj_bias[qa:]
+
+    def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        if self._tied is None:
+            raise ValueError("this tied head has no output layer; call head.tie_to(model.get_output_embeddings())")
+        Q, a, d, v = self.num_leaves, self.adapter_rank, self.hidden_size, self.num_states
+        chosen = torch.arange(Q, device=h.device)[leaves]  # [Qc]
+        qa = Q * a
+        down_w = self.proj_weight[:qa].view(Q, a, d)[chosen].reshape(-1, d)  # [Qc*a, d]
+        down_b = self.proj_bias[:qa].view(Q, a)[chosen].reshape(-1)
+        low = F.linear(h, down_w, down_b).unflatten(-1, (chosen.numel(), a))  # [..., Qc, a]
+        shifted = h.unsqueeze(-2) + torch.einsum("...qa,qad->...qd", low, self.adapter_up[chosen])  # [..., Qc, d]
+        weight, bias = self._tied
+        out = F.linear(shifted.to(weight.dtype), weight[:v], None if bias is None else bias[:v])  # [..., Qc, v]
+        return out.to(h.dtype)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """`[..., d]` -> `[..., P]`."""
+        return torch.cat([self.input_logits(h).flatten(-2), self.sum_logits(h)], -1)
+
+
+_HEADS = {cls.parameterisation: cls for cls in (FullHead, SharedHead, FactorisedHead, TiedHead)}
 
 
 def _per_position(init_from, n: int, v: int, d: int) -> torch.Tensor:

@@ -66,6 +66,7 @@ class TrainConfig:
     resume: bool = True
     stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
+    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
 # ------------------------------------------------------------------ model pieces
@@ -120,7 +121,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
     from ..decoding.backbone import attach_draft_lora
 
-    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                                  trust_remote_code=cfg.trust_remote_code)
     previous = init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
@@ -160,17 +162,30 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
     """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
     from ..heads.head import MTPHead
 
-    if init is not None:
-        return init.float().to(device)
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    unembed = base.get_output_embeddings().weight.detach()  # [V, d]
-    head = MTPHead(graph, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std,
+    output = base.get_output_embeddings()
+    if init is not None:
+        head = init.float().to(device)
+        return head.tie_to(output) if head.parameterisation == "tied" else head
+    # a tied head references the output layer itself (its bias too); the others copy rows of its weight
+    unembed = output if cfg.parameterisation == "tied" else output.weight.detach()  # [V, d]
+    head = MTPHead(graph, output.weight.shape[1], init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
                    factor_rank=cfg.factor_rank)
     return head.to(device)
 
 
 # ------------------------------------------------------------------ checks
+
+
+def check_lora_family(cfg: TrainConfig, info) -> None:
+    """A LoRA draft path runs the split layer loop, which needs the family's adapter."""
+    from ..decoding.families import FAMILIES, has_adapter
+
+    if cfg.lora_layers > 0 and not has_adapter(info.model_type):
+        raise InputError(f"--lora-layers {cfg.lora_layers}: no split-backbone adapter for model_type "
+                         f"{info.model_type!r} (known: {', '.join(sorted(FAMILIES))}); use --lora-layers 0, or add a "
+                         "BackboneFamily in mtpc/decoding/families.py")
 
 
 def check_inputs(cfg: TrainConfig, init, world: int):
@@ -185,7 +200,9 @@ def check_inputs(cfg: TrainConfig, init, world: int):
         raise InputError(f"--batch-size {cfg.batch_size} must be divisible by --grad-accum x world size = {per}")
     checks.output_folder(cfg.out)
     checks.data_source(cfg.data)
-    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                              trust_remote_code=cfg.trust_remote_code)
+    check_lora_family(cfg, info)
     graph = None
     if cfg.circuit is not None:
         graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
