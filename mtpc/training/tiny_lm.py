@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import checks, loading
-from .data import DataStats, EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity
+from .data import (DataStats, EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity,
+                   to_device)
 from .precision import autocast, autocast_dtype
 from .progress import advance, progress_bar
 from .schedule import cosine_lr
@@ -63,6 +64,7 @@ class TinyLMConfig:
     final_val_tokens: int = 1 << 18
     eval_every_s: float = 120.0
     precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     seed: int = 0
     progress: bool = True
     save_every: int = 100  # steps between checkpoints (OUT/checkpoint.pt; rerunning the command resumes)
@@ -118,10 +120,11 @@ def bits_per_byte(model, data: PackedDataset, max_tokens: int, dtype: torch.dtyp
     """Held-out bits per byte over the first `max_tokens` tokens of `data`."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     count = min(len(data), max(1, max_tokens // data.seq_len))
     nll_bytes, n_bytes = 0.0, 0
     for lo in range(0, count, batch_size):
-        batch = collate(data[i] for i in range(lo, min(lo + batch_size, count)))
+        batch = to_device(collate(data[i] for i in range(lo, min(lo + batch_size, count))), device)
         _, _, s, c = lm_nll(model, batch, dtype)
         nll_bytes, n_bytes = nll_bytes + s.item(), n_bytes + int(c)
     model.train(was_training)
@@ -180,7 +183,7 @@ class _TinyLMRun:
     def __init__(self, cfg: TinyLMConfig):
         _check_config(cfg)
         graph = _mtp_graph(cfg)  # before the slow data loading: a broken circuit fails at once
-        self.cfg, self.d = cfg, init_distributed()
+        self.cfg, self.d = cfg, init_distributed(cfg.device)
         if cfg.batch_size % self.d.world:
             raise InputError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes "
                              f"({self.d.world})")
@@ -250,7 +253,7 @@ class _TinyLMRun:
         """Fraction of the budget used (rank 0's clock decides a time budget for every rank)."""
         if self.cfg.steps is not None:
             return self.step / self.cfg.steps
-        done = torch.tensor([self.elapsed / (self.cfg.minutes * 60)], dtype=torch.float64)
+        done = torch.tensor([self.elapsed / (self.cfg.minutes * 60)], dtype=torch.float64, device=self.d.device)
         return broadcast_from_main(done, self.d).item()
 
     def run(self) -> dict:
@@ -314,7 +317,7 @@ class _TinyLMRun:
             mtp_counts = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], self.head.num_variables,
                                       self.head.num_states, window_mask).to(d.device)
             batch["window_mask"] = window_mask
-        mine = {k: t[d.rank::d.world].to(d.device) for k, t in batch.items()}  # this rank's share
+        mine = to_device({k: t[d.rank::d.world] for k, t in batch.items()}, d.device)  # this rank's share
         loss, ce, mtp = self.ddp(mine["tokens"], mine["doc_ids"], mine["loss_mask"], ce_count.to(d.device),
                                  mtp_counts, mine.get("window_mask"))
         self.opt.zero_grad(set_to_none=True)
@@ -369,7 +372,7 @@ def mtp_val_loss(joint: JointLM, data: PackedDataset, max_tokens: int, batch_siz
     counts = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v).to(device)
     total = 0.0
     for lo in range(0, count, batch_size):
-        part = {k: t[lo:lo + batch_size].to(device) for k, t in batch.items()}
+        part = to_device({k: t[lo:lo + batch_size] for k, t in batch.items()}, device)
         with autocast(device, joint.amp):
             hidden = joint.model.get_decoder()(input_ids=part["tokens"]).last_hidden_state
             total += mtp_loss(joint.head, hidden, part["tokens"], part["doc_ids"], part["loss_mask"],
@@ -438,7 +441,7 @@ def _build_mtp_head(cfg: TinyLMConfig, graph, model, tok: ByteTokenizer) -> MTPH
 
 def _resume_key(cfg: TinyLMConfig) -> dict:
     """The settings a checkpoint must agree with to be continued (not the output or logging ones)."""
-    skip = {"out", "progress", "resume", "stop_after", "save_every", "eval_every_s"}
+    skip = {"out", "progress", "resume", "stop_after", "save_every", "eval_every_s", "device"}
     return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import checks, loading
-from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity, window_targets
+from .data import EpochSampler, PackedDataset, collate, load_documents, to_device, split_documents, target_validity, window_targets
 from .distributed import Dist, all_sum as _all_sum, barrier as _barrier, init_distributed
 from ..heads.kl_loss import kl_loss, lm_teacher
 from ..heads.nll_loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_accepted, valid_counts
@@ -64,7 +64,7 @@ LOG = "train_log.jsonl"
 # Settings that may differ between a checkpoint and the command resuming it: the length of the run,
 # how often it validates and saves, and presentation. Everything else must match.
 RESUMABLE = ("steps", "minutes", "val_every", "save_every", "stop_after", "progress", "resume",
-             "allow_non_byte_vocab")
+             "allow_non_byte_vocab", "device")
 LOSSES = ("nll", "kl", "nll+kl")
 
 
@@ -103,6 +103,7 @@ class TrainConfig:
     val_windows: int = 1024  # windows scored for the accepted length
     save_every: int = 50
     precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     seed: int = 0
     progress: bool = True
@@ -218,7 +219,7 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
-        self.cfg, self.d = cfg, init_distributed()
+        self.cfg, self.d = cfg, init_distributed(cfg.device)
         torch.manual_seed(cfg.seed)
         self.out = Path(cfg.out)
         # Everything a user can get wrong is checked here, before the model and the data are loaded.
@@ -323,7 +324,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=d.device)
         for m in range(cfg.grad_accum):
             mine = list(range(m * micro + d.rank, (m + 1) * micro, d.world))  # this rank's share
-            part = {k: t[mine].to(d.device) for k, t in batch.items()}
+            part = to_device({k: t[mine] for k, t in batch.items()}, d.device)
             sync = m == cfg.grad_accum - 1 or d.world == 1
             with self._no_sync(not sync):
                 loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
@@ -360,7 +361,7 @@ class Trainer:
         evenly over the validation set, and `val_windows` of their full windows, also evenly spread."""
         cfg, n = self.cfg, self.head.num_variables
         picks = _spread(len(self.val_set), cfg.val_sequences)
-        batch = {k: t.to(self.d.device) for k, t in collate(self.val_set[i] for i in picks).items()}
+        batch = to_device(collate(self.val_set[i] for i in picks), self.d.device)
         self.module.eval()
         loss, _, _ = self.module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
         h = self.module.hidden(batch["tokens"]).float()  # [B, T, d]
@@ -571,7 +572,7 @@ class Trainer:
         return summary
 
     def _steps_for_budget(self) -> int:
-        per_step = torch.tensor([self.elapsed / self.step], dtype=torch.float64)
+        per_step = torch.tensor([self.elapsed / self.step], dtype=torch.float64, device=self.d.device)  # NCCL: on the GPU
         if self.d.world > 1:
             dist.broadcast(per_step, 0)
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
