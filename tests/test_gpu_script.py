@@ -100,3 +100,23 @@ def test_the_dry_run_runs_every_stage_and_returns_files_within_the_limits(tmp_pa
     head = tmp_path / "work" / "export" / "heads" / "btree-n8-r8-shared"
     assert load_head(head).dtype == torch.bfloat16
     assert all(t.dtype == torch.bfloat16 for t in load_file(str(lm / "model.safetensors")).values())
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("command", [["tiny-lm", "--out", "OUT", "--steps", "1"],
+                                     ["train", "--model", "MODEL", "--out", "OUT", "--steps", "1"]])
+@pytest.mark.parametrize("device, message", [("cuda", "CUDA is not available"), ("tpu", "not a device"),
+                                             ("meta", "training runs on cpu or cuda")])
+def test_a_training_device_that_is_not_there_is_one_line(command, device, message, tmp_path, capsys):
+    from _tiny import save_tiny_lm
+    from mtpc.cli.commands import main
+
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    if "MODEL" in argv:
+        argv[argv.index("MODEL")] = save_tiny_lm(tmp_path / "lm")
+        argv += ["--circuit", str(ROOT / "examples" / "ff.pc"), "-D", "n=2"]
+    capsys.readouterr()  # saving the LM printed a progress bar
+    assert main([*argv, "--device", device]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mtpc: error: --device") and message in err[0]
+    assert not (tmp_path / "out").exists()
