@@ -73,7 +73,7 @@ class TinyLMConfig:
     # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
     mtp_circuit: str | None = None  # .pc file; None: next-byte loss only
     mtp_bindings: dict = field(default_factory=dict)
-    mtp_weight: float = 0.2
+    mtp_weight: float = 0.1  # weight of the per-position MTP loss (normalised by sum_j gamma^(j-1))
     mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
     mtp_window_stride: int = 1  # score the windows at every s-th position (shifting with the step)
     mtp_gamma: float = 0.9
@@ -138,13 +138,19 @@ class JointLM(nn.Module):
     """The LM and, for MTP-aware pretraining, a circuit head on its final hidden states; `forward`
     returns the loss of this rank's share of a batch, so DistributedDataParallel can wrap the whole
     computation. Both normalisers are the *global* batch's counts: the ranks' losses add up to the
-    loss of the whole batch (and one process gives the same number)."""
+    loss of the whole batch (and one process gives the same number).
+
+    The MTP term is the windowed loss divided by `sum_j gamma^(j-1)`: a weighted *average* over window
+    positions, on the scale of one next-byte cross-entropy, so `mtp_weight` means the same for every
+    window length and discount (undivided, an n = 8, gamma = 0.9 term was 5.7 cross-entropies)."""
 
     def __init__(self, model: nn.Module, head: nn.Module | None, mtp_weight: float, gamma: float,
                  amp: torch.dtype | None):
         super().__init__()
         self.model, self.head = model, head
         self.mtp_weight, self.gamma, self.amp = mtp_weight, gamma, amp
+        n = head.num_variables if head is not None else 1
+        self.mtp_scale = 1.0 / sum(gamma ** j for j in range(n))  # 1 / sum_j gamma^(j-1)
 
     def forward(self, tokens, doc_ids, loss_mask, ce_count, mtp_counts=None, window_mask=None):
         """Returns (loss, cross-entropy share, MTP-loss share); the shares are detached."""
@@ -157,7 +163,7 @@ class JointLM(nn.Module):
             return ce, ce.detach(), torch.zeros((), device=ce.device)
         with autocast(tokens.device, self.amp):
             mtp = mtp_loss(self.head, hidden, tokens, doc_ids, loss_mask, gamma=self.gamma, normalizer=mtp_counts,
-                           window_mask=window_mask).loss
+                           window_mask=window_mask).loss * self.mtp_scale
         return ce + self.mtp_weight * mtp, ce.detach(), mtp.detach()
 
 
@@ -376,7 +382,7 @@ def mtp_val_loss(joint: JointLM, data: PackedDataset, max_tokens: int, batch_siz
         with autocast(device, joint.amp):
             hidden = joint.model.get_decoder()(input_ids=part["tokens"]).last_hidden_state
             total += mtp_loss(joint.head, hidden, part["tokens"], part["doc_ids"], part["loss_mask"],
-                              gamma=joint.gamma, normalizer=counts).loss.item()
+                              gamma=joint.gamma, normalizer=counts).loss.item() * joint.mtp_scale
     joint.train(was_training)
     return total
 
@@ -393,9 +399,10 @@ def _check_config(cfg: TinyLMConfig) -> None:
         raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
                          f"{loading.MIN_BYTE_VOCAB}")
     if cfg.mtp_circuit is None:
-        given = [flag for flag, value, default in (("-D", cfg.mtp_bindings, {}), ("--mtp-weight", cfg.mtp_weight, 0.2),
-                                                   ("--mtp-window-stride", cfg.mtp_window_stride, 1))
-                 if value != default]
+        defaults = TinyLMConfig(out=cfg.out)
+        given = [flag for flag, name in (("-D", "mtp_bindings"), ("--mtp-weight", "mtp_weight"),
+                                         ("--mtp-window-stride", "mtp_window_stride"))
+                 if getattr(cfg, name) != getattr(defaults, name)]
         if given:
             raise InputError(f"{', '.join(given)} only apply with --mtp-circuit")
         return
