@@ -74,14 +74,20 @@ class Sizes:
     timeouts: dict[str, float]
 
 
+def cuda_test_files() -> list[str]:
+    """The test modules with CUDA tests (only these are imported: the GPU machine lacks some test-only
+    packages other modules need, e.g. hypothesis)."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                  if "pytest.mark.cuda" in p.read_text())
+
+
 def gpu_sizes() -> Sizes:
     """Sized for about 9 minutes on one H200: planned about 2 + 2.5 + 0.5 + 2 + 2.5 minutes (tests, LM,
     draft LM, heads, benches). The timeouts are ceilings; `--budget-s` cuts the last stages short."""
     return Sizes(
         device="cuda",
-        cuda_tests=["tests/"],
-        tests=["tests/test_decode.py", "tests/test_loss.py", "tests/test_kl_loss.py", "tests/test_head.py",
-               "tests/test_bench.py", "-x", "-q"],
+        cuda_tests=cuda_test_files(),
+        tests=["tests/test_loss.py", "tests/test_kl_loss.py", "tests/test_head.py", "-x", "-q"],
         lm=["--d-model", "512", "--layers", "6", "--heads", "8", "--ffn", "1408", "--context", "1024",
             "--batch-size", "32", "--lr", "1e-3", "--minutes", "2", "--save-every", "100000"],
         draft_lm=["--d-model", "128", "--layers", "1", "--heads", "4", "--ffn", "352", "--context", "1024",
@@ -91,7 +97,7 @@ def gpu_sizes() -> Sizes:
         bench=["--num-prompts", "4", "--prompt-len", "128", "--max-new-tokens", "128", "--lookup", "both",
                "--compile", "--max-repetition", "0.9"],
         data=[], corpus="stdlib",
-        timeouts={"env": 60, "tests": 100, "lm": 170, "draft-lm": 45, "head": 70, "bench-greedy": 120,
+        timeouts={"env": 60, "tests": 130, "lm": 170, "draft-lm": 45, "head": 70, "bench-greedy": 120,
                   "bench-sample": 90, "bench-compiled-heads": 90, "export": 45},
     )
 
@@ -219,7 +225,9 @@ def environment() -> dict:
 def run_tests(spec: dict) -> int:
     """`pytest -m cuda`, then the slice of the default suite; exit status 1 if either failed."""
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs"]
-    cuda = subprocess.run(base + ["-m", "cuda", "-q", "--durations", "10", *spec["cuda"]], cwd=ROOT).returncode
+    # a module the machine cannot import (a test-only package it lacks) must not stop the CUDA tests
+    cuda = subprocess.run(base + ["-m", "cuda", "-q", "--durations", "10", "--continue-on-collection-errors",
+                                  *spec["cuda"]], cwd=ROOT).returncode
     rest = subprocess.run(base + spec["slice"], cwd=ROOT).returncode
     print(f"pytest -m cuda: exit {cuda}; slice {' '.join(spec['slice'])}: exit {rest}")
     return 0 if cuda in (0, 5) and rest == 0 else 1  # 5: nothing collected (only where CUDA is missing)
