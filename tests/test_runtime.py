@@ -334,7 +334,7 @@ def test_bad_shapes_are_reported():
         circ.log_prob(torch.zeros(2, 5, dtype=torch.long), torch.zeros(circ.num_params))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_programs_match_cpu():
     graph = random_graph(4)
     circ = compiled(graph)

@@ -24,7 +24,7 @@ import torch
 from ..decoding import PHASES, DecodeStats, GenerateOutput, PhaseClock, Target, backbone_marks, split_phases
 from ..decoding.inputs import eos_set
 from ..errors import InputError
-from .timing import Run
+from .timing import Run, synchronized
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
 
@@ -108,7 +108,7 @@ def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
     def task(ids, budget: int, seed: int) -> Run:
         torch.manual_seed(seed)  # transformers samples with the global generator
         clock = PhaseClock(None, embed, ends, device.type == "cuda")
-        with clock, torch.no_grad():
+        with synchronized(clock.cuda), clock, torch.no_grad():
             out = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, eos_token_id=eos,
                                 pad_token_id=pad, **_hf_sampling(cfg), **decoder)
         stamps = clock.times()
@@ -168,9 +168,11 @@ class StaticCacheDecoder:
         target, eos = Target(do_sample, temperature, top_k, top_p), eos_set(eos_token_id)
         stats, tokens = DecodeStats(), input_ids[0].tolist()
         self.cache.reset()
-        start = time.perf_counter()
-        positions = torch.arange(length, device=input_ids.device)
-        logits = self.model(input_ids, cache=self.cache, cache_position=positions, use_cache=True).logits[0, -1]
+        cuda = input_ids.is_cuda
+        with synchronized(cuda):  # every step below ends synchronised too: the host clock times the GPU's work
+            start = time.perf_counter()
+            positions = torch.arange(length, device=input_ids.device)
+            logits = self.model(input_ids, cache=self.cache, cache_position=positions, use_cache=True).logits[0, -1]
         stats.prefill_seconds = time.perf_counter() - start
         for step in range(max_new_tokens):
             start = time.perf_counter()
@@ -180,7 +182,7 @@ class StaticCacheDecoder:
             if not done:
                 position = torch.tensor([length + step], device=input_ids.device)
                 logits = self.step(input_ids.new_tensor([[token]]), position)[0, -1].clone()
-            if logits.is_cuda:
+            if cuda:
                 torch.cuda.synchronize()
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(1)

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from ..decoding.clock import PhaseClock, split_phases
 
-__all__ = ["Run", "run_one"]
+__all__ = ["Run", "run_one", "synchronized"]
+
+
+@contextlib.contextmanager
+def synchronized(cuda: bool):
+    """A timed region on a GPU: the work queued before it is finished before it starts, and its own
+    work is finished before it ends (kernels run asynchronously; the host's clock alone would stop
+    when the last kernel was queued, not run)."""
+    if cuda:
+        torch.cuda.synchronize()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
 
 
 @dataclass
@@ -26,7 +43,7 @@ class Run:
 def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
     """Run `generate()` under `clock`. `stats_clock`: take the decoding time from the decoder's own
     cycle clock (CPU); otherwise from the clock's stamps (CUDA events)."""
-    with clock:
+    with synchronized(clock.cuda), clock:
         out = generate()
     phases, hooked = split_phases(clock.times())
     stats = out.stats

@@ -73,6 +73,7 @@ def add_tiny_lm(sub) -> None:
     p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast dtype (auto: bf16 where the hardware has it)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--save-every", type=positive_int, default=100, help="steps between checkpoints (OUT/checkpoint.pt)")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
@@ -101,7 +102,7 @@ def run_tiny_lm(args) -> int:
     cfg = TinyLMConfig(out=args.out, data=args.data, minutes=args.minutes, steps=args.steps, context=args.context,
                        d_model=args.d_model, layers=args.layers, heads=args.heads, ffn=args.ffn,
                        vocab_size=args.vocab_size, batch_size=args.batch_size, lr=args.lr,
-                       precision=args.precision, seed=args.seed, progress=not args.no_progress,
+                       precision=args.precision, device=args.device, seed=args.seed, progress=not args.no_progress,
                        save_every=args.save_every, resume=not args.no_resume, stop_after=args.stop_after,
                        mtp_circuit=args.mtp_circuit, mtp_bindings=parse_defines(args.defines),
                        mtp_weight=args.mtp_weight, mtp_parameterisation=args.mtp_parameterisation,
@@ -172,6 +173,7 @@ def add_train(sub) -> None:
     p.add_argument("--save-every", type=positive_int, default=50, help="write OUT/checkpoint.pt every this many steps")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast dtype (auto: bf16 where the hardware has it)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="random seed (head init, data order)")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
     p.add_argument("--stop-after", type=positive_int, default=None,
@@ -213,7 +215,7 @@ def run_train(args) -> int:
                       grad_accum=args.grad_accum, steps=args.steps, minutes=args.minutes, lr=args.lr,
                       lora_lr=args.lora_lr, gamma=args.gamma, loss=args.loss, window_stride=args.window_stride,
                       val_every=args.val_every, val_sequences=args.val_sequences, val_windows=args.val_windows,
-                      save_every=args.save_every, precision=args.precision,
+                      save_every=args.save_every, precision=args.precision, device=args.device,
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
                       stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab,
                       trust_remote_code=args.trust_remote_code)

@@ -68,7 +68,9 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), generator=generator, dtype=torch.float64))
+    """`u ~ U[0, 1)` from `generator` on its own device (a CUDA generator cannot draw on the CPU)."""
+    device = generator.device if generator is not None else None
+    return float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
 
 
 # --------------------------------------------------------------------------- acceptance rule

@@ -306,6 +306,15 @@ def collate(items: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`batch`'s tensors on `device`. Copies to a GPU go from pinned (page-locked) host memory and do not
+    block the host, so it packs the next micro-batch while this one is in flight (the pinned allocator
+    keeps the source alive until its copy is done)."""
+    if device.type != "cuda":
+        return {k: t.to(device) for k, t in batch.items()}
+    return {k: t.pin_memory().to(device, non_blocking=True) for k, t in batch.items()}
+
+
 # ------------------------------------------------------------------ data order
 
 class EpochSampler:

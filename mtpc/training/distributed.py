@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import InputError
+
 
 @dataclass
 class Dist:
@@ -25,12 +27,16 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed() -> Dist:
-    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPUs), or run alone."""
+def init_distributed(device: str = "auto") -> Dist:
+    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPUs), or run alone.
+
+    `device`: "auto" (CUDA when available), "cpu", "cuda" or "cuda:N" (alone only: under `torchrun`
+    every rank takes the GPU of its `LOCAL_RANK`, or the CPU when `device` is "cpu")."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available()
+    wanted = _device(device)
+    cuda = wanted.type == "cuda"
     if world == 1:
-        return Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
+        return Dist(0, 1, wanted)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if cuda else "gloo")
     rank = dist.get_rank()
@@ -40,6 +46,24 @@ def init_distributed() -> Dist:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     return Dist(rank, world, device)
+
+
+def _device(name: str) -> torch.device:
+    """The training device called `name`, checked before any slow work."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise InputError(f"--device {name!r}: training runs on cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {name}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def all_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ..heads.head import save_head
 from ..heads.nll_loss import valid_counts
 from ..tokenizer import ByteTokenizer
 from .checkpoints import append_log, trim_log, write_checkpoint
-from .data import collate, target_validity
+from .data import collate, target_validity, to_device
 from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
 from .precision import autocast_dtype
 from .progress import advance, progress_bar
@@ -52,7 +52,7 @@ class _TinyLMRun:
     def __init__(self, cfg: TinyLMConfig):
         check_config(cfg)
         graph = mtp_graph(cfg)  # before the slow data loading: a broken circuit fails at once
-        self.cfg, self.d = cfg, init_distributed()
+        self.cfg, self.d = cfg, init_distributed(cfg.device)
         if cfg.batch_size % self.d.world:
             raise InputError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes "
                              f"({self.d.world})")
@@ -111,7 +111,7 @@ class _TinyLMRun:
         """Fraction of the budget used (rank 0's clock decides a time budget for every rank)."""
         if self.cfg.steps is not None:
             return self.step / self.cfg.steps
-        done = torch.tensor([self.elapsed / (self.cfg.minutes * 60)], dtype=torch.float64)
+        done = torch.tensor([self.elapsed / (self.cfg.minutes * 60)], dtype=torch.float64, device=self.d.device)
         return broadcast_from_main(done, self.d).item()
 
     def run(self) -> dict:
@@ -175,7 +175,7 @@ class _TinyLMRun:
             mtp_counts = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], self.head.num_variables,
                                       self.head.num_states, window_mask).to(d.device)
             batch["window_mask"] = window_mask
-        mine = {k: t[d.rank::d.world].to(d.device) for k, t in batch.items()}  # this rank's share
+        mine = to_device({k: t[d.rank::d.world] for k, t in batch.items()}, d.device)  # this rank's share
         loss, ce, mtp = self.ddp(mine["tokens"], mine["doc_ids"], mine["loss_mask"], ce_count.to(d.device),
                                  mtp_counts, mine.get("window_mask"))
         self.opt.zero_grad(set_to_none=True)

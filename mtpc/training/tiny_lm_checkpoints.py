@@ -17,7 +17,7 @@ CHECKPOINT = "checkpoint.pt"
 
 def resume_key(cfg: TinyLMConfig) -> dict:
     """The settings a checkpoint must agree with to be continued (not the output or logging ones)."""
-    skip = {"out", "progress", "resume", "stop_after", "save_every", "eval_every_s"}
+    skip = {"out", "progress", "resume", "stop_after", "save_every", "eval_every_s", "device"}
     return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..heads.nll_loss import mtp_loss, valid_counts
 from ..tokenizer import NUM_BYTES
-from .data import PackedDataset, collate, target_validity
+from .data import PackedDataset, collate, target_validity, to_device
 from .precision import autocast
 
 LN2 = math.log(2.0)
@@ -44,10 +44,11 @@ def bits_per_byte(model, data: PackedDataset, max_tokens: int, dtype: torch.dtyp
     """Held-out bits per byte over the first `max_tokens` tokens of `data`."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     count = min(len(data), max(1, max_tokens // data.seq_len))
     nll_bytes, n_bytes = 0.0, 0
     for lo in range(0, count, batch_size):
-        batch = collate(data[i] for i in range(lo, min(lo + batch_size, count)))
+        batch = to_device(collate(data[i] for i in range(lo, min(lo + batch_size, count))), device)
         _, _, s, c = lm_nll(model, batch, dtype)
         nll_bytes, n_bytes = nll_bytes + s.item(), n_bytes + int(c)
     model.train(was_training)
@@ -99,7 +100,7 @@ def mtp_val_loss(joint: JointLM, data: PackedDataset, max_tokens: int, batch_siz
     counts = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v).to(device)
     total = 0.0
     for lo in range(0, count, batch_size):
-        part = {k: t[lo:lo + batch_size].to(device) for k, t in batch.items()}
+        part = to_device({k: t[lo:lo + batch_size] for k, t in batch.items()}, device)
         with autocast(device, joint.amp):
             hidden = joint.model.get_decoder()(input_ids=part["tokens"]).last_hidden_state
             total += mtp_loss(joint.head, hidden, part["tokens"], part["doc_ids"], part["loss_mask"],

@@ -46,6 +46,7 @@ class TinyLMConfig:
     final_val_tokens: int = 1 << 18
     eval_every_s: float = 120.0
     precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     seed: int = 0
     progress: bool = True
     save_every: int = 100  # steps between checkpoints (OUT/checkpoint.pt; rerunning the command resumes)

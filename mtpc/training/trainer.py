@@ -46,7 +46,7 @@ from .. import loading
 from ..errors import MtpcError
 from ..heads.nll_loss import valid_counts
 from .checkpoints import append_log, rng_state, set_rng_state, trim_log, write_checkpoint
-from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents
+from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, to_device
 from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
 from .precision import autocast_dtype
 from .progress import advance, progress_bar
@@ -67,7 +67,7 @@ class Trainer:
     validates (`trainer_validation`) and checkpoints (`trainer_checkpoints`)."""
 
     def __init__(self, cfg: TrainConfig):
-        self.cfg, self.d = cfg, init_distributed()
+        self.cfg, self.d = cfg, init_distributed(cfg.device)
         torch.manual_seed(cfg.seed)
         self.out = Path(cfg.out)
         # Everything a user can get wrong is checked here, before the model and the data are loaded.
@@ -119,7 +119,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=d.device)
         for m in range(cfg.grad_accum):
             mine = list(range(m * micro + d.rank, (m + 1) * micro, d.world))  # this rank's share
-            part = {k: t[mine].to(d.device) for k, t in batch.items()}
+            part = to_device({k: t[mine] for k, t in batch.items()}, d.device)
             sync = m == cfg.grad_accum - 1 or d.world == 1
             with self._no_sync(not sync):
                 loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
@@ -261,7 +261,8 @@ class Trainer:
         return summary
 
     def _steps_for_budget(self) -> int:
-        per_step = broadcast_from_main(torch.tensor([self.elapsed / self.step], dtype=torch.float64), self.d)
+        per_step = broadcast_from_main(torch.tensor([self.elapsed / self.step], dtype=torch.float64,
+                                                  device=self.d.device), self.d)  # NCCL: on the GPU
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
 
 

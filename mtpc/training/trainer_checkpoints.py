@@ -20,7 +20,7 @@ CHECKPOINT_FORMAT = "mtpc-train-checkpoint-2"
 # Settings that may differ between a checkpoint and the command resuming it: the length of the run,
 # how often it validates and saves, and presentation. Everything else must match.
 RESUMABLE = ("steps", "minutes", "val_every", "save_every", "stop_after", "progress", "resume",
-             "allow_non_byte_vocab", "trust_remote_code")
+             "allow_non_byte_vocab", "trust_remote_code", "device")
 AGAIN = "pass --no-resume to start over (the checkpoint is then overwritten)"
 
 

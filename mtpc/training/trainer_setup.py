@@ -60,6 +60,7 @@ class TrainConfig:
     val_windows: int = 1024  # windows scored for the accepted length
     save_every: int = 50
     precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     seed: int = 0
     progress: bool = True

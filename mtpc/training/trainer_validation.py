@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..heads.nll_loss import teacher_forced_accepted
-from .data import PackedDataset, collate, target_validity, window_targets
+from .data import PackedDataset, collate, target_validity, to_device, window_targets
 from .trainer_setup import DraftModel, TrainConfig
 
 
@@ -17,7 +17,7 @@ def validate(module: DraftModel, val_set: PackedDataset, cfg: TrainConfig, devic
     head = module.head
     n = head.num_variables
     picks = spread(len(val_set), cfg.val_sequences)
-    batch = {k: t.to(device) for k, t in collate(val_set[i] for i in picks).items()}
+    batch = to_device(collate(val_set[i] for i in picks), device)
     module.eval()
     loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
     h = module.hidden(batch["tokens"]).float()  # [B, T, d]
