@@ -129,7 +129,7 @@ class DraftProgram:
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:  # a product of one leaf per variable: conditionals are the leaves
             return self._with_prefix(self._leaf_logits(theta).argmax(-1), prefix)
-        return self._run(theta, prefix, True, lambda j, scores: int(scores.argmax()))
+        return self._run(theta, prefix, True, lambda j, scores: scores.argmax())
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -156,8 +156,7 @@ class DraftProgram:
             raise ValueError(f"x must hold {self.n} states, got {x.numel()}")
         if self._factorised:
             return self._leaf_logits(theta).double().softmax(-1)
-        given = x.tolist()
-        return self._run(theta, None, True, lambda j, scores: given[j], keep_rows=True)[1]
+        return self._run(theta, None, True, lambda j, scores: x[j], keep_rows=True)[1]
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -166,7 +165,7 @@ class DraftProgram:
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:
             return self.greedy(theta, prefix)
-        return self._run(theta, prefix, False, lambda j, scores: int(scores.argmax()))
+        return self._run(theta, prefix, False, lambda j, scores: scores.argmax())
 
     def _work(self, theta: object) -> float:
         """FLOPs of one draft, for `circuitc.threads`: normalising theta, then per variable about
@@ -222,9 +221,10 @@ class DraftProgram:
         return x if prefix is None else torch.cat([prefix, x[prefix.numel():]])
 
     def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool, pick, keep_rows: bool = False):
-        """Step through the variables: `pick(j, scores)` chooses `x_j` from `scores` `[v]` (proportional
-        to its conditional, or marginal when not `sequential`). Returns `x` `[n]`, and the normalised
-        scores `[n, v]` (zero rows for the prefix) when `keep_rows`."""
+        """Step through the variables: `pick(j, scores)` chooses `x_j` `[]` from `scores` `[v]`
+        (proportional to its conditional, or marginal when not `sequential`). Returns `x` `[n]`, and the
+        normalised scores `[n, v]` (zero rows for the prefix) when `keep_rows`. Chosen states stay
+        tensors (never read to the host), so a draft makes no device synchronisation."""
         m = 0 if prefix is None else prefix.numel()
         probs, weights = self._tables(theta)
         state = _State(self, probs, weights)
@@ -232,7 +232,7 @@ class DraftProgram:
         chosen, rows = [], []
         for j in range(self.n):
             if j < m:
-                s = int(prefix[j])
+                s = prefix[j]
                 rows.append(None)
             else:
                 for op in steps[j]:
@@ -243,17 +243,17 @@ class DraftProgram:
             chosen.append(s)
             if sequential or j < m:
                 state.observe(j, s)
-        x = torch.tensor(chosen, dtype=torch.long, device=theta.device)
+        x = torch.stack(chosen).to(torch.long)
         if not keep_rows:
             return x
         zero = probs.new_zeros(self.v)
         return x, torch.stack([zero if row is None else row for row in rows])
 
 
-def _inverse_cdf(scores: Tensor, u: Tensor) -> int:
-    """A draw from the distribution proportional to `scores` `[v]`, given `u ~ U[0, 1)`."""
+def _inverse_cdf(scores: Tensor, u: Tensor) -> Tensor:
+    """`[]` a draw from the distribution proportional to `scores` `[v]`, given `u ~ U[0, 1)`."""
     cdf = scores.cumsum(0)
-    return min(int(torch.searchsorted(cdf, u * cdf[-1:], right=True)), scores.numel() - 1)
+    return torch.searchsorted(cdf, u * cdf[-1:], right=True)[0].clamp_max(scores.numel() - 1)
 
 
 def graph_sum_params(layout: list[ParamSlot]) -> int:
@@ -281,9 +281,10 @@ class _State:
             total = part if total is None else total + part
         return total
 
-    def observe(self, j: int, s: int) -> None:
+    def observe(self, j: int, s: Tensor) -> None:
+        """Variable `j` takes state `s` (`[]` long, on the device: index_select reads it there)."""
         for region in self.p.inputs_of[j]:
-            self.V[region] = self.leaves(region)[:, s]  # [U]
+            self.V[region] = self.leaves(region).index_select(1, s.view(1))[:, 0]  # [U]
 
     def apply(self, op: _Op) -> None:
         if op.kind == "V":

@@ -260,6 +260,9 @@ def test_compiled_baseline_through_the_cli(setup, capsys):
     assert [p["kind"] for p in report["peers"]] == ["plain-static", "plain-compiled"]
     assert all(r["greedy_check"]["identical"] == 2 for r in report["peers"])
     assert report["heads"][0]["speedup_compiled"]["mean"] > 0 and "x compiled" in capsys.readouterr().out
+    eager, compiled = report["heads"]  # every head again with its verify call compiled, in the same run
+    assert compiled["label"] == eager["label"] + "/compile"
+    assert compiled["greedy_check"]["identical"] == 2 and compiled["phases_ms"]["backbone"] > 0
 
 
 def test_bad_peers_are_refused_before_loading(setup):

@@ -33,7 +33,8 @@ class BenchConfig:
     lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
     lookup_tokens: int = 10  # tokens a lookup match proposes
     peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
-    compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd
+    compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd, and every
+    # speculative variant again with its verify call compiled
     max_repetition: float | None = None  # leave out prompts whose plain continuation repeats more
     dtype: str = "fp32"  # the LM's dtype
     head_dtype: str | None = None  # cast heads for inference (None: as saved)
@@ -56,3 +57,4 @@ class Variant:
     lookup: bool
     window: int  # the most tokens one cycle can commit
     decoder: SpeculativeDecoder
+    compiled: bool = False  # the verify call runs through torch.compile

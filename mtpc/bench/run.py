@@ -63,8 +63,9 @@ __all__ = ["run_bench", "build_variants", "measure"]
 
 def build_variants(entries: Sequence[HeadEntry], drafts: Sequence[str], bonus: Sequence[bool], mode: str,
                    decoder_cls: Callable[..., SpeculativeDecoder], lookup: Sequence[bool] = (False,),
-                   lookup_tokens: int = 10) -> list[Variant]:
-    """One decoder per head x draft strategy x bonus setting x lookup (sampling ignores the strategy)."""
+                   lookup_tokens: int = 10, compiled: Sequence[bool] = (False,)) -> list[Variant]:
+    """One decoder per head x draft strategy x bonus setting x lookup x eager/compiled (sampling ignores
+    the strategy)."""
     drafts = list(dict.fromkeys(drafts)) if mode == "greedy" else ["sample"]
     bonus, lookup = list(dict.fromkeys(bonus)), list(dict.fromkeys(lookup))
     variants = []
@@ -72,13 +73,15 @@ def build_variants(entries: Sequence[HeadEntry], drafts: Sequence[str], bonus: S
         for draft in drafts:
             for b in bonus:
                 for use in lookup:
-                    label = (entry.label + (f"/{draft}" if len(drafts) > 1 else "") + ("/bonus" if b else "")
-                             + ("/lookup" if use else ""))
-                    decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, draft="conditional"
-                                          if mode == "sample" else draft, bonus=b,
-                                          lookup=PromptLookup(tokens=lookup_tokens) if use else None)
-                    window = max(entry.info["n"], 1 + lookup_tokens) if use else entry.info["n"]
-                    variants.append(Variant(label, entry, draft, b, use, window, decoder))
+                    for c in compiled:
+                        label = (entry.label + (f"/{draft}" if len(drafts) > 1 else "") + ("/bonus" if b else "")
+                                 + ("/lookup" if use else "") + ("/compile" if c else ""))
+                        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, draft="conditional"
+                                              if mode == "sample" else draft, bonus=b,
+                                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                                              **({"compile": True} if c else {}))
+                        window = max(entry.info["n"], 1 + lookup_tokens) if use else entry.info["n"]
+                        variants.append(Variant(label, entry, draft, b, use, window, decoder, compiled=c))
     return variants
 
 # --------------------------------------------------------------------------- the bench
@@ -99,7 +102,8 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     base = loading.load_model(cfg.model, dtype, device)
     head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device) for p in cfg.heads]
-    variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens)
+    variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens,
+                              compiled=(False, True) if cfg.compile else (False,))
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
@@ -216,8 +220,13 @@ def _spec_task(cfg: BenchConfig, variant: Variant, eos: int, cuda: bool) -> Call
 
     def task(ids, budget: int, seed: int) -> Run:
         gen = _generator(seed, ids.device)
-        clock = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda)
-        return run_one(lambda: decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **_sampling(cfg)),
+        if variant.compiled:  # no hooks inside the compiled verify call: the decoder stamps it
+            clock = PhaseClock(decoder.head, None, [], cuda)
+            extra = {"phase_clock": clock}
+        else:
+            clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda), {}
+        return run_one(lambda: decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **_sampling(cfg),
+                                                **extra),
                        clock, stats_clock=not cuda, prompt_tokens=ids.shape[1])
 
     return task

@@ -83,7 +83,8 @@ def add_tiny_lm(sub) -> None:
     mtp.add_argument("--mtp-circuit", default=None, metavar="FILE.pc", help="the head's circuit structure")
     mtp.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                      help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
-    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.2, help="weight of the MTP loss")
+    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.1,
+                     help="weight of the MTP loss, a gamma-weighted average over window positions")
     mtp.add_argument("--mtp-parameterisation", choices=("full", "shared", "factorised"), default="full",
                      help="head weights (see mtpc train --parameterisation)")
     mtp.add_argument("--mtp-window-stride", type=positive_int, default=1,
@@ -252,8 +253,9 @@ def add_bench(sub) -> None:
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10) and/or assisted:DIR "
                         "(a small draft LM folder)")
     p.add_argument("--compile", action="store_true",
-                   help="also run plain decoding with a static KV cache, eager and torch.compile'd (compiled in the "
-                        "warm-up); speed-ups are then reported against the compiled baseline too")
+                   help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
+                        "variant again with its verify call compiled (all compiled in the warm-up); speed-ups are "
+                        "then reported against the compiled baseline too")
     p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
                    help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "
                         "(degenerate loops; reported)")
@@ -308,7 +310,10 @@ def add_distill_data(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=448, help="longest continuation")
     p.add_argument("--temperature", type=positive_float, default=1.0, help="sampled records' temperature")
     p.add_argument("--top-p", type=probability, default=None, help="sampled records' nucleus (default: none)")
-    p.add_argument("--greedy-fraction", type=unit_interval, default=0.5, help="share of greedy records")
+    p.add_argument("--greedy-fraction", type=unit_interval, default=0.0,
+                   help="share of greedy records (0: all sampled at --temperature, on-policy for sampling heads)")
+    p.add_argument("--batch-size", type=positive_int, default=16,
+                   help="records sampled together (plain batched decoding; --head decodes one at a time)")
     p.add_argument("--seed", type=int, default=0, help="random seed (prompts, sampling)")
     p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -321,6 +326,7 @@ def run_distill_data(args) -> int:
     cfg = DistillConfig(model=args.model, out=args.out, data=args.data, num_prompts=args.num_prompts,
                         prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_p=args.top_p, greedy_fraction=args.greedy_fraction,
+                        batch_size=args.batch_size,
                         seed=args.seed, head=args.head, progress=not args.no_progress)
     s = distill_data(cfg)
     rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""
@@ -357,6 +363,9 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", type=positive_int, default=None, metavar="K",
                    help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "
                         "a match proposes), chosen per cycle by past acceptance; still lossless")
+    p.add_argument("--compile", action="store_true",
+                   help="with --head: torch.compile the decoder's verify call (static caches, one shape per window; "
+                        "compiled in the untimed warm-up)")
     p.set_defaults(func=run_generate)
 
 
@@ -370,7 +379,8 @@ def run_generate(args) -> int:
                          prompt=args.prompt, prompt_file=args.prompt_file, stdin=stdin,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
-                         compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup)
+                         compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup,
+                         compile=args.compile)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 

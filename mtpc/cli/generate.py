@@ -59,6 +59,7 @@ class GenerateConfig:
     device: str = "cpu"
     threads: int | None = None
     lookup: int | None = None  # prompt-lookup drafting inside the speculative decoder (tokens per match)
+    compile: bool = False  # torch.compile the speculative decoder's verify call (compiled in the warm-up)
 
 
 class Utf8Streamer:
@@ -105,6 +106,8 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError("--lookup drafts inside the speculative decoder: give --head too")
     if cfg.lookup is not None and (isinstance(cfg.lookup, bool) or not isinstance(cfg.lookup, int) or cfg.lookup < 1):
         raise InputError(f"--lookup must be a positive integer (tokens a match proposes), got {cfg.lookup!r}")
+    if cfg.compile and cfg.head is None:
+        raise InputError("--compile compiles the speculative decoder's verify call: give --head too")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.threads is not None and cfg.threads < 1:
@@ -215,7 +218,8 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         base = loading.load_model(cfg.model, torch.float32, device)
         decode = _plain(base, sampling, eos)
         if head is not None:
-            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup)
+            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup,
+                                  cfg.compile)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     context = config.get("max_position_embeddings")
     if context and len(ids) + cfg.max_new_tokens > context:
@@ -289,21 +293,27 @@ def _plain(base, sampling: dict, eos: set[int]):
 
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
-                 lookup: int | None = None):
-    """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it)."""
+                 lookup: int | None = None, compile: bool = False):
+    """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it). `compile`: its
+    verify call through torch.compile; the decoder then stamps its backbone calls (no hooks in a compiled call)."""
     from ..decoding import PhaseClock, SpeculativeDecoder
 
     model = loading.load_model(model_path, torch.float32, device)
     if lora is not None:
         model = loading.load_lora(model, lora)
-    decoder = SpeculativeDecoder(model, head, k, lookup=lookup)
+    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, compile=compile)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer):
-        clock = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=ids.device.type == "cuda")
+        cuda = ids.device.type == "cuda"
+        if compile:
+            clock = PhaseClock(decoder.head, None, [], cuda=cuda)
+            extra = {"phase_clock": clock}
+        else:
+            clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=cuda), {}
         with clock:
             out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, streamer=streamer,
-                                   **sampling)
+                                   **sampling, **extra)
         return out, clock
 
     return decode

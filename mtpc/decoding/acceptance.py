@@ -3,6 +3,11 @@
 `Target` is the verifier's shaped next-token distribution (greedy, or temperature / top-k / top-p in
 transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule. The decoder
 (`mtpc.decoding.decoder`) applies both to every drafted token, whatever proposed it.
+
+`accept_window` decides a whole verified window at once on the tensors' device (no host reads): every
+position is tested, the first rejection found by a cumulative product, the residual formed at that
+position only, and the next cycle's target, first token and hidden state gathered at the accepted
+index. `Verdict.accepted` is the one number the host needs per cycle.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Target", "AcceptanceRule", "draw", "uniform"]
+__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "first_token", "draw", "uniform"]
 
 
 # --------------------------------------------------------------------------- the verifier's target
@@ -74,12 +79,82 @@ class AcceptanceRule:
     `norm(max(0, p - q))`. Together: exactly `p`. Subclass to study other rules (the tests show that
     wrong ones are caught)."""
 
-    def accept(self, p_x: float, q_x: float, u: float) -> bool:
-        """`u ~ U[0, 1)`; True with probability `min(1, p_x / q_x)`."""
+    def accept(self, p_x, q_x, u):
+        """`u ~ U[0, 1)`; True with probability `min(1, p_x / q_x)`. Elementwise on tensors `[W]` (the
+        decoder tests a whole window at once)."""
         return u * q_x < p_x
 
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """`[V]`, `[V]` -> `[V]`: the distribution of the token after a rejection."""
         r = (p - q).clamp_min(0)
         total = r.sum()
-        return r / total if total > 0 else p  # total = 0 only when p = q, where nothing is ever rejected
+        # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
+        return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
+# --------------------------------------------------------------------------- a whole window at once
+
+@dataclass
+class Verdict:
+    """One verified window, decided on the device. `accepted` `[]` long: tokens committed (1..W);
+    `next_first` `[]` long: the next cycle's first token, drawn from (or the argmax of) `carried`, the
+    next cycle's target `[V]` (logits when greedy, probabilities when sampling); `hidden` `[d]` the
+    draft hidden state at the last committed token."""
+
+    accepted: torch.Tensor
+    carried: torch.Tensor
+    next_first: torch.Tensor
+    hidden: torch.Tensor
+
+
+def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
+                  hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor | None,
+                  generator: torch.Generator | None) -> Verdict:
+    """Accept a prefix of `window` `[W]` (`window[0]` already committed) against the verifier's
+    `logits` `[W, V]` (row `j` is the target of `window[j + 1]`) and `hidden` `[W, d]`.
+
+    Only `window[1 .. limit - 1]` are tested (`limit` `[]` long: the real window length, capped by the
+    budget), and none after an EOS (`eos` `[E]` long ids). Sampling: `rows` `[W, V]` is the proposal
+    row of every position (a point mass at lookup tokens), one uniform per position is drawn at once,
+    and after a rejection at `a` the next target is `rule.residual(p_{a-1}, rows[a])`.
+    """
+    W = window.shape[0]
+    drafted = window[1:]  # [W-1]
+    position = torch.arange(1, W, device=window.device)  # [W-1] window index of each tested token
+    after_eos = torch.isin(window[:-1], eos).long().cumsum(0) > 0  # [W-1] an EOS at or before j - 1
+    tested = (position < limit) & ~after_eos  # [W-1]
+    if target.do_sample:
+        probs = target.probs(logits)  # [W, V] float64
+        p_x = probs[:-1].gather(1, drafted[:, None])[:, 0]  # [W-1]
+        q_x = rows[1:].gather(1, drafted[:, None])[:, 0].to(probs.dtype)  # [W-1]
+        u = torch.rand(W - 1, generator=generator, dtype=torch.float64, device=window.device)
+        ok = torch.as_tensor(rule.accept(p_x, q_x, u), device=window.device).expand(W - 1)
+    else:
+        probs = logits
+        ok = drafted == logits[:-1].argmax(-1)
+    run = (ok & tested).long().cumprod(0)  # [W-1] 1 while every token so far was accepted
+    accepted = 1 + run.sum()  # []
+    last = accepted - 1  # index of the last committed token
+    rejected = (accepted < W) & tested[last.clamp_max(W - 2)]  # the token after `last` was tested and failed
+    carried = probs[last]  # [V]
+    if target.do_sample:
+        residual = rule.residual(carried, rows[accepted.clamp_max(W - 1)].to(carried.dtype))
+        carried = torch.where(rejected, residual, carried)
+        next_first = torch.multinomial(carried, 1, generator=generator)[0]
+    else:
+        next_first = carried.argmax()
+    return Verdict(accepted, carried, next_first, hidden[last])
+
+
+def first_token(target: Target, rule: AcceptanceRule, carried: torch.Tensor, own: torch.Tensor,
+                own_row: torch.Tensor | None, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decide the window's first token against the carried target `[V]` when the circuit drafted its own
+    first token `own` `[]` (proposal row `own_row` `[V]` when sampling). Returns (token `[]` long, whether
+    it is the circuit's own `[]` bool), on the device."""
+    if not target.do_sample:
+        best = carried.argmax()
+        return best, best == own
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=carried.device)
+    ok = torch.as_tensor(rule.accept(carried[own], own_row[own].to(carried.dtype), u), device=carried.device)
+    bonus = torch.multinomial(rule.residual(carried, own_row.to(carried.dtype)), 1, generator=generator)[0]
+    return torch.where(ok, own, bonus), ok

@@ -13,7 +13,11 @@ per-family adapter (`BackboneFamily`: embeddings, layers, final norm, rotary emb
 and layer call), so other Hugging Face families plug in by adding an adapter.
 
 Positions: the backbone keeps no state of its own; a `BackboneState` holds the caches and the number
-of tokens they hold, and `crop(state, length)` forgets everything after `length` tokens.
+of tokens they hold, and `crop(state, length)` forgets everything after `length` tokens. With
+`new_state(max_len=...)` the caches are preallocated (`transformers.StaticCache`): a call writes its
+rows at positions `length ..`, cropping only moves the write position back (a rejected suffix is
+overwritten by the next call, and the causal mask by position hides it until then), and the same
+state serves generation after generation (`crop(state, 0)`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.masking_utils import create_causal_mask
 
 from ..loading import SPLIT_MODEL_TYPES
@@ -215,8 +219,8 @@ class BackboneState:
     """KV caches of one generation: `verifier` holds all layers of the base model, `draft` the last
     `k` layers of the draft path (None when k = 0). `length` = tokens held by both."""
 
-    verifier: DynamicCache
-    draft: DynamicCache | None
+    verifier: DynamicCache | StaticCache
+    draft: DynamicCache | StaticCache | None
     length: int = 0
     draft_path: bool = True  # False: verifier only, no draft hidden states
 
@@ -282,11 +286,15 @@ class SplitBackbone:
 
     # ----------------------------------------------------------------- caches
 
-    def new_state(self, draft: bool = True) -> BackboneState:
-        """Empty caches. `draft=False`: verifier only (plain decoding); `forward` then returns no hidden."""
+    def new_state(self, draft: bool = True, max_len: int | None = None) -> BackboneState:
+        """Empty caches. `draft=False`: verifier only (plain decoding); `forward` then returns no hidden.
+        `max_len`: preallocated caches of that many positions (fixed shapes, see the module docstring)."""
         with_draft = draft and self.k > 0
-        return BackboneState(DynamicCache(config=self.config), DynamicCache(config=self.config) if with_draft else None,
-                             draft_path=draft)
+
+        def cache():
+            return DynamicCache(config=self.config) if max_len is None else StaticCache(self.config, max_len)
+
+        return BackboneState(cache(), cache() if with_draft else None, draft_path=draft)
 
     def crop(self, state: BackboneState, length: int) -> None:
         """Forget every cached token after the first `length` (both paths)."""
@@ -305,14 +313,18 @@ class SplitBackbone:
         return self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, state: BackboneState, keep: int | None = None) -> BackboneOutput:
+    def forward(self, input_ids: torch.Tensor, state: BackboneState, keep: int | None = None,
+                position_ids: torch.Tensor | None = None) -> BackboneOutput:
         """Process `input_ids` `[B, T]` after the `state.length` cached tokens; update both caches.
 
         Returns verifier logits and draft hidden states for the last `keep` positions (all if None).
+        `position_ids` `[1, T]`: `state.length ..` given as a tensor (a compiled caller passes it so the
+        position is an input of the graph, not a constant baked into it).
         """
         parts, family = self.parts, self.family
         T = input_ids.shape[1]
-        position_ids = torch.arange(state.length, state.length + T, device=input_ids.device)[None]  # [1, T]
+        if position_ids is None:
+            position_ids = torch.arange(state.length, state.length + T, device=input_ids.device)[None]  # [1, T]
         x = parts.embed(input_ids)  # [B, T, d]
         masks = family.masks(self.config, x, state.verifier, position_ids, self.num_layers)
         pos_emb = family.position_embeddings(parts, x, position_ids)

@@ -24,7 +24,7 @@ class PhaseClock:
     Use as a context manager around one generation; `split_phases(clock.times())` sums the phases.
     """
 
-    def __init__(self, head: torch.nn.Module | None, embed: torch.nn.Module, ends: Sequence[torch.nn.Module],
+    def __init__(self, head: torch.nn.Module | None, embed: torch.nn.Module | None, ends: Sequence[torch.nn.Module],
                  cuda: bool):
         self.cuda = cuda
         self.kinds: list[str] = []
@@ -49,7 +49,8 @@ class PhaseClock:
         if head is not None:
             self._handles.append(head.register_forward_pre_hook(self._hook("head_start")))
             self._handles.append(head.register_forward_hook(self._hook("head_end")))
-        self._handles.append(embed.register_forward_pre_hook(self._hook("backbone_start")))
+        if embed is not None:  # None: the caller stamps its backbone calls (a compiled call has no hooks)
+            self._handles.append(embed.register_forward_pre_hook(self._hook("backbone_start")))
         for module in ends:
             self._handles.append(module.register_forward_hook(self._hook("backbone_end")))
         return self

@@ -57,10 +57,13 @@ import torch
 from torch import nn
 
 from ..heads import MTPHead
-from .acceptance import AcceptanceRule, Target, draw, uniform
-from .backbone import BackboneState, SplitBackbone, lora_depth
+from .acceptance import AcceptanceRule, Target, accept_window
+from .backbone import SplitBackbone, lora_depth
+from .drafting import Drafter
+from .host import HostReads
 from .inputs import check_budget, check_eval, check_processors, check_prompt, eos_set
-from .proposals import CircuitDrafter, Draft, LookupState, PromptLookup
+from .proposals import CircuitDrafter, LookupState, PromptLookup
+from .verify import Verifier
 
 __all__ = ["DecodeStats", "GenerateOutput", "SpeculativeDecoder", "generate_autoregressive", "DRAFT_STRATEGIES"]
 
@@ -124,12 +127,20 @@ class SpeculativeDecoder:
     (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
     rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
     inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
-    `mtpc.decoding.proposals`).
+    `mtpc.decoding.proposals`). `compile`: run the verify call through `torch.compile` (see
+    `mtpc.decoding.verify`), compiled on first use and kept for every later generation.
+
+    A cycle is three seams: `Drafter.draft` (head -> circuit -> a fixed-width window with its proposal
+    rows), `Verifier.verify` (one backbone call at explicit positions into static caches) and
+    `accept_window` (every position decided at once on the device). The host reads one small tensor per
+    cycle through `host_reads` (its `count` is what the sync tests check); without bonus-conditioned
+    drafting, a cycle that consults prompt lookup reads the first token once more (the lookup matches
+    on it).
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
                  bonus: bool = True, acceptance: AcceptanceRule | None = None, lookup: int | PromptLookup | None = None,
-                 family=None):
+                 family=None, compile: bool = False):
         if draft not in DRAFT_STRATEGIES:
             raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
         self.backbone = SplitBackbone(model, lora_layers, family=family)
@@ -144,6 +155,12 @@ class SpeculativeDecoder:
         self.draft, self.bonus = draft, bonus
         self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or AcceptanceRule()
+        self.width = max(self.circuit.n, 2)  # the verify width of a circuit window (>= 2: one token to test)
+        lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
+        self.drafter = Drafter(self.circuit, draft, bonus, self.acceptance, self.width, lookup_width,
+                               self.backbone.vocab_size)
+        self.verifier = Verifier(self.backbone, (self.width, lookup_width), compile=compile)
+        self.host_reads = HostReads()
 
     # ----------------------------------------------------------------- public API
 
@@ -151,9 +168,12 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  eos_token_id: int | Iterable[int] | None = None,
-                 generator: torch.Generator | None = None, streamer=None) -> GenerateOutput:
+                 generator: torch.Generator | None = None, streamer=None, phase_clock=None) -> GenerateOutput:
         """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
         first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
+
+        `phase_clock`: a `PhaseClock` without backbone hooks (a hook inside a compiled call would be
+        traced by the compiler): the decoder stamps the start and end of every backbone call itself.
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
@@ -172,20 +192,24 @@ class SpeculativeDecoder:
             return GenerateOutput(prompt.clone(), stats)
 
         start = time.perf_counter()
-        state = self.backbone.new_state()
-        out = self.backbone(prompt, state, keep=1)
-        nxt = self._carry(target, out.logits[0, -1])
-        h = out.hidden[0, -1]  # [d]
+        stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
+        stamp("backbone_start")
+        logits, h = self.verifier.start(prompt, max_new_tokens + self.drafter.lookup_width)
+        stamp("backbone_end")
+        carried = _carry(target, logits)
+        x0 = self.host_reads(_pick(target, carried, generator)[None])[0] if self.bonus else None
         lookup = None
         if self.lookup is not None:
             lookup = LookupState(self.lookup)
             lookup.extend(tokens)
+        eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         stats.prefill_seconds = time.perf_counter() - start
 
         left = max_new_tokens
         while left > 0:
             start = time.perf_counter()
-            committed, from_draft, source, h, nxt = self._cycle(h, nxt, state, left, target, eos, generator, lookup)
+            cycle = self._cycle(h, carried, x0, left, target, eos, eos_ids, generator, lookup, stamp)
+            committed, from_draft, source, h, carried, x0 = cycle
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(len(committed))
             stats.draft_accepted_per_cycle.append(from_draft)
@@ -199,152 +223,37 @@ class SpeculativeDecoder:
         _end(streamer)
         return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
 
-    # ----------------------------------------------------------------- one cycle
+    # ----------------------------------------------------------------- one cycle: draft, verify, accept
 
-    @staticmethod
-    def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:
-        """What the next cycle verifies its first token against: logits (greedy) or probabilities."""
-        return target.probs(logits) if target.do_sample else logits
-
-    def _cycle(self, h, first, state: BackboneState, left: int, target: Target, eos: set[int], generator,
-               lookup: LookupState | None):
-        """Draft, decide x_0, one backbone call, accept. Returns (committed ids, how many came from the
-        draft, the draft's source, next h `[d]`, next target `[V]`)."""
+    def _cycle(self, h, carried, x0: int | None, left: int, target: Target, eos: set[int], eos_ids, generator,
+               lookup: LookupState | None, stamp):
+        """`stamp(kind)` marks the backbone call for a phase clock. Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
+        carried target `[V]`, next first token (bonus-conditioned drafting) or None)."""
         theta = self.head(h.to(self.head.dtype))[None]  # [1, P]
-        draft = self._draft(theta, first, target, generator, lookup)
-        x0 = int(draft.window[0])
+        draft = self.drafter.draft(theta, carried, x0, target, generator, lookup, self._read_first)
         if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
-            return [x0], int(draft.from_draft), draft.source, h, first
-        w = min(draft.window.numel(), left)
-        base = state.length
-        out = self.backbone(draft.window[None, :w], state)  # logits [1, w, V], hidden [1, w, d]
-        logits = out.logits[0]
-        a, carried = 1, None
-        while a < w and int(draft.window[a - 1]) not in eos:
-            ok, carried = self._verify(theta, draft, a, logits[a - 1], target, generator)
-            if not ok:
-                break
-            a += 1
-        self.backbone.crop(state, base + a)
-        nxt = carried if carried is not None else self._carry(target, logits[a - 1])
-        committed = draft.window[:a].tolist()
+            first, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
+            return [first], own, draft.source, h, carried, None
+        base = self.verifier.length
+        stamp("backbone_start")
+        logits, hidden = self.verifier.verify(draft.window)  # [W, V], [W, d]
+        stamp("backbone_end")
+        limit = torch.tensor(min(draft.length, left), device=logits.device)
+        verdict = accept_window(target, self.acceptance, draft.window, logits, hidden, limit, eos_ids, draft.rows,
+                                generator)
+        packet = torch.cat([torch.stack([verdict.accepted, draft.own.long(), verdict.next_first]), draft.window])
+        accepted, own, next_first, *window = self.host_reads(packet)
+        self.verifier.commit(base + accepted)
+        committed = window[:accepted]
         if lookup is not None:
             if draft.source == "circuit":
-                lookup.record_circuit(a - 1)
+                lookup.record_circuit(accepted - 1)
             lookup.extend(committed[1:])  # x_0 was added when drafting
-        return committed, int(draft.from_draft) + a - 1, draft.source, out.hidden[0, a - 1], nxt
+        return (committed, own + accepted - 1, draft.source, verdict.hidden, verdict.carried,
+                next_first if self.bonus else None)
 
-    def _draft(self, theta, first, target: Target, generator, lookup: LookupState | None) -> Draft:
-        """The window and its proposal; decides x_0 against `first` (see the module docstring), then
-        drafts the rest from the circuit or, when `lookup` chooses it, from prompt lookup."""
-        x0, own = self._first_token(first, theta, target, generator)
-        if lookup is not None:
-            lookup.extend([x0])
-            proposal = lookup.propose()
-            if proposal is not None and lookup.use(proposal):
-                tokens = proposal.tokens[:lookup.length(proposal, self.circuit.n)]
-                return self._lookup_draft(theta, x0, tokens, target, generator, own is not None and own.from_draft)
-        return own if own is not None else self._circuit_draft(theta, x0, target, generator)
-
-    def _first_token(self, first, theta, target: Target, generator) -> tuple[int, Draft | None]:
-        """x_0. Bonus-conditioned drafting takes it from `first` directly (argmax or a draw) and drafts
-        afterwards; otherwise the circuit drafts first and x_0 is its own first token when the verifier
-        accepts it, so the circuit's whole window comes back with it."""
-        if self.bonus:
-            return (draw(first, generator) if target.do_sample else int(first.argmax())), None
-        own = self._unconditioned_draft(theta, first, target, generator)
-        return int(own.window[0]), own
-
-    def _circuit_draft(self, theta, x0: int, target: Target, generator) -> Draft:
-        """The circuit's window after a committed x_0, conditioned on it (bonus-conditioned drafting)."""
-        c = self.circuit
-        keep0 = x0 < c.v
-        given = [x0] if keep0 else []
-        if not target.do_sample:
-            d = c.greedy(theta, self.draft, generator, given)
-            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False)
-        if keep0 and c.program is not None:  # x_1.. drawn from q(. | x_0) with their conditionals
-            d, rows = c.program.sample(theta[0], generator, theta.new_tensor(given, dtype=torch.long))
-            return Draft(d, d, True, False, rows=rows)
-        d = c.sample(theta, generator, given)
-        window = torch.cat([d.new_tensor([x0]), d[1:]])
-        cond = window if keep0 else d
-        return Draft(window, cond, keep0, False, c.log_r(theta, cond, keep0))
-
-    def _unconditioned_draft(self, theta, first, target: Target, generator) -> Draft:
-        """The circuit's own window; x_0 is its first token if the verifier accepts it (greedy: equal to
-        the argmax; sampling: the speculative rule against `first`), else the verifier's."""
-        c = self.circuit
-        if not target.do_sample:
-            x0 = int(first.argmax())
-            d = c.greedy(theta, self.draft, generator, [])
-            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, from_draft=int(d[0]) == x0)
-        if c.program is not None:
-            d, rows = c.program.sample(theta[0], generator)
-            d0 = int(d[0])
-            if self.acceptance.accept(float(first[d0]), float(rows[0, d0]), uniform(generator)):
-                return Draft(d, d, True, True, rows=rows)
-            x0 = draw(self.acceptance.residual(first, self._padded_probs(rows[0], first)), generator)
-            return Draft(torch.cat([d.new_tensor([x0]), d[1:]]), d, True, False, rows=rows)
-        d = c.sample(theta, generator, [])
-        log_r = c.log_r(theta, d, True)
-        d0 = int(d[0])
-        if self.acceptance.accept(float(first[d0]), float(log_r[0].exp()), uniform(generator)):
-            return Draft(d, d, True, True, log_r)
-        q0 = self._padded(c.conditional(theta, d, 0, True, 0), first)
-        x0 = draw(self.acceptance.residual(first, q0), generator)
-        window = torch.cat([d.new_tensor([x0]), d[1:]])
-        return Draft(window, d, True, False, log_r)
-
-    def _lookup_draft(self, theta, x0: int, tokens: list[int], target: Target, generator, from_draft: bool) -> Draft:
-        """`[x_0, lookup tokens]` (point-mass proposals), then, when that is shorter than the circuit's
-        window, the circuit's draft conditioned on all of them."""
-        c = self.circuit
-        given = [x0] + tokens
-        device = theta.device
-        if len(given) >= c.n or max(given) >= c.v:  # no room for the circuit, or a token it cannot observe
-            window = torch.tensor(given, dtype=torch.long, device=device)
-            return Draft(window, window, True, from_draft, point_mass=len(tokens), source="lookup")
-        if not target.do_sample:
-            d = c.greedy(theta, self.draft, generator, given)
-            return Draft(d, d, True, from_draft, point_mass=len(tokens), source="lookup")
-        if c.program is not None:
-            d, rows = c.program.sample(theta[0], generator, torch.tensor(given, dtype=torch.long, device=device))
-            return Draft(d, d, True, from_draft, rows=rows, point_mass=len(tokens), source="lookup")
-        d = c.sample(theta, generator, given)
-        return Draft(d, d, True, from_draft, c.log_r(theta, d, True), point_mass=len(tokens), source="lookup")
-
-    def _verify(self, theta, draft: Draft, j: int, logits_j, target: Target, generator):
-        """Accept draft.window[j] against the verifier's logits for that position.
-        Returns (accepted, the carried target after a rejection or None)."""
-        token = int(draft.window[j])
-        if not target.do_sample:
-            return token == int(logits_j.argmax()), None
-        p = target.probs(logits_j)  # [V]
-        if self.acceptance.accept(float(p[token]), draft.q(j), uniform(generator)):
-            return True, None
-        if j <= draft.point_mass:  # a lookup token: q = delta_token, residual = p without it, renormalised
-            r = torch.zeros_like(p)
-            r[token] = 1
-        elif draft.rows is not None:
-            r = self._padded_probs(draft.rows[j], p)
-        else:
-            r = self._padded(self.circuit.conditional(theta, draft.cond, j, draft.keep0, j), p)
-        return False, self.acceptance.residual(p, r)
-
-    @staticmethod
-    def _padded_probs(q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """`[v]` probabilities over circuit states -> `[V]` (0 beyond v), in `like`'s dtype."""
-        out = torch.zeros_like(like)
-        out[: q.shape[0]] = q.to(like.dtype)
-        return out
-
-    @staticmethod
-    def _padded(log_q: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """`[v]` log-probabilities over circuit states -> `[V]` probabilities (0 beyond v)."""
-        q = torch.zeros_like(like)
-        q[: log_q.shape[0]] = log_q.exp().to(like.dtype)
-        return q
+    def _read_first(self, token: torch.Tensor) -> int:
+        return self.host_reads(token[None])[0]
 
     # ----------------------------------------------------------------- transformers integration
 
@@ -421,6 +330,20 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
             break
     _end(streamer)
     return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+
+
+def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:
+    """What the next cycle verifies its first token against: logits (greedy) or probabilities."""
+    return target.probs(logits) if target.do_sample else logits
+
+
+def _pick(target: Target, carried: torch.Tensor, generator) -> torch.Tensor:
+    """`[]` the first token from a carried target, on the device."""
+    return torch.multinomial(carried, 1, generator=generator)[0] if target.do_sample else carried.argmax()
+
+
+def _no_stamp(kind: str) -> None:
+    """No phase clock: nothing to stamp."""
 
 
 def _end(streamer) -> None:

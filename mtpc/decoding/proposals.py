@@ -36,29 +36,19 @@ LOOKUP_PREFERENCES = ("adaptive", "lookup")
 
 @dataclass
 class Draft:
-    """One window: `window[0]` is the committed token `x_0`, `window[1:]` the drafted tokens.
+    """One window, on the device: `window[0]` is the committed token `x_0`, `window[1 .. length-1]` the
+    drafted tokens, the rest padding (the verify call has one width per source, whatever is drafted).
 
-    Positions `1 .. point_mass` are lookup tokens (a point-mass proposal, `q = 1` at the token). For a
-    later position `j`, the proposal is the circuit's `q(x_j | cond[:j])`, where position 0 of `cond` is
-    observed only if `keep0` (it is unobserved when the verifier's token lies outside the circuit's
-    states). Sampling only: `rows[j]` = that conditional over all states (from the draft program,
-    which drew the window from exactly these rows), or else `log_r[j]` = its log at `window[j]`."""
+    `rows[j]` (sampling only) is the proposal of position `j` over the vocabulary: the circuit's exact
+    conditional `q(x_j = . | window[:j])` (zero beyond its `v` states), a point mass at lookup tokens
+    (positions `1 .. point_mass`). `own` `[]` bool: `window[0]` is the circuit's own (accepted) token."""
 
-    window: torch.Tensor  # [w] long
-    cond: torch.Tensor  # [n] long, entries < v
-    keep0: bool
-    from_draft: bool  # window[0] is the circuit's own (accepted) token
-    log_r: torch.Tensor | None = None  # [n] (entry 0 unused)
-    rows: torch.Tensor | None = None  # [n, v] float64 probabilities (row 0 unused after a bonus token)
-    point_mass: int = 0  # positions 1..point_mass are deterministic lookup tokens
+    window: torch.Tensor  # [W] long
+    length: int  # real tokens in `window`
+    own: torch.Tensor  # [] bool
+    rows: torch.Tensor | None = None  # [W, V] float64
+    point_mass: int = 0
     source: str = "circuit"  # "circuit" or "lookup"
-
-    def q(self, j: int) -> float:
-        """The proposal's probability of `window[j]` (j >= 1, or 0 for the circuit's own first token)."""
-        if 1 <= j <= self.point_mass:
-            return 1.0
-        token = int(self.window[j])
-        return float(self.rows[j, token]) if self.rows is not None else float(self.log_r[j].exp())
 
 
 # --------------------------------------------------------------------------- the circuit
@@ -109,14 +99,19 @@ class CircuitDrafter:
         joint = self.circ.log_marginal(candidates.view(n * v, n), keep, theta[0])  # [n * v]
         return joint.view(n, v).log_softmax(-1)
 
-    def log_r(self, theta, cond, keep0: bool) -> torch.Tensor:
-        """`[n]`: entry j >= 1 = log q(cond[j] | cond[:j]) (position 0 observed iff keep0)."""
-        if keep0:
-            prefix = self.circ.prefix_log_marginals(cond[None], theta)[0]  # [n] log q(cond[:j+1])
-            return torch.cat([prefix[:1], prefix[1:] - prefix[:-1]])
-        keep = torch.stack([self.keep(j + 1, False) for j in range(self.n)])  # [n, n]
-        joint = self.circ.log_marginal(cond[None].expand(self.n, -1), keep, theta.expand(self.n, -1))  # [n]
-        return torch.cat([joint[:1], joint[1:] - joint[:-1]])
+    def rows(self, theta, cond, keep0: bool) -> torch.Tensor:
+        """`[n, v]` probabilities: row `j` = `q(x_j = . | cond[:j])` (position 0 observed iff `keep0`),
+        every row from one marginal pass over `n * v` candidates (no per-position host decisions)."""
+        n, v = self.n, self.v
+        positions = torch.arange(n, device=cond.device)
+        candidates = cond[None, None].repeat(n, v, 1)  # [n, v, n]
+        candidates[positions, :, positions] = torch.arange(v, device=cond.device)
+        keep = positions[None, :] <= positions[:, None]  # [n, n] row j observes x_0 .. x_j
+        if not keep0:
+            keep[1:, 0] = False
+        keep = keep[:, None].expand(n, v, n).reshape(n * v, n)
+        joint = self.circ.log_marginal(candidates.view(n * v, n), keep, theta[0])  # [n * v]
+        return joint.view(n, v).double().log_softmax(-1).exp()
 
     def _evidence(self, theta, given: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         evidence = torch.zeros((1, self.n), dtype=torch.long, device=theta.device)

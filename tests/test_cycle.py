@@ -1,0 +1,111 @@
+"""The fixed-shape cycle: one host read per cycle (counted at the decoder's one door, `HostReads`), static
+caches reused across generations, the device acceptance against a loop over positions, and the compiled
+verify call giving the eager output."""
+
+import pytest
+import torch
+
+from mtpc import SpeculativeDecoder
+from mtpc.decoding.acceptance import AcceptanceRule, Target, accept_window
+from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding.proposals import PromptLookup
+from test_decode import cyclic_lm, oracle_tables, prompts, random_head, tiny_lm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def reads_per_generation(decoder, ids, budget, **kwargs):
+    before = decoder.host_reads.count
+    out = decoder.generate(ids, budget, **kwargs)
+    return decoder.host_reads.count - before, out
+
+
+@pytest.mark.parametrize("structure", ["ff", "btree"])
+@pytest.mark.parametrize("sample", [False, True])
+def test_one_host_read_per_cycle(structure, sample):
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    kwargs = {"do_sample": True, "generator": torch.Generator().manual_seed(0)} if sample else {}
+    lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2, prefer="lookup")
+    for bonus, lookup_, prefill in ((True, None, 1), (True, lookup, 1), (False, None, 0)):
+        decoder = SpeculativeDecoder(model, head, bonus=bonus, lookup=lookup_)
+        for ids in prompts(vocab, 2, seed=4):
+            reads, out = reads_per_generation(decoder, ids, 17, **kwargs)
+            assert out.stats.new_tokens == 17 and max(out.stats.accepted_per_cycle) > 1
+            assert reads == out.stats.cycles + prefill, (bonus, lookup_)  # the prefill reads the first token
+    decoder = SpeculativeDecoder(model, head, bonus=False, lookup=lookup)  # lookup matches on x_0: one more read
+    reads, out = reads_per_generation(decoder, prompts(vocab, 1, seed=4)[0], 17, **kwargs)
+    assert out.stats.cycles <= reads <= 2 * out.stats.cycles
+
+
+def test_static_caches_are_reused_and_grown_only_when_needed():
+    model = tiny_lm(12, scale=3.0)
+    head = random_head("hmm", 3, 12, seed=2, init_from=model.lm_head.weight)
+    decoder = SpeculativeDecoder(model, head)
+    ids = torch.tensor([[1, 2, 3]])
+    first = decoder.generate(ids, 10).sequences
+    state = decoder.verifier.state
+    assert torch.equal(decoder.generate(ids, 10).sequences, first) and decoder.verifier.state is state
+    long = decoder.generate(ids, 300)  # past the first allocation (rounded up to 256 positions)
+    assert decoder.verifier.state is not state and decoder.verifier.max_len >= 3 + 300
+    assert long.stats.new_tokens == 300
+
+
+def loop_acceptance(target, rule, window, logits, limit, eos, rows, u):
+    """The textbook left-to-right loop over positions, with the uniforms given."""
+    probs = target.probs(logits) if target.do_sample else logits
+    a = 1
+    while a < limit and int(window[a - 1]) not in eos:
+        token = int(window[a])
+        if target.do_sample:
+            ok = rule.accept(float(probs[a - 1, token]), float(rows[a, token]), float(u[a - 1]))
+        else:
+            ok = token == int(logits[a - 1].argmax())
+        if not ok:
+            return a, True
+        a += 1
+    return a, False
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_device_acceptance_equals_the_loop_over_positions(sample):
+    W, V = 5, 6
+    target, rule = Target(sample), AcceptanceRule()
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        logits = torch.randn(W, V, generator=gen, dtype=torch.float64)
+        hidden = torch.randn(W, 3, generator=gen, dtype=torch.float64)
+        rows = torch.rand(W, V, generator=gen, dtype=torch.float64)
+        rows /= rows.sum(-1, keepdim=True)
+        window = torch.randint(0, V, (W,), generator=gen)
+        if seed % 3 == 0:  # mostly the verifier's argmax: long accepted runs
+            window[1:] = logits[:-1].argmax(-1)
+        limit = int(torch.randint(1, W + 1, (), generator=gen))
+        eos = {int(window[2])} if seed % 5 == 0 else set()
+        eos_ids = torch.tensor(sorted(eos) or [-1])
+        verdict = accept_window(target, rule, window, logits, hidden, torch.tensor(limit), eos_ids, rows,
+                                torch.Generator().manual_seed(seed))
+        u = torch.rand(W - 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        a, rejected = loop_acceptance(target, rule, window, logits, limit, eos, rows, u)
+        assert int(verdict.accepted) == a, seed
+        assert torch.equal(verdict.hidden, hidden[a - 1])
+        probs = target.probs(logits[a - 1]) if sample else logits[a - 1]
+        expected = rule.residual(probs, rows[a]) if rejected and sample else probs
+        assert torch.allclose(verdict.carried, expected), seed
+
+
+@pytest.mark.slow
+def test_compiled_verify_equals_eager():
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2)
+    compiled = SpeculativeDecoder(model, head, lookup=lookup, compile=True)
+    eager = SpeculativeDecoder(model, head, lookup=lookup)
+    for i, ids in enumerate(prompts(vocab, 3, seed=9)):
+        plain = generate_autoregressive(model, ids, 19).sequences
+        assert torch.equal(compiled.generate(ids, 19).sequences, plain)
+        gen = [torch.Generator().manual_seed(i) for _ in range(2)]
+        sampled = [d.generate(ids, 19, do_sample=True, generator=g).sequences for d, g in zip((compiled, eager), gen)]
+        assert torch.equal(*sampled)  # same draws, same float64 verdicts
