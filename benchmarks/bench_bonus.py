@@ -9,7 +9,9 @@ script also times the two drafts from one theta to show that.
 Usage:
     python benchmarks/bench_bonus.py --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8
         [--prompts 12] [--prompt-len 128] [--new 128] [--seeds 3] [--modes greedy sample]
-        [--out benchmarks/results/bonus.json]
+        [--draft-repeats 200] [--out runs/bonus.json]
+
+Without `--out` the table is printed only (benchmarks/results/bonus*.json are the recorded runs).
 
 Sampled generations differ between the two variants (different random streams, so different texts
 of different difficulty): compare them over several seeds per prompt.
@@ -29,8 +31,8 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from circuitc.draft import DraftProgram  # noqa: E402
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
-from mtpc.decoding.acceptance import Target  # noqa: E402
 
 PROMPT_SOURCE = Path(os.__file__).parent  # the Python standard library (the tiny LM's corpus)
 
@@ -60,25 +62,25 @@ def mean_accepted(decoder: SpeculativeDecoder, batch: list[torch.Tensor], new: i
     return sum(accepted) / len(accepted)
 
 
-def draft_ms(decoder: SpeculativeDecoder, sample: bool, repeats: int = 200) -> float:
-    head = decoder.head
+def draft_ms(head, sample: bool, bonus: bool, repeats: int = 200) -> float:
+    """Median ms of the circuit's draft from one theta, as the decoder runs it: the greedy (or, when
+    sampling, the sampled) window, given the bonus token `x_0` or not."""
+    program = DraftProgram(head.graph, head.circ.param_layout)
     with torch.no_grad():
-        theta = head(torch.randn(head.hidden_size, dtype=head.dtype))[None]
-    target = Target(do_sample=sample)
-    first = torch.randn(decoder.backbone.vocab_size, dtype=torch.float64)
-    first = target.probs(first) if sample else first
+        theta = head(torch.randn(head.hidden_size, dtype=head.dtype)).float()  # [P]
+    given = torch.tensor([32]) if bonus else None  # x_0: a space
     gen = torch.Generator().manual_seed(0)
+    draft = (lambda: program.sample(theta, gen, given)) if sample else (lambda: program.greedy(theta, given))
     times = []
-    with torch.no_grad():
-        for k in range(repeats + 10):
-            start = time.perf_counter()
-            decoder._draft(theta, first, target, gen)
-            if k >= 10:
-                times.append(time.perf_counter() - start)
+    for k in range(repeats + 10):
+        start = time.perf_counter()
+        draft()
+        if k >= 10:
+            times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--heads", nargs="+", required=True)
@@ -88,8 +90,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=3, help="sampled generations per prompt")
     parser.add_argument("--modes", nargs="+", default=["greedy", "sample"], choices=["greedy", "sample"])
-    parser.add_argument("--out", default="benchmarks/results/bonus.json")
-    args = parser.parse_args()
+    parser.add_argument("--draft-repeats", type=int, default=200, help="timed calls of each draft")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here (default: print only)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM
@@ -108,15 +111,16 @@ def main() -> None:
                 decoder = SpeculativeDecoder(model, head, bonus=bonus)
                 row[f"accepted_{'bonus' if bonus else 'plain'}"] = mean_accepted(decoder, batch, args.new, sample,
                                                                                  args.seeds)
-                row[f"draft_ms_{'bonus' if bonus else 'plain'}"] = draft_ms(decoder, sample)
+                row[f"draft_ms_{'bonus' if bonus else 'plain'}"] = draft_ms(head, sample, bonus, args.draft_repeats)
             rows.append(row)
             print(f"{Path(folder).name:24} {mode:7} {row['accepted_plain']:10.3f} {row['accepted_bonus']:10.3f} "
                   f"{row['accepted_bonus'] / row['accepted_plain']:6.3f} {row['draft_ms_plain']:15.3f} "
                   f"{row['draft_ms_bonus']:15.3f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"config": vars(args), "rows": rows}, indent=1))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

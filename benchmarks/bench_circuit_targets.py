@@ -10,6 +10,10 @@ another circuitc package (`--baseline MODULE`, e.g. a copy of an older checkout)
 
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_circuit_targets.py [--rounds 200] [--baseline circuitc_old]
+        [--out runs/circuit_targets.json]
+    python benchmarks/bench_circuit_targets.py --quick    # tiny sizes, 2 rounds, no fused programs (seconds)
+
+Without `--out` the tables are printed only (benchmarks/results/ keeps the recorded runs).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_circuits import N, R, V, cirkit_available, roofline_ms, to_cirkit_circuit  # noqa: E402
+from bench_circuits import FULL, QUICK, cirkit_available, roofline_ms, to_cirkit_circuit  # noqa: E402
 
 from circuitc.builders import btree_graph  # noqa: E402
 from circuitc.plan import lower  # noqa: E402
@@ -37,14 +41,15 @@ from circuitc.runtime import CompiledCircuit  # noqa: E402
 
 
 def programs(circ, theta, x1, xb, keep, gen) -> dict:
+    big = xb.shape[0]
     return {
         ("log_prob", 1): lambda: circ.log_prob(x1, theta),
         ("prefix", 1): lambda: circ.prefix_log_marginals(x1, theta),
         ("sample", 1): lambda: circ.sample(theta, 1, generator=gen),
         ("map", 1): lambda: circ.map(theta),
-        ("log_prob", 1024): lambda: circ.log_prob(xb, theta),
-        ("prefix", 1024): lambda: circ.prefix_log_marginals(xb, theta),
-        ("map_evidence", 1024): lambda: circ.map(theta, evidence=xb, keep=keep),
+        ("log_prob", big): lambda: circ.log_prob(xb, theta),
+        ("prefix", big): lambda: circ.prefix_log_marginals(xb, theta),
+        ("map_evidence", big): lambda: circ.map(theta, evidence=xb, keep=keep),
     }
 
 
@@ -54,16 +59,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--baseline", help="importable package with the same layout as circuitc (before/after)")
     parser.add_argument("--no-fuse", action="store_true")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "circuit_targets.json"))
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, 2 rounds, no fused programs: checks that the script runs")
+    parser.add_argument("--out", default=None, help="write the tables as JSON here (default: print only)")
     args = parser.parse_args(argv)
+    scale = QUICK if args.quick else FULL
+    rounds = 2 if args.quick else args.rounds
+    n, r, v, wide = scale.n, scale.r, scale.v, scale.batch
     torch.set_num_threads(1)
-    graph = btree_graph(N, R, V)
+    graph = btree_graph(n, r, v)
     plan = lower(graph)
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(plan.num_params, generator=gen)
-    x1 = torch.randint(V, (1, N), generator=gen)
-    xb = torch.randint(V, (1024, N), generator=gen)
-    keep = torch.rand(1024, N, generator=gen) < 0.5
+    x1 = torch.randint(v, (1, n), generator=gen)
+    xb = torch.randint(v, (wide, n), generator=gen)
+    keep = torch.rand(wide, n, generator=gen) < 0.5
 
     candidates: dict[str, tuple[int, dict]] = {}  # name -> (threads, {(program, batch): fn})
     eager = CompiledCircuit(plan)
@@ -72,10 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.baseline:
         old = importlib.import_module(f"{args.baseline}.runtime").CompiledCircuit(
             importlib.import_module(f"{args.baseline}.plan").lower(
-                importlib.import_module(f"{args.baseline}.builders").btree_graph(N, R, V)))
+                importlib.import_module(f"{args.baseline}.builders").btree_graph(n, r, v)))
         candidates["before 1 thr"] = (1, programs(old, theta, x1, xb, keep, gen))
         candidates[f"before {args.threads} thr"] = (args.threads, programs(old, theta, x1, xb, keep, gen))
-    if not args.no_fuse:
+    if not (args.no_fuse or args.quick):
         fused = CompiledCircuit(plan, fuse=True)
         with torch.no_grad():
             for x in (x1, xb):
@@ -88,23 +98,24 @@ def main(argv: list[str] | None = None) -> None:
         from cirkit.pipeline import PipelineContext
 
         circuit = PipelineContext(backend="torch", semiring="lse-sum", fold=True, optimize=True).compile(
-            to_cirkit_circuit(graph, R))
+            to_cirkit_circuit(graph, r))
         integrate, sample = IntegrateQuery(circuit), SamplingQuery(circuit)
-        mask = torch.arange(N).unsqueeze(0) > torch.arange(N).unsqueeze(1)
-        xs1, m1 = x1.repeat(N, 1), mask
-        xsb, mb = xb.repeat(N, 1), mask.repeat_interleave(1024, dim=0)
+        mask = torch.arange(n).unsqueeze(0) > torch.arange(n).unsqueeze(1)
+        xs1, m1 = x1.repeat(n, 1), mask
+        xsb, mb = xb.repeat(n, 1), mask.repeat_interleave(wide, dim=0)
         candidates["cirkit 1 thr"] = (1, {
             ("log_prob", 1): lambda: circuit(x1), ("prefix", 1): lambda: integrate(xs1, integrate_vars=m1),
             ("sample", 1): lambda: sample(num_samples=1),
-            ("log_prob", 1024): lambda: circuit(xb), ("prefix", 1024): lambda: integrate(xsb, integrate_vars=mb)})
+            ("log_prob", wide): lambda: circuit(xb), ("prefix", wide): lambda: integrate(xsb, integrate_vars=mb)})
 
     big = torch.empty(64 * 2**20 // 4).uniform_()
     dst = torch.empty_like(big)
     times: dict[tuple[str, str, int], list[float]] = {}
     copies: list[float] = []
-    for batch, rounds in ((1, args.rounds), (1024, max(args.rounds // 10, 5))):
+    big_rounds = 2 if args.quick else max(rounds // 10, 5)
+    for batch, batch_rounds in ((1, rounds), (wide, big_rounds)):
         with torch.no_grad():
-            for r in range(rounds + 2):
+            for k in range(batch_rounds + 2):
                 for name, (threads, fns) in candidates.items():
                     torch.set_num_threads(threads)
                     for (program, b), fn in fns.items():
@@ -113,10 +124,10 @@ def main(argv: list[str] | None = None) -> None:
                         fn()  # untimed: the previous candidate (another library, thread count) left the caches cold
                         start = time.perf_counter()
                         fn()
-                        if r >= 2:  # two warm-up rounds
+                        if k >= 2:  # two warm-up rounds
                             times.setdefault((name, program, b), []).append(time.perf_counter() - start)
                 torch.set_num_threads(1)
-                if batch == 1024:
+                if batch == wide:
                     start = time.perf_counter()
                     dst.copy_(big)
                     copies.append(time.perf_counter() - start)
@@ -137,11 +148,13 @@ def main(argv: list[str] | None = None) -> None:
             cells = [f"{values[(n, program, batch)]:>14.3f}" if (n, program, batch) in values else f"{'-':>14}"
                      for n in names]
             lines.append(f"{program:<13} {batch:>5} " + " ".join(cells) + f" {roof:>9.3f}")
-    lines.append(f"medians of {args.rounds} interleaved rounds at B=1, {max(args.rounds // 10, 5)} at B=1024 (ms); "
+    lines.append(f"medians of {rounds} interleaved rounds at B=1, {big_rounds} at B={wide} (ms); "
                  f"copy bandwidth {bandwidth:.1f} GB/s (same rounds), matmul {machine['matmul_gflop_s']:.0f} GFLOP/s; "
                  f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     text = "\n".join(lines)
     print(text)
+    if not args.out:
+        return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "medians_ms": {f"{n}|{p}|{b}": t for (n, p, b), t in medians.items()},

@@ -22,7 +22,10 @@ each, and eager timings taken after them in the same process were slower, so the
 from before any compile).
 
 Usage:
-    python benchmarks/bench_circuits.py [--threads 1,2] [--fuse-structures BTree] [--out benchmarks/results/circuits.json]
+    python benchmarks/bench_circuits.py [--threads 1,2] [--fuse-structures BTree] [--out runs/circuits.json]
+    python benchmarks/bench_circuits.py --quick    # tiny sizes, a few calls each: checks the script runs (seconds)
+
+Without `--out` the report is printed only (benchmarks/results/ keeps the recorded runs).
 
 Timings are medians; the machine is shared, so expect noise and compare ratios within one run.
 """
@@ -34,6 +37,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
 import argparse  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -47,13 +51,35 @@ from circuitc.plan import Plan, lower  # noqa: E402
 from circuitc.runtime import CompiledCircuit  # noqa: E402
 
 N, V, R = 16, 256, 32
-STRUCTURES = {
-    "FF": lambda: ff_graph(N, V),
-    "CP": lambda: cp_graph(N, R, V),
-    "HMM": lambda: hmm_graph(N, R, V),
-    "BTree": lambda: btree_graph(N, R, V),
-}
 PROGRAMS = ("log_prob", "prefix", "sample", "map")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sizes and repetitions of one run: the study's (`FULL`), or `QUICK` to check that the script runs."""
+
+    n: int = N
+    v: int = V
+    r: int = R
+    batch: int = 1024  # the large batch (the small one is 1)
+    reps_one: int = 200
+    reps_batch: int = 10
+    big_vars: int = 5000  # the compile-time target's BTree
+
+    def reps(self, batch: int, slow: bool = False) -> int:
+        if slow:
+            return min(3, self.reps_batch)
+        return self.reps_one if batch == 1 else self.reps_batch
+
+    def graph(self, structure: str):
+        n, v, r = self.n, self.v, self.r
+        return {"FF": lambda: ff_graph(n, v), "CP": lambda: cp_graph(n, r, v), "HMM": lambda: hmm_graph(n, r, v),
+                "BTree": lambda: btree_graph(n, r, v)}[structure]()
+
+
+FULL = Scale()
+QUICK = Scale(n=4, v=8, r=2, batch=8, reps_one=2, reps_batch=2, big_vars=16)
+STRUCTURES = ("FF", "CP", "HMM", "BTree")
 
 
 def median_ms(fn, reps: int, warmup: int = 2) -> float:
@@ -65,12 +91,6 @@ def median_ms(fn, reps: int, warmup: int = 2) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
-
-
-def reps_for(batch: int, slow: bool = False) -> int:
-    if slow:
-        return 3
-    return 200 if batch == 1 else 10
 
 
 # ------------------------------------------------------------------ this machine's roofline
@@ -111,17 +131,18 @@ def roofline_ms(plan: Plan, program: str, batch: int, machine: dict[str, float])
 
 # ------------------------------------------------------------------ circuitc
 
-def bench_circuitc(graph, machine) -> tuple[dict, Plan]:
+def bench_circuitc(graph, machine, scale: Scale = FULL) -> tuple[dict, Plan]:
     results = {"compile_ms": median_ms(lambda: CompiledCircuit(lower(graph)), 5, warmup=1)}
     plan = lower(graph)
     circ = CompiledCircuit(plan)
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(circ.num_params, generator=gen)
-    for batch in (1, 1024):
-        x = torch.randint(V, (batch, N), generator=gen)
+    n = graph.variables
+    for batch in (1, scale.batch):
+        x = torch.randint(graph.states, (batch, n), generator=gen)
         theta_b = theta.expand(batch, -1).contiguous()  # per-example parameters
-        keep = torch.rand(batch, N, generator=gen) < 0.5
-        reps = reps_for(batch)
+        keep = torch.rand(batch, n, generator=gen) < 0.5
+        reps = scale.reps(batch)
         with torch.no_grad():
             timings = {
                 "log_prob": median_ms(lambda: circ.log_prob(x, theta), reps),
@@ -137,24 +158,24 @@ def bench_circuitc(graph, machine) -> tuple[dict, Plan]:
     return results, plan
 
 
-def bench_fused(graph) -> dict:
+def bench_fused(graph, scale: Scale = FULL) -> dict:
     """The fused likelihood programs at B=1 and B=1024 (shared parameters, no grad): compile time,
     and fused against eager medians from `warm_up` (alternating calls)."""
     circ = CompiledCircuit(lower(graph), fuse=True)
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(circ.num_params, generator=gen)
     results = {}
-    for batch in (1, 1024):
-        x = torch.randint(V, (batch, N), generator=gen)
+    for batch in (1, scale.batch):
+        x = torch.randint(graph.states, (batch, graph.variables), generator=gen)
         with torch.no_grad():
-            report = circ.warm_up(x, theta, repeats=reps_for(batch))
+            report = circ.warm_up(x, theta, repeats=scale.reps(batch))
         results[batch] = {("prefix" if name == "prefix_log_marginals" else name): r for name, r in report.items()}
     return results
 
 
-def bench_big_compile() -> float:
+def bench_big_compile(scale: Scale = FULL) -> float:
     """Lowering a BTree over 5000 variables (9,999 regions), the compile-time target."""
-    graph = btree_graph(5000, R, V)
+    graph = btree_graph(scale.big_vars, scale.r, scale.v)
     start = time.perf_counter()
     CompiledCircuit(lower(graph))
     return 1e3 * (time.perf_counter() - start)
@@ -194,7 +215,7 @@ def to_cirkit_circuit(graph, units: int):
     )
 
 
-def bench_cirkit(graph, units: int) -> dict:
+def bench_cirkit(graph, units: int, scale: Scale = FULL) -> dict:
     from cirkit.backend.torch.queries import IntegrateQuery, SamplingQuery
     from cirkit.pipeline import PipelineContext
 
@@ -208,17 +229,18 @@ def bench_cirkit(graph, units: int) -> dict:
     integrate = IntegrateQuery(circuit)
     sample = SamplingQuery(circuit)
     # all prefixes as one batch: row (i, b) integrates out the variables after i
-    prefix_mask = torch.arange(N).unsqueeze(0) > torch.arange(N).unsqueeze(1)  # [n, n] True = integrate
-    for batch in (1, 1024):
-        x = torch.randint(V, (batch, N), generator=gen)
-        xs = x.repeat(N, 1)  # [n*B, n]
+    n = graph.variables
+    prefix_mask = torch.arange(n).unsqueeze(0) > torch.arange(n).unsqueeze(1)  # [n, n] True = integrate
+    for batch in (1, scale.batch):
+        x = torch.randint(graph.states, (batch, n), generator=gen)
+        xs = x.repeat(n, 1)  # [n*B, n]
         masks = prefix_mask.repeat_interleave(batch, dim=0)
-        reps = reps_for(batch)
+        reps = scale.reps(batch)
         with torch.no_grad():
             results[batch] = {
                 "log_prob": median_ms(lambda: circuit(x), reps),
                 "prefix": median_ms(lambda: integrate(xs, integrate_vars=masks), reps),
-                "sample": median_ms(lambda: sample(num_samples=batch), reps_for(batch, slow=batch > 1)),
+                "sample": median_ms(lambda: sample(num_samples=batch), scale.reps(batch, slow=batch > 1)),
             }
     return results
 
@@ -233,7 +255,7 @@ def table(report: dict) -> str:
     lines = [head, "-" * len(head)]
     for name, entry in report["structures"].items():
         for program in PROGRAMS:
-            for batch in ("1", "1024"):
+            for batch in ("1", str(report["batch"])):
                 for threads, run in entry["threads"].items():
                     ours, theirs, fused = run["circuitc"], run.get("cirkit"), run.get("fused", {})
                     t = ours[batch][program]
@@ -257,7 +279,8 @@ def table(report: dict) -> str:
             for batch, programs in run.get("fused", {}).items():
                 compiled = ", ".join(f"{p} {r['compile_s']:.0f} s ({r['uses']} kept)" for p, r in programs.items())
                 lines.append(f"{name:<9} fused compile, B={batch}, {threads} thread(s): {compiled}")
-    lines.append(f"BTree over 5000 variables (9,999 regions): compiled in {report['big_compile_ms']:.0f} ms")
+    big = report["big_vars"]
+    lines.append(f"BTree over {big} variables ({2 * big - 1:,} regions): compiled in {report['big_compile_ms']:.0f} ms")
     m = report["machine"]
     lines.append(f"machine: {m['bandwidth_gb_s']:.1f} GB/s copy bandwidth, {m['matmul_gflop_s']:.0f} GFLOP/s float32 "
                  f"matmul (1 thread); OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; speed-up = cirkit / the "
@@ -276,11 +299,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="structures whose fused (torch.compile) programs are timed: names, 'all' or 'none' "
                              "(default: BTree; each takes minutes of inductor compiles)")
     parser.add_argument("--no-cirkit", action="store_true", help="skip cirkit even if it is installed")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "circuits.json"))
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and a few calls each, no fused programs: checks that the script runs")
+    parser.add_argument("--out", default=None, help="write the report as JSON here (default: print only)")
     args = parser.parse_args(argv)
+    scale = QUICK if args.quick else FULL
     thread_settings = [int(t) for t in args.threads.split(",")]
     names = args.structures.split(",")
-    fused_names = {"all": names, "none": []}.get(args.fuse_structures, args.fuse_structures.split(","))
+    fuse = "none" if args.quick else args.fuse_structures
+    fused_names = {"all": names, "none": []}.get(fuse, fuse.split(","))
     unknown = [s for s in names + fused_names if s not in STRUCTURES]
     if unknown:
         parser.error(f"unknown structure(s) {', '.join(unknown)}; choose from {', '.join(STRUCTURES)}")
@@ -290,36 +317,38 @@ def main(argv: list[str] | None = None) -> None:
     have_cirkit = cirkit_available() and not args.no_cirkit
     report = {"machine": machine, "threads": thread_settings, "default_threads": default_threads,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch": torch.__version__,
-              "platform": platform.platform(), "n": N, "v": V, "r": R, "structures": {}}
+              "platform": platform.platform(), "n": scale.n, "v": scale.v, "r": scale.r, "batch": scale.batch,
+              "big_vars": scale.big_vars, "structures": {}}
     for name in names:
-        graph = STRUCTURES[name]()
-        units = 1 if name == "FF" else R
+        graph = scale.graph(name)
+        units = 1 if name == "FF" else scale.r
         runs = {}
         for threads in thread_settings:
             torch.set_num_threads(threads)
-            ours, _ = bench_circuitc(graph, machine)
+            ours, _ = bench_circuitc(graph, machine, scale)
             runs[str(threads)] = {"circuitc": ours}
             if have_cirkit:
-                runs[str(threads)]["cirkit"] = bench_cirkit(graph, units)
+                runs[str(threads)]["cirkit"] = bench_cirkit(graph, units, scale)
         report["structures"][name] = json.loads(json.dumps({"threads": runs}))  # int batch keys become strings
         print(f"{name} done", flush=True)
     torch.set_num_threads(1)
-    report["big_compile_ms"] = bench_big_compile()
+    report["big_compile_ms"] = bench_big_compile(scale)
     for name in fused_names:  # last: see the module docstring
         for threads in thread_settings:
             torch.set_num_threads(threads)
-            fused = bench_fused(STRUCTURES[name]())
+            fused = bench_fused(scale.graph(name), scale)
             report["structures"][name]["threads"][str(threads)]["fused"] = json.loads(json.dumps(fused))
             print(f"{name} fused at {threads} thread(s) done", flush=True)
     if not have_cirkit:
         print("cirkit not run (pip install libcirkit, or drop --no-cirkit): its columns are n/a")
     text = table(report)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report["table"] = text
-    out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        report["table"] = text
+        out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,12 @@ For each structure (FF, CP, HMM, BTree) x head parameterisation (full, shared, f
 count: the head's forward `h [d] -> theta [P]` in float32 and bfloat16, and for each greedy draft
 strategy the circuit's draft from theta (what `SpeculativeDecoder` runs before its backbone call):
 
-- `conditional`: sequential argmax of exact conditionals (the default; `circuitc.draft`),
+- `conditional`: sequential argmax of exact conditionals (the default; `circuitc.draft.DraftProgram.greedy`),
 - `conditional+bonus`: the same given the verifier's bonus token as `x_0`,
-- `marginal`: per-position marginal argmax (`circuitc.draft`),
+- `marginal`: per-position marginal argmax (`DraftProgram.marginal_argmax`),
 - `map`: max-product MAP (runtime), `sample`: one circuit sample (runtime),
-- `conditional/layered`: the previous implementation (one upward pass over `v` candidates per position),
-  for comparison.
+- `conditional/layered`: the previous implementation (one upward pass of `log_marginal` over the `v`
+  candidates per position), for comparison.
 
 With `--model DIR` (a local Hugging Face causal LM, e.g. runs/tiny-lm) it also times one plain greedy
 decoding step of that LM and reports each head's `head (the faster of f32/bf16) + draft` as a
@@ -17,7 +17,9 @@ fraction of it (the issue's target: at most 15%; the table shows it for the cond
 
 Usage:
     python benchmarks/bench_draft.py [--n 8] [--r 8] [--v 256] [--d 256] [--threads 1 2] [--model runs/tiny-lm]
-        [--out benchmarks/results/draft.json]
+        [--out runs/draft.json]
+
+Without `--out` the table is printed only (benchmarks/results/draft.json is the recorded run).
 
 Timings are medians over `--repeats` calls; the machine is shared, so compare within one run.
 """
@@ -37,8 +39,8 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from circuitc import builders  # noqa: E402
-from mtpc import MTPHead  # noqa: E402
-from mtpc.decoding.decoder import _Circuit, generate_autoregressive  # noqa: E402
+from circuitc.draft import DraftProgram  # noqa: E402
+from mtpc import MTPHead, generate_autoregressive  # noqa: E402
 
 STRUCTURES = ("ff", "cp", "hmm", "btree")
 PARAMETERISATIONS = ("full", "shared", "factorised")
@@ -73,21 +75,33 @@ def head_times(head: MTPHead, d: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def layered_conditional(circ, theta: torch.Tensor) -> torch.Tensor:
+    """`[n]` the sequential-argmax draft by upward passes: for each position, `log_marginal` of the `v`
+    candidate states given the positions before it (what the decoder ran before `circuitc.draft`)."""
+    n, v = circ.num_vars, circ.num_states
+    x = torch.zeros(n, dtype=torch.long)
+    for j in range(n):
+        candidates = x[None].repeat(v, 1)  # [v, n]
+        candidates[:, j] = torch.arange(v)
+        x[j] = circ.log_marginal(candidates, torch.arange(n) <= j, theta[0]).argmax()
+    return x
+
+
 def draft_times(head: MTPHead, d: int, repeats: int) -> dict[str, float]:
     """Median ms per draft strategy, from one float32 theta (as the decoder computes it)."""
     with torch.no_grad():
         theta = head(torch.randn(d))[None]  # [1, P]
-    circuit = _Circuit(head)
-    layered = _Circuit(head)
-    layered.program = None
+    circ = head.circ
+    program = DraftProgram(head.graph, circ.param_layout)
+    bonus = torch.tensor([7 % circ.num_states])
     gen = torch.Generator().manual_seed(0)
     runs = {
-        "conditional": lambda: circuit.greedy(theta, "conditional", gen, None),
-        "conditional+bonus": lambda: circuit.greedy(theta, "conditional", gen, 7),
-        "marginal": lambda: circuit.greedy(theta, "marginal", gen, None),
-        "map": lambda: circuit.greedy(theta, "map", gen, None),
-        "sample": lambda: circuit.greedy(theta, "sample", gen, None),
-        "conditional/layered": lambda: layered.greedy(theta, "conditional", gen, None),
+        "conditional": lambda: program.greedy(theta[0]),
+        "conditional+bonus": lambda: program.greedy(theta[0], bonus),
+        "marginal": lambda: program.marginal_argmax(theta[0]),
+        "map": lambda: circ.map(theta),
+        "sample": lambda: circ.sample(theta, num_samples=1, generator=gen),
+        "conditional/layered": lambda: layered_conditional(circ, theta),
     }
     with torch.no_grad():
         return {name: median_ms(fn, max(10, repeats // 10) if name.endswith("layered") else repeats)
@@ -155,7 +169,7 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "(milliseconds, medians; draft columns are the circuit's draft from theta)"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--r", type=int, default=8)
@@ -168,14 +182,15 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--model", help="a local causal LM directory: time one plain decoding step too")
-    parser.add_argument("--out", default="benchmarks/results/draft.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None, help="write the records as JSON here (default: print only)")
+    args = parser.parse_args(argv)
     result = run(args)
     print(table(result))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,18 @@
 #   benchmarks/study.sh distilled  # heads trained on the LM's own continuations, and their benches
 #   benchmarks/study.sh shared   # BTree heads with the shared (cheap) parameterisation, and their benches
 #   benchmarks/study.sh          # everything
+#   benchmarks/study.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
+#   benchmarks/study.sh --help
 #
 # Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
 # Every head gets the same wall-clock training budget ($MINUTES) on this machine's CPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DRY_RUN=0
+case ${1:-} in
+    -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+esac
 export OMP_WAIT_POLICY=PASSIVE  # other processes share the cores: no busy-waiting threads
 
 MODEL=${MODEL:-runs/tiny-lm}
@@ -25,19 +32,33 @@ THREADS=${THREADS:-1}  # batch-1 decoding of a 3M-parameter LM: one thread, immu
 PROMPTS=(--corpus stdlib --prompt-len 128 --num-prompts 4 --repeats 3 --max-new-tokens 256)
 STAGE=${1:-all}
 
+run() {  # a command of the study: run it, or with --dry-run print it (shell-quoted, one line)
+    if (( DRY_RUN )); then
+        printf '%q ' "$@" | sed 's/ $//'
+        echo
+    else
+        "$@"
+    fi
+}
+
 train_head() {  # name, then mtpc train arguments
     local name=$1
     shift
-    if [[ -f $HEADS/$name/train_config.json ]]; then
+    if (( ! DRY_RUN )) && [[ -f $HEADS/$name/train_config.json ]]; then
         echo "== $name: already trained"
         return
     fi
     local budget=(--minutes "$MINUTES")
     [[ " $* " == *" --steps "* ]] && budget=()  # a head given a fixed number of steps
-    echo "== $name: training (${budget[*]:-fixed steps}) $(date +%T)"
     # shellcheck disable=SC2086
-    python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" "${budget[@]}" $TRAIN_ARGS --no-progress "$@" \
-        >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
+    local command=(python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" "${budget[@]}" $TRAIN_ARGS
+                   --no-progress "$@")
+    if (( DRY_RUN )); then
+        run "${command[@]}"
+        return
+    fi
+    echo "== $name: training (${budget[*]:-fixed steps}) $(date +%T)"
+    "${command[@]}" >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
     tail -n 1 "$HEADS/$name.log"
 }
 
@@ -57,7 +78,7 @@ HEAD_PLAN=(
 LORA_STRUCTURE=${LORA_STRUCTURE:-"btree8-r8 --circuit examples/btree.pc -D n=8 -D r=8"}
 
 train_all() {
-    mkdir -p "$HEADS"
+    run mkdir -p "$HEADS"
     for entry in "${HEAD_PLAN[@]}"; do
         # shellcheck disable=SC2086
         train_head $entry
@@ -72,12 +93,12 @@ train_all() {
 }
 
 distill_data() {  # the LM's continuations of 1024 training prompts (resumes an interrupted file)
-    python -m mtpc.cli distill-data --model "$MODEL" --out runs/lm-samples.jsonl --num-prompts 1024 \
+    run python -m mtpc.cli distill-data --model "$MODEL" --out runs/lm-samples.jsonl --num-prompts 1024 \
         --prompt-len 64 --max-new-tokens 448 --greedy-fraction 0.5 --no-progress
 }
 
 train_distilled() {  # heads trained on the LM's own continuations (self-distillation)
-    mkdir -p "$HEADS"
+    run mkdir -p "$HEADS"
     distill_data
     train_head ff8-sd --circuit examples/ff.pc -D n=8 --data runs/lm-samples.jsonl
     train_head btree8-r8-sd --circuit examples/btree.pc -D n=8 -D r=8 --data runs/lm-samples.jsonl
@@ -85,21 +106,26 @@ train_distilled() {  # heads trained on the LM's own continuations (self-distill
 
 existing() {  # the trained head folders among the arguments
     for name in "$@"; do
-        [[ -f $HEADS/$name/train_config.json ]] && echo "$HEADS/$name"
+        if (( DRY_RUN )) || [[ -f $HEADS/$name/train_config.json ]]; then echo "$HEADS/$name"; fi
     done
 }
 
 bench_run() {  # report name, then mtpc bench arguments (heads, mode, options)
     local name=$1
     shift
+    local command=(python -m mtpc.cli bench --model "$MODEL" "${PROMPTS[@]}" --threads "$THREADS" --no-progress
+                   --out "$BENCH/$name" "$@")
+    if (( DRY_RUN )); then
+        run "${command[@]}"
+        return
+    fi
     echo "== bench $name $(date +%T)"
-    python -m mtpc.cli bench --model "$MODEL" "${PROMPTS[@]}" --threads "$THREADS" --no-progress \
-        --out "$BENCH/$name" "$@" | tee "$BENCH/$name.txt" \
+    "${command[@]}" | tee "$BENCH/$name.txt" \
         || echo "!! mtpc bench exited with $? (1 means a greedy output differed from plain greedy: see bench.json)"
 }
 
 bench_all() {
-    mkdir -p "$BENCH"
+    run mkdir -p "$BENCH"
     local all n8
     mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
                                 ff16 cp16-r8 hmm16-r8 btree16-r8)
@@ -112,7 +138,7 @@ bench_all() {
 }
 
 bench_extra() {  # added after the first pass: greedy before the LM's output degenerates; bf16 in sampling
-    mkdir -p "$BENCH"
+    run mkdir -p "$BENCH"
     local all n8
     mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
                                 ff16 cp16-r8 hmm16-r8 btree16-r8)
@@ -131,16 +157,16 @@ bench_distilled() {  # corpus-trained vs self-distilled heads, greedy (256 and 6
 }
 
 figure() {
-    python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
+    run python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
         --out docs/results_tradeoff.png
-    if [[ -f $BENCH/distilled-greedy/bench.json && -f $BENCH/distilled-sample/bench.json ]]; then
-        python benchmarks/study_figure.py "$BENCH/distilled-greedy/bench.json" "$BENCH/distilled-sample/bench.json" \
+    if (( DRY_RUN )) || [[ -f $BENCH/distilled-greedy/bench.json && -f $BENCH/distilled-sample/bench.json ]]; then
+        run python benchmarks/study_figure.py "$BENCH/distilled-greedy/bench.json" "$BENCH/distilled-sample/bench.json" \
             --out docs/results_tradeoff_distilled.png --title "corpus-trained vs self-distilled heads (-sd)"
     fi
 }
 
 train_shared() {  # issue 7's cheap head: per-position unembedding + low-rank per-unit adapters
-    mkdir -p "$HEADS"
+    run mkdir -p "$HEADS"
     train_head btree8-r8-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared
     distill_data
     train_head btree8-r8-sd-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared \

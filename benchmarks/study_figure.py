@@ -20,14 +20,14 @@ def select(report: dict, bonus: str) -> dict:
     return {**report, "heads": [r for r in report["heads"] if r["bonus"] in keep]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="bench.json files (one colour each)")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--title", default=None)
     parser.add_argument("--bonus", choices=("off", "on", "all"), default="off",
                         help="which drafting to draw: plain (off, default), bonus-conditioned (on), or all")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     reports = [select(json.loads(Path(p).read_text()), args.bonus) for p in args.reports]
     modes = " vs ".join(r["config"]["mode"] for r in reports)
     plot_tradeoff(reports, Path(args.out), title=args.title or f"tiny byte LM, {modes}: accepted tokens vs latency")

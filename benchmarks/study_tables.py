@@ -48,12 +48,12 @@ def heads_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report")
     parser.add_argument("--bonus", choices=("off", "on", "all"), default="all")
     parser.add_argument("--heads", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     report = json.loads(Path(args.report).read_text())
     if args.heads:
         print(heads_table(report) + "\n")

@@ -5,16 +5,23 @@ Pipeline (one module per stage): `.pc` text --syntax--> syntax tree --elaborate-
 prefix marginals, sampling, MAP).
 """
 
-from .errors import CircuitError, Diagnostic, SourceSpan
-from .graph import Partition, Region, RegionGraph
-from .check import check_graph
-from .elaborate import elaborate
-from .limits import Limits
-from .load import load_graph
-from .syntax import parse
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("circuitc")  # the distribution that carries circuitc and mtpc
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+from .errors import CircuitError, Diagnostic, SourceSpan  # noqa: E402
+from .graph import Partition, Region, RegionGraph  # noqa: E402
+from .check import check_graph  # noqa: E402
+from .elaborate import elaborate  # noqa: E402
+from .limits import Limits  # noqa: E402
+from .load import load_graph  # noqa: E402
+from .syntax import parse  # noqa: E402
 
 __all__ = ["CircuitError", "Diagnostic", "Limits", "SourceSpan", "Partition", "Region", "RegionGraph",
-           "check_graph", "compile", "elaborate", "load_graph", "parse"]
+           "check_graph", "compile", "elaborate", "load_graph", "parse", "__version__"]
 
 
 def __getattr__(name: str):

@@ -84,13 +84,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"circuitc: error: {message}\n")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class _HelpFormatter(argparse.HelpFormatter):
+    """Says each option's default once: appends `(default: X)` unless the help text already names its
+    default, or the default says nothing (None, False, an empty list)."""
 
-    try:
-        return f"circuitc {version('circuitc')}"
-    except PackageNotFoundError:
-        return "circuitc (not installed as a package)"
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        silent = default is None or default is False or default is argparse.SUPPRESS or default == []
+        if silent or not action.option_strings or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"circuitc {__version__}"
 
 
 _LIMIT_HELP = {
@@ -105,11 +115,12 @@ _LIMIT_HELP = {
 
 
 def _common_options() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
+    common = _Parser(add_help=False, formatter_class=_HelpFormatter)
     common.add_argument("-I", dest="include_paths", action="append", default=[], metavar="DIR",
                         help="a folder `include` may read .pc files from, besides the file's own folder tree "
                              "(repeatable)")
-    limits = common.add_argument_group("limits", "bounds on the work a structure may ask for (docs/language.md)")
+    limits = common.add_argument_group("limits", "bounds on the work a structure may ask for, checked before "
+                                       "anything is allocated (circuitc.Limits from Python)")
     for f in fields(Limits):
         limits.add_argument(flag(f.name), dest=f"max_{f.name}", type=_positive_int, metavar="N",
                             default=getattr(DEFAULT_LIMITS, f.name), help=_LIMIT_HELP[f.name])
@@ -118,7 +129,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = _HelpFormatter
     parser = _Parser(prog="circuitc", description="A compiler for probabilistic circuits.", formatter_class=formatter)
     parser.add_argument("--version", action="version", version=_version())
     parser.set_defaults(debug=False)
@@ -140,19 +151,21 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="OUT", help="output file (default: standard output)")
     show = command("show", _show, "show the region graph as a text tree, graphviz DOT or PNG")
     show.add_argument("--format", choices=("text", "dot", "png"), default="text", help="what to draw")
-    show.add_argument("-o", "--output", metavar="OUT", help="output file (PNG default: <stem>.png)")
+    show.add_argument("-o", "--output", metavar="OUT",
+                      help="output file (default: standard output; a PNG: <stem>.png beside FILE)")
     fmt = command("fmt", _fmt, "print a .pc file in canonical form, or a graph-spec .json as an equivalent .pc file",
                   bindings=False)
     fmt.add_argument("--in-place", action="store_true", help="rewrite a .pc file instead of printing it")
     compile_ = command("compile", _compile, "check and lower a structure; write the plan JSON, print a summary")
-    compile_.add_argument("-o", "--output", metavar="OUT", help="plan JSON file (default: <stem>.plan.json)")
+    compile_.add_argument("-o", "--output", metavar="OUT",
+                          help="plan JSON file (default: <stem>.plan.json beside FILE)")
     compile_.add_argument("--fuse", action="store_true",
                           help="also build the fused (torch.compile) likelihood programs for --batch sizes, time "
                                "them against eager and print which is faster (fills torch's on-disk compile cache)")
     compile_.add_argument("--batch", type=_batches, default=(1, 1024), metavar="B[,B...]",
                           help="batch sizes for --fuse (default: 1,1024)")
     compile_.add_argument("--threads", type=_positive, default=1, metavar="N",
-                          help="torch threads for --fuse (default: 1)")
+                          help="torch threads for --fuse")
     return parser
 
 
@@ -198,6 +211,12 @@ def _batches(text: str) -> tuple[int, ...]:
 def _load(args) -> RegionGraph:
     return load_graph(Path(args.file), include_paths=args.include_paths, limits=_limits(args),
                       **dict(getattr(args, "bindings", [])))
+
+
+def _beside(source: str, suffix: str) -> Path:
+    """`dir/btree.pc` -> `dir/btree<suffix>`: outputs land next to their source, as a compiler's do."""
+    path = Path(source)
+    return path.with_name(path.stem + suffix)
 
 
 def _write(text: str, output: str | None, out: TextIO) -> None:
@@ -251,7 +270,7 @@ def _show(args, out: TextIO, err: TextIO) -> int:
     elif args.format == "dot":
         _write(dot(graph), args.output, out)
     else:
-        output = args.output or Path(args.file).stem + ".png"
+        output = args.output or str(_beside(args.file, ".png"))
         _render_png(dot(graph), output)
         print(f"wrote {output}", file=out)
     return EXIT_OK
@@ -288,7 +307,7 @@ def _compile(args, out: TextIO, err: TextIO) -> int:
 
     graph = _load(args)
     plan = lower(graph)
-    output = args.output or Path(args.file).stem + ".plan.json"
+    output = args.output or str(_beside(args.file, ".plan.json"))
     _write(json.dumps(plan.to_json(), indent=1) + "\n", output, out)
     print(plan.summary(), file=out)
     print(f"wrote {output}", file=out)

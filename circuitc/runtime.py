@@ -726,7 +726,9 @@ def _max_log_prob(logits: Tensor) -> Tensor:
 def _impossible_as_minus_inf(values: Tensor) -> Tensor:
     """The lowest finite value (where a sum's every input was log 0) is a probability of 0: -inf."""
     lowest = torch.finfo(values.dtype).min
-    if values.numel() <= 64 and values.device.type == "cpu" and not values.requires_grad:
+    # The batch-1 look reads values into Python, which a `torch.compile` graph cannot hold.
+    small = values.numel() <= 64 and values.device.type == "cpu" and not values.requires_grad
+    if small and not torch.compiler.is_compiling():
         if min(values.reshape(-1).tolist(), default=0.0) > lowest:  # batch 1: one look, not two ops
             return values
     return values.masked_fill(values <= lowest, float("-inf"))

@@ -33,8 +33,12 @@ def single_threaded(work: float) -> Iterator[None]:
     """Run the block with one torch intra-op thread when `work` (FLOPs) is below `SMALL_WORK`;
     the caller's thread count is restored on exit, also on error. Inside `torch.compile` tracing
     it does nothing (the setting is not part of a graph)."""
+    # `is_compiling()` first: under tracing `get_num_threads` is an op dynamo cannot put in a graph.
+    if torch.compiler.is_compiling():
+        yield
+        return
     threads = torch.get_num_threads()
-    if threads == 1 or work >= SMALL_WORK or torch.compiler.is_compiling():
+    if threads == 1 or work >= SMALL_WORK:
         yield
         return
     torch.set_num_threads(1)
@@ -53,8 +57,12 @@ def single_threaded_when_small(work: Callable[..., float]) -> Callable[[F], F]:
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def scoped(self, *args, **kwargs):
+            # `is_compiling()` before the thread query: under `torch.compile(fullgraph=True)` tracing,
+            # `get_num_threads` returns a non-tensor dynamo cannot trace and the compile fails.
+            if torch.compiler.is_compiling():
+                return method(self, *args, **kwargs)
             threads = torch.get_num_threads()
-            if threads == 1 or torch.compiler.is_compiling() or work(self, *args, **kwargs) >= SMALL_WORK:
+            if threads == 1 or work(self, *args, **kwargs) >= SMALL_WORK:
                 return method(self, *args, **kwargs)
             torch.set_num_threads(1)
             try:

@@ -161,10 +161,18 @@ def test_compile_writes_the_plan_and_prints_its_summary(capsys, monkeypatch, tmp
             return "a table"
 
     monkeypatch.setitem(sys.modules, "circuitc.plan", types.SimpleNamespace(lower=FakePlan))
-    monkeypatch.chdir(tmp_path)
-    status, out, _ = run(capsys, "compile", EXAMPLES / "btree.pc", "-D", "n=4")
+    source = tmp_path / "src" / "btree.pc"  # the plan goes beside its source, not into the current folder
+    source.parent.mkdir()
+    source.write_text((EXAMPLES / "btree.pc").read_text())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    status, out, _ = run(capsys, "compile", source, "-D", "n=4")
+    assert status == 0 and out == f"a table\nwrote {tmp_path / 'src' / 'btree.plan.json'}\n"
+    assert json.loads((tmp_path / "src" / "btree.plan.json").read_text()) == {"regions": 7}
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    monkeypatch.chdir(tmp_path / "src")
+    status, out, _ = run(capsys, "compile", "btree.pc", "-D", "n=4")  # a bare name: the current folder
     assert status == 0 and out == "a table\nwrote btree.plan.json\n"
-    assert json.loads((tmp_path / "btree.plan.json").read_text()) == {"regions": 7}
     status, out, _ = run(capsys, "compile", EXAMPLES / "btree.pc", "-o", tmp_path / "p.json")
     assert status == 0 and json.loads((tmp_path / "p.json").read_text()) == {"regions": 31}
 

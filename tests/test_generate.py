@@ -94,7 +94,7 @@ def test_stats_and_compare(folders, capsys):
     assert captured.out == EXPECTED + "\n"
     assert "[speculative] 20 bytes in 7 cycles (2.86 bytes/cycle)" in captured.err
     assert "[plain] 20 bytes in 20 cycles (1.00 bytes/cycle)" in captured.err
-    for word in ("tok/s", "head", "circuit", "backbone", "accept", "speed-up (1 torch threads)",
+    for word in ("tok/s", "head", "circuit", "backbone", "accept", "speed-up (1 torch thread);",
                  "greedy outputs identical: yes"):
         assert word in captured.err
 

@@ -88,3 +88,27 @@ def test_single_threaded_scope(two_threads):
     assert torch.get_num_threads() == 2
     with single_threaded(SMALL_WORK):
         assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_programs_trace_whole_under_torch_compile(threads):
+    """The thread scope must vanish under tracing: `torch.compile(fullgraph=True)` of a program in a
+    fresh compile fails if the scope queries `get_num_threads` before `is_compiling()` (the eager
+    backend traces with dynamo as inductor does, in a fraction of the time)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        circ = circuitc.compile(btree_graph(4, 2, 8))
+        theta = torch.randn(circ.num_params)
+        x = torch.randint(8, (1, 4))
+        torch._dynamo.reset()
+        traced = torch.compile(circ.log_prob, backend="eager", fullgraph=True)
+        torch.testing.assert_close(traced(x, theta), circ.log_prob(x, theta))
+
+        def scoped(t):
+            with single_threaded(0):
+                return t * 2
+
+        torch.testing.assert_close(torch.compile(scoped, backend="eager", fullgraph=True)(theta), theta * 2)
+    finally:
+        torch.set_num_threads(before)

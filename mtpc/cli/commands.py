@@ -18,14 +18,16 @@ from ..checks import non_negative_float, non_negative_int, positive_float, posit
 from ..errors import InputError, MtpcError, first_line
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends `(default: X)` to every option with a default worth showing (not None, False or empty)."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends `(default: X)` to every option with a default worth showing (not None, False or empty),
+    once: not when the help text already names its default. (Python 3.11's BooleanOptionalAction
+    appends its own `(default: %(default)s)` to the help; that copy is dropped and judged like any other.)"""
 
     def _get_help_string(self, action):
-        text = action.help or ""
+        text = (action.help or "").replace(" (default: %(default)s)", "")
         default = action.default
         hidden = default is None or default is False or default is argparse.SUPPRESS or default == []
-        if "%(default)" in text or hidden or not action.option_strings:
+        if "default" in text or hidden or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -46,12 +48,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from .. import __version__  # the distribution's version (circuitc ships both packages)
 
-    try:
-        return dist_version("circuitc")  # the distribution that ships both circuitc and mtpc
-    except PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def add_tiny_lm(sub) -> None:
@@ -366,7 +365,7 @@ def add_generate(sub) -> None:
     p.add_argument("--stats", action="store_true", help="bytes per cycle, tok/s and the per-cycle breakdown (stderr)")
     p.add_argument("--compare", action="store_true",
                    help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, auto, ...")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--lookup", type=positive_int, default=None, metavar="K",
                    help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "

@@ -355,4 +355,4 @@ def format_comparison(c: dict, threads: int) -> str:
     else:
         verdict = "greedy outputs identical: " + ("yes" if c["greedy_identical"] else "NO")
     return (f"speculative {c['speculative_tok_s']:.1f} tok/s vs plain {c['plain_tok_s']:.1f} tok/s: "
-            f"{c['speedup']:.2f}x speed-up ({threads} torch threads); {verdict}")
+            f"{c['speedup']:.2f}x speed-up ({threads} torch thread{'' if threads == 1 else 's'}); {verdict}")

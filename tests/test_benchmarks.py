@@ -1,0 +1,188 @@
+"""Every script under benchmarks/ runs, at tiny sizes, against the library as it is now.
+
+The scripts are not imported by the library, so nothing else notices when an API they use moves (as
+`bench_draft.py` once died on a name the decoder no longer had). Each one runs here through its own
+`main(argv)` (or, for `study.sh` and the memory benchmark's fresh child processes, as a program) on a
+tiny byte LM and two heads that `mtpc train` trains for one step, and its output is checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpc.cli.commands import build_parser
+from mtpc.cli.commands import main as mtpc
+
+from _tiny import save_tiny_lm, write_source_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """The scripts set torch's thread count for their runs; give the next test back its own."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def script(name: str):
+    """The benchmark script `benchmarks/<name>.py` as a module (its `main(argv)` is the command)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A tiny LM, a corpus, FF and BTree heads trained by `mtpc train` for one step, and a bench report."""
+    root = tmp_path_factory.mktemp("benchmarks")
+    model = save_tiny_lm(root / "lm")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    write_source_corpus(corpus, parts=6, length=400, overlap=100)
+    heads = {}
+    for name, circuit, bindings in (("ff4", "ff.pc", ["-D", "n=4"]), ("btree4", "btree.pc", ["-D", "n=4", "-D", "r=2"])):
+        heads[name] = str(root / name)
+        assert mtpc(["train", "--model", model, "--circuit", str(ROOT / "examples" / circuit), *bindings,
+                     "--data", str(corpus), "--out", heads[name], "--steps", "1", "--seq-len", "32",
+                     "--batch-size", "2", "--val-sequences", "1", "--val-windows", "8", "--no-progress"]) == 0
+    prompts = root / "prompts.txt"
+    prompts.write_text("def main():\nimport os\n")
+    bench = root / "bench"
+    assert mtpc(["bench", "--model", model, "--heads", *heads.values(), "--prompts", str(prompts),
+                 "--num-prompts", "1", "--repeats", "2", "--max-new-tokens", "8", "--threads", "1",
+                 "--out", str(bench), "--no-progress"]) == 0
+    return {"root": root, "model": model, "corpus": str(corpus), "heads": heads, "bench": str(bench / "bench.json")}
+
+
+def test_bench_circuits_quick(tmp_path, capsys):
+    out = tmp_path / "circuits.json"
+    script("bench_circuits").main(["--quick", "--threads", "1", "--no-cirkit", "--out", str(out)])
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert set(report["structures"]) == {"FF", "CP", "HMM", "BTree"} and report["n"] == 4
+    assert "BTree     log_prob      1   1" in printed and f"wrote {out}" in printed
+    assert report["structures"]["BTree"]["threads"]["1"]["circuitc"]["1"]["log_prob"] > 0
+
+
+def test_bench_circuit_targets_quick(tmp_path, capsys):
+    out = tmp_path / "targets.json"
+    script("bench_circuit_targets").main(["--quick", "--threads", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    for program in ("log_prob|1", "prefix|1", "sample|1", "map|1", "log_prob|8", "prefix|8", "map_evidence|8"):
+        assert report["medians_ms"][f"eager 1 thr|{program}"] > 0, program
+    assert "medians of 2 interleaved rounds" in capsys.readouterr().out
+
+
+def test_bench_draft_times_every_strategy_and_the_lm_step(lab, tmp_path, capsys):
+    out = tmp_path / "draft.json"
+    script("bench_draft").main(["--n", "4", "--r", "2", "--v", "16", "--d", "8", "--adapter-rank", "2",
+                                "--factor-rank", "4", "--threads", "1", "--repeats", "2", "--model", lab["model"],
+                                "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert len(result["records"]) == 4 * 3 * 6  # structures x parameterisations x strategies
+    assert all(r["draft_ms"] > 0 and r["cycle_fraction"] > 0 for r in result["records"])
+    assert "threads=1, one LM step" in capsys.readouterr().out
+
+
+def test_layered_draft_equals_the_draft_program():
+    """The script's `conditional/layered` baseline is the same draft, computed the old way."""
+    from circuitc import builders
+    from circuitc.draft import DraftProgram
+    from mtpc import MTPHead
+
+    layered = script("bench_draft").layered_conditional
+    torch.manual_seed(0)
+    head = MTPHead(builders.btree_graph(4, 3, 16), 8, sum_init_std=0.5).eval()
+    with torch.no_grad():
+        theta = head(torch.randn(8))[None]
+    program = DraftProgram(head.graph, head.circ.param_layout)
+    assert torch.equal(layered(head.circ, theta), program.greedy(theta[0]))
+
+
+def test_bench_bonus(lab, tmp_path, capsys):
+    out = tmp_path / "bonus.json"
+    script("bench_bonus").main(["--model", lab["model"], "--heads", *lab["heads"].values(), "--prompts", "1",
+                                "--prompt-len", "16", "--new", "8", "--seeds", "1", "--draft-repeats", "2",
+                                "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(Path(r["head"]).name, r["mode"]) for r in rows] == [
+        ("ff4", "greedy"), ("ff4", "sample"), ("btree4", "greedy"), ("btree4", "sample")]
+    assert all(1 <= r["accepted_bonus"] <= 5 and r["draft_ms_plain"] > 0 for r in rows)
+
+
+def test_bench_loss_memory_imports_first_and_writes_no_file_by_default(tmp_path):
+    recorded = BENCHMARKS / "results" / "loss_memory.json"
+    before = recorded.read_bytes()
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "bench_loss_memory.py"), "--n", "4", "--r", "2",
+                          "--v", "16", "--d", "8", "--tokens", "32", "--batch", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines()
+            if re.match(r"(fused|naive) +[0-9]", line)}
+    assert set(rows) == {"fused", "naive"} and rows["fused"][3] == rows["naive"][3]  # the same loss
+    assert "warning" not in run.stdout  # no module was first imported inside a measured pass
+    assert "wrote" not in run.stdout and not re.search(r"(^|\s)/\w", run.stdout)  # no file, no absolute path
+    assert recorded.read_bytes() == before and list(tmp_path.iterdir()) == []
+
+
+def test_heldout_kl(lab, capsys):
+    script("heldout_kl").main(["--model", lab["model"], "--heads", *lab["heads"].values(), "--data", lab["corpus"],
+                               "--sequences", "2", "--seq-len", "32", "--val-fraction", "0.5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("head") and "KL to LM" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == list(lab["heads"].values())
+    assert all(float(v) >= -1e-4 for line in lines[1:] for v in line.split()[1:])  # KLs and NLLs
+
+
+def test_study_tables_and_figure(lab, tmp_path, capsys):
+    script("study_tables").main([lab["bench"], "--heads"])
+    printed = capsys.readouterr().out
+    assert "| ff4 | ff | 4 | n=4 |" in printed and "| plain | 1 |" in printed and "| btree4 |" in printed
+    figure = tmp_path / "tradeoff.png"
+    script("study_figure").main([lab["bench"], "--out", str(figure)])
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def study(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(BENCHMARKS / "study.sh"), *args], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, **env))
+
+
+def test_study_sh_help_and_bad_stage():
+    shown = study("--help")
+    assert shown.returncode == 0 and "benchmarks/study.sh --dry-run [STAGE]" in shown.stdout
+    bad = study("--dry-run", "nonsense")
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_study_sh_dry_run_commands_parse(tmp_path):
+    """Every command the whole study would run is printed, and each `mtpc` one parses with today's
+    flags (parsing runs nothing); the scripts it calls exist. Nothing is written."""
+    run = study("--dry-run", "all", MODEL=str(tmp_path / "lm"), HEADS=str(tmp_path / "heads"),
+                BENCH=str(tmp_path / "bench"))
+    assert run.returncode == 0, run.stderr
+    commands = [shlex.split(line) for line in run.stdout.splitlines()]
+    mtpc_commands = [c[3:] for c in commands if c[:3] == ["python", "-m", "mtpc.cli"]]
+    assert {c[0] for c in mtpc_commands} == {"train", "bench", "distill-data"}
+    assert sum(c[0] == "train" for c in mtpc_commands) == 16
+    parser = build_parser()
+    for argv in mtpc_commands:
+        parser.parse_args(argv)  # an unknown or malformed flag raises InputError
+    scripts = {c[1] for c in commands if c[0] == "python" and c[1].startswith("benchmarks/")}
+    assert scripts == {"benchmarks/study_figure.py"} and all((ROOT / s).is_file() for s in scripts)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,108 @@
+"""The README's examples run as written and print what the README shows.
+
+Fenced blocks are read from README.md. A block is left out only when the line right above its fence
+is `<!-- readme-test: skip (reason) -->` (e.g. blocks that need a trained LM, run elsewhere). Checked:
+
+- every `$ circuitc ...` transcript: run, its output equal to the lines the README shows below it;
+- every `circuitc ...` line of a bash block: runs and exits 0;
+- every Python block: executed.
+
+Everything runs in a copy of `examples/`, so outputs written beside a source stay out of the tree."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from circuitc.cli import main as circuitc
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIP = re.compile(r"<!-- readme-test: skip\b.*-->")
+
+
+def blocks() -> list[tuple[str, str, int]]:
+    """(language, text, line number) of every fenced block of README.md not marked to skip."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        fence = re.match(r"\s*```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        start, indent = i, len(lines[i]) - len(lines[i].lstrip())
+        i += 1
+        while not lines[i].strip().startswith("```"):
+            i += 1
+        skipped = start > 0 and SKIP.search(lines[start - 1])
+        if not skipped:
+            found.append((fence.group(1), "\n".join(line[indent:] for line in lines[start + 1:i]), start + 1))
+        i += 1
+    return found
+
+
+def transcripts() -> list[tuple[str, str, int]]:
+    """(command, expected output, line) of every `$ circuitc ...` in the README's example blocks."""
+    out = []
+    for language, text, line in blocks():
+        if language not in ("", "text"):
+            continue
+        parts = re.split(r"^\$ ", text, flags=re.M)
+        for part in parts[1:]:
+            command, _, shown = part.partition("\n")
+            if command.startswith("circuitc "):
+                out.append((command, shown, line))
+    return out
+
+
+@pytest.fixture
+def examples_copy(tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_circuitc(command: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = circuitc(shlex.split(command)[1:])
+    return status, out.getvalue()
+
+
+def test_the_readme_has_circuitc_transcripts_and_python_blocks():
+    assert len(transcripts()) >= 3
+    assert any(language == "python" for language, _, _ in blocks())
+
+
+@pytest.mark.parametrize("command, shown, line", transcripts(), ids=[t[0] for t in transcripts()])
+def test_circuitc_transcripts_print_what_the_readme_shows(command, shown, line, examples_copy):
+    _, printed = run_circuitc(command)
+    assert printed.rstrip("\n") == shown.rstrip("\n"), f"README.md line {line}: {command}"
+
+
+def bash_circuitc_lines() -> list[str]:
+    return [re.sub(r"\s+#.*$", "", line).strip() for language, text, _ in blocks() if language == "bash"
+            for line in text.splitlines() if line.startswith("circuitc ")]
+
+
+@pytest.mark.parametrize("command", bash_circuitc_lines())
+def test_circuitc_commands_of_bash_blocks_run(command, examples_copy):
+    status, printed = run_circuitc(command)
+    assert status == 0, printed
+    if command.startswith("circuitc compile examples/"):
+        stem = Path(shlex.split(command)[2]).stem
+        assert (examples_copy / "examples" / f"{stem}.plan.json").is_file()  # beside the source, as the README says
+
+
+def python_blocks() -> list[tuple[str, int]]:
+    return [(text, line) for language, text, line in blocks() if language == "python"]
+
+
+@pytest.mark.parametrize("code, line", python_blocks(), ids=[f"line {line}" for _, line in python_blocks()])
+def test_python_blocks_run(code, line, examples_copy):
+    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "readme"})
