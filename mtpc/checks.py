@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import glob
 import math
+import os
 from pathlib import Path
 
 from .errors import InputError
 
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
 
 
 # ------------------------------------------------------------------ numeric flags (argparse types)
@@ -46,6 +48,20 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
     return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def int_in(low: int, high: int):
+    """An argparse type: an integer in `low..high` (bounds that keep a flag from sizing a huge list)."""
+    def parse(text: str) -> int:
+        return _number(text, int, f"an integer in {low}..{high:,}", lambda v: low <= v <= high)
+
+    parse.__name__ = f"int_in_{low}_{high}"
+    return parse
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in 0..2**63-1 (what torch.Generator.manual_seed takes)."""
+    return _number(text, int, "a seed in 0..2**63-1", lambda v: 0 <= v < 2**63)
 
 
 def positive_float(text: str) -> float:
