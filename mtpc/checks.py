@@ -14,12 +14,12 @@ the command line can import it while staying quick to start.
 from __future__ import annotations
 
 import argparse
-import glob
 import math
 import os
 from pathlib import Path
 
 from .errors import InputError
+from .files import glob_paths
 
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
 
@@ -103,7 +103,7 @@ def data_source(source: str | None, what: str = "--data") -> None:
         return
     text = str(source)
     if any(ch in text for ch in "*?["):
-        if not any(Path(p).is_file() for p in glob.iglob(str(Path(text).expanduser()), recursive=True)):
+        if not any(p.is_file() for p in glob_paths(text)):
             raise InputError(f"{what} {text!r} matches no files")
     elif not Path(text).expanduser().exists():
         raise InputError(f"{what} {text!r} does not exist")

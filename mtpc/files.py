@@ -142,6 +142,20 @@ def read_text(path: str | Path, what: str, max_bytes: int, *, folder: str | Path
         raise InputError(f"{path} cannot be read ({what}): {e.strerror or type(e).__name__}") from None
 
 
+def glob_paths(pattern: str | Path) -> list[Path]:
+    """The paths `pattern` matches, without following symlinked folders (`**` over a symlink loop
+    would otherwise grow without end): pathlib's glob from the part before the first wildcard;
+    a trailing `**` means everything below, as in `glob.glob(..., recursive=True)`."""
+    parts = Path(pattern).expanduser().parts
+    first = next((i for i, part in enumerate(parts) if any(ch in part for ch in "*?[")), None)
+    if first is None:
+        return [Path(pattern)] if Path(pattern).exists() else []
+    anchor, rest = Path(*parts[:first]) if first else Path("."), list(parts[first:])
+    if rest[-1] == "**":
+        rest.append("*")
+    return sorted(anchor.glob(str(Path(*rest))))
+
+
 # ------------------------------------------------------------------ writing
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, first_line
-from .files import field, inside, read_json, regular_file
+from .files import describe, field, inside, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
 MAX_BYTE_VOCAB = 512  # without mtpc_tokenizer.json, a vocabulary this small is taken as bytes + specials
@@ -115,7 +115,9 @@ def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False) -> Model
     folder = Path(path)
     model_type = config.get("model_type")
     if model_type not in SPLIT_MODEL_TYPES:
-        raise InputError(f"{folder}: model_type {model_type!r} is not supported; mtpc runs decoder-only models with "
+        shown = repr(model_type) if isinstance(model_type, str) and model_type.isidentifier() and len(model_type) <= 40 \
+            else describe(model_type)  # never a long string from the file: it could be someone's secret
+        raise InputError(f"{folder}: model_type {shown} is not supported; mtpc runs decoder-only models with "
                          f"the Llama layout ({', '.join(SPLIT_MODEL_TYPES)})")
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     byte_level = _byte_level(folder, vocab)

@@ -202,7 +202,7 @@ def test_model_folder_mistakes(capsys, lm, corpus, tmp_path):
     fails(capsys, train_args(str(tmp_path / "empty"), corpus, out), 2, "config.json is missing")
     broken = Path(shutil.copytree(lm, tmp_path / "badjson"))
     (broken / "config.json").write_text("{not json")
-    fails(capsys, train_args(str(broken), corpus, out), 2, "cannot be read as JSON")
+    fails(capsys, train_args(str(broken), corpus, out), 2, "config.json: not valid JSON")
     gpt = save_lm(tmp_path / "gpt", model_type="gpt2")
     fails(capsys, train_args(gpt, corpus, out), 2, "model_type 'gpt2' is not supported", "Llama layout")
     head = Path(shutil.copytree(lm, tmp_path / "noweights"))

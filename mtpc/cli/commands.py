@@ -418,6 +418,13 @@ def _report(e: Exception, debug: bool) -> int:
     return status
 
 
+def _allocator_failure(e: BaseException) -> bool:
+    """torch's CPU allocator reports a failed allocation as a RuntimeError (`DefaultCPUAllocator:
+    can't allocate memory`), not as a MemoryError."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("DefaultCPUAllocator" in text or "can't allocate memory" in text)
+
+
 def describe_error(e: BaseException) -> tuple[int, str]:
     """(exit status, message) for an exception reaching the command line.
 
@@ -436,6 +443,6 @@ def describe_error(e: BaseException) -> tuple[int, str]:
         message = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
         user = isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
         return (2 if user else 1), message
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or _allocator_failure(e):
         return 1, f"out of memory: {first_line(e)} (try a smaller --batch-size or --seq-len)"
     return 1, f"internal error: {type(e).__name__}: {first_line(e)} (rerun with --debug for the traceback)"

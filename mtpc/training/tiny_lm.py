@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .outputs import guarded_output, save_atomically
 from .. import checks, loading
 from .data import DataStats, EpochSampler, PackedDataset, collate, load_documents, split_documents, target_validity
 from .precision import autocast, autocast_dtype
@@ -173,7 +174,9 @@ class ShuffledOrder(EpochSampler):
 def train_tiny_lm(cfg: TinyLMConfig) -> dict:
     """Train (or resume from `OUT/checkpoint.pt`), evaluate and save; returns the summary also
     written to `OUT/tiny_lm.json` (on rank 0; other ranks return `{}`)."""
-    return _TinyLMRun(cfg).run()
+    checks.output_folder(cfg.out)
+    with guarded_output(cfg.out):  # one run per --out; a full disk is one line (outputs.py)
+        return _TinyLMRun(cfg).run()
 
 
 class _TinyLMRun:
@@ -213,9 +216,7 @@ class _TinyLMRun:
                  "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "config": _resume_key(self.cfg)}
         if self.head is not None:
             state["head"] = self.head.state_dict()
-        tmp = self.out / (CHECKPOINT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.out / CHECKPOINT)
+        save_atomically(lambda tmp: torch.save(state, tmp), self.out / CHECKPOINT)
 
     def load_checkpoint(self) -> bool:
         path = self.out / CHECKPOINT
@@ -446,8 +447,18 @@ def _truncate_log(path: Path, step: int) -> None:
     """Drop log records past the checkpoint (written after it by a run that was then interrupted)."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", step + 1) <= step]
+    keep = [line for line in path.read_text(errors="replace").splitlines() if _step_of(line, step + 1) <= step]
     path.write_text("".join(line + "\n" for line in keep))
+
+
+def _step_of(line: str, missing: int) -> int:
+    """A log record's step (`missing` without one); a line torn by a kill counts as past any step."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return missing
+    step = record.get("step", missing) if isinstance(record, dict) else missing
+    return step if isinstance(step, int) else missing
 
 
 def _datasets(cfg: TinyLMConfig, tok: ByteTokenizer) -> tuple[PackedDataset, PackedDataset, DataStats]:

@@ -55,6 +55,7 @@ from ..heads.nll_loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss, teacher_forced_ac
 from .precision import autocast, autocast_dtype
 from .progress import advance, progress_bar
 from .schedule import cosine_lr
+from .outputs import guarded_output, save_atomically
 from ..errors import InputError, MtpcError
 
 CHECKPOINT = "checkpoint.pt"
@@ -296,7 +297,10 @@ class Trainer:
         if graph is None:
             raise InputError("give --circuit (or --init-head to continue from a trained head)")
         checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
-        config = loading.json_object(info.path / "config.json", "")
+        config = loading.model_config(info.path)
+        context = config.get("max_position_embeddings")
+        if context and cfg.seq_len > context:
+            raise InputError(f"--seq-len {cfg.seq_len} is more than the {context} positions the model has")
         layers = config.get("num_hidden_layers")
         if isinstance(layers, int) and cfg.lora_layers > layers:
             raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")
@@ -399,9 +403,7 @@ class Trainer:
             "elapsed": self.elapsed, "trainable": self.trainable_state(), "optimizer": self.opt.state_dict(),
             "sampler": self.sampler.state_dict(), "rng": _rng_state(), "settings": self.settings(),
         }
-        tmp = self.out / (CHECKPOINT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.out / CHECKPOINT)
+        save_atomically(lambda tmp: torch.save(state, tmp), self.out / CHECKPOINT)
         self.saved_step = self.step
 
     def _read_checkpoint(self) -> dict | None:
@@ -585,14 +587,9 @@ def train(cfg: TrainConfig) -> dict:
     """Train (or resume) and write the outputs; returns the summary. Bad input raises `InputError`
     before slow work; a run that fails raises `MtpcError`. An output folder this call created is
     removed again if the run fails before writing anything into it."""
-    out = Path(cfg.out)
-    existed = out.exists()
-    try:
+    checks.output_folder(cfg.out)
+    with guarded_output(cfg.out):  # one run per --out; a full disk is one line (outputs.py)
         return Trainer(cfg).run()
-    except BaseException:
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
 
 
 def _check_numbers(cfg: TrainConfig) -> None:
