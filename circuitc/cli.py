@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its help, version or error message
         return e.code if isinstance(e.code, int) else EXIT_INPUT
     try:
+        output = getattr(args, "output", None)
+        if output is not None and _same_file(output, args.file):  # before reading: b.pc -o b.pc
+            raise CircuitError(f"the output {output} is the input file {args.file}; writing it would destroy the "
+                               "source (choose another -o)")
         status = args.run(args, out, err)
         out.flush()  # a full standard output fails here, inside the error path, not at exit
         return status
