@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, first_line
-from .files import describe, field, inside, read_json, regular_file
+from .files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
 MAX_BYTE_VOCAB = 512  # without mtpc_tokenizer.json, a vocabulary this small is taken as bytes + specials
@@ -73,7 +73,7 @@ def model_config(path: str | Path, what: str = "--model") -> dict:
         field(config, key, file, "int", low=1, high=high, **({} if required else {"default": None}))
     kv = field(config, "num_key_value_heads", file, "int", low=1, high=MAX_HIDDEN, default=None)
     heads, hidden = config.get("num_attention_heads"), config["hidden_size"]
-    if heads is not None and hidden % heads and config.get("head_dim") is None:
+    if heads is not None and hidden % heads:
         raise InputError(f"{file}: num_attention_heads ({heads}) must divide hidden_size ({hidden})")
     if heads is not None and kv is not None and heads % kv:
         raise InputError(f"{file}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads})")
@@ -173,16 +173,55 @@ def _numel(shape) -> int:
     return total
 
 
-def safetensors_header(file: Path) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes of a safetensors file by name, read from its header only (no data)."""
-    from safetensors import SafetensorError, safe_open
+MAX_SAFETENSORS_HEADER = 100 * 2**20
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
-    regular_file(file, "safetensors weights", max_bytes=2**50)
+
+def safetensors_header(file: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a safetensors file by name, read from its header alone (never mapped: a
+    sparse file claiming terabytes costs nothing here); the header must parse and its data offsets
+    must tile the rest of the file exactly (a truncated copy is caught)."""
+    size = regular_file(file, "safetensors weights", max_bytes=2**50).stat().st_size
+    damaged = f"{file} is damaged (truncated or not safetensors)"
     try:
-        with safe_open(str(file), "pt") as f:
-            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise InputError(f"{file} is damaged (truncated or not safetensors): {first_line(e)}") from None
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or not 2 <= n <= min(MAX_SAFETENSORS_HEADER, size - 8):
+                raise InputError(f"{damaged}: its header length does not fit the file")
+            header = parse_json(f.read(n), str(file), max_depth=4)
+    except OSError as e:
+        raise InputError(f"{damaged}: {e.strerror or type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{damaged}: its header is not a JSON object")
+    header.pop("__metadata__", None)
+    shapes, end = {}, 0
+    for name, entry in sorted(header.items(), key=lambda kv: _offsets(kv[1])[0] if isinstance(kv[1], dict) else 0):
+        shape, dtype, (start, stop) = _entry(entry, name, damaged)
+        if start != end or stop - start != _numel(shape) * SAFETENSORS_DTYPES[dtype]:
+            raise InputError(f"{damaged}: tensor {name} does not sit where its header says")
+        shapes[name], end = shape, stop
+    if 8 + n + end != size:
+        raise InputError(f"{damaged}: its header describes {end:,} bytes of data, the file holds {size - 8 - n:,}")
+    return shapes
+
+
+def _offsets(entry: dict) -> tuple[int, int]:
+    offsets = entry.get("data_offsets")
+    ok = isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)
+    return tuple(offsets) if ok else (-1, -1)
+
+
+def _entry(entry, name: str, damaged: str) -> tuple[tuple[int, ...], str, tuple[int, int]]:
+    if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
+        raise InputError(f"{damaged}: tensor {name} has no known dtype")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in shape):
+        raise InputError(f"{damaged}: tensor {name} has no valid shape")
+    start, stop = _offsets(entry)
+    if start < 0 or stop < start:
+        raise InputError(f"{damaged}: tensor {name} has no valid data_offsets")
+    return tuple(shape), entry["dtype"], (start, stop)
 
 
 def safetensors_file(file: Path) -> None:
@@ -199,8 +238,10 @@ def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=No
     info = model_info(path, allow_non_byte_vocab=allow_non_byte_vocab)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=dtype or torch.float32)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise InputError(f"{info.path}: the model cannot be loaded: {first_line(e)}") from e
+    except Exception as e:  # noqa: BLE001 -- transformers' config validators raise their own classes
+        raise InputError(f"{info.path}: the model cannot be loaded: {type(e).__name__}: {first_line(e)}") from e
     model.requires_grad_(False)
     return model.eval(), info
 
@@ -218,12 +259,12 @@ def byte_tokenizer(path: str | Path):
 def head_folder(path: str | Path) -> Path:
     """A folder written by `mtpc train` / `save_head` (head.json and head.safetensors present)."""
     folder = readable_folder(path, "head folder")
-    missing = [name for name in HEAD_FILES if not (folder / name).is_file()]
+    missing = [name for name in HEAD_FILES if not ((folder / name).exists() or (folder / name).is_symlink())]
     if missing:
         raise InputError(f"{folder} is not a head folder (no {' or '.join(missing)}; heads are written by "
                          "mtpc train)")
     for name in HEAD_FILES:
-        inside(folder / name, folder)
+        regular_file(inside(folder / name, folder), "a head folder file", max_bytes=2**50)
     safetensors_file(folder / HEAD_FILES[1])
     return folder
 

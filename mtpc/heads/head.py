@@ -470,7 +470,7 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
         raise InputError(f"{directory}: no such head folder")
     config = _read_head_config(directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
+    if not weights.exists() and not weights.is_symlink():
         raise InputError(f"{directory} has no {WEIGHTS_FILE} (the head's weights)")
     inside(weights, directory)
     try:
@@ -488,7 +488,7 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
 def _read_head_config(path: Path) -> dict:
     from circuitc.graph import RegionGraph
 
-    if not path.is_file() and not path.is_symlink():
+    if not path.exists() and not path.is_symlink():
         raise InputError(f"{path.parent} has no {CONFIG_FILE}; is it a folder written by save_head or mtpc train?")
     config = read_json(path, "the head's description", folder=path.parent)
     if config.get("format") != HEAD_FORMAT:
