@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,10 +55,17 @@ def _remove_if_only_the_lock(folder: Path) -> None:
 
 
 def save_atomically(save, path: Path) -> None:
-    """`save(tmp)` then rename to `path`; on failure the temporary file is removed and `path` stays."""
+    """`save(buffer)` into memory, then the bytes to a temporary file beside `path`, fsync, rename.
+    Writing the bytes ourselves makes a full disk an `OSError` (torch.save's own writer reports it as
+    a bare RuntimeError); on any failure the temporary file is removed and `path` stays as it was."""
+    buffer = io.BytesIO()
+    save(buffer)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        save(tmp)
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
