@@ -160,3 +160,32 @@ def test_a_head_decodes_speculatively_with_the_same_greedy_records(tiny_lm, corp
     assert 1.0 <= per_cycle <= 5.0
     meta = json.loads(Path(str(fast) + ".meta.json").read_text())
     assert meta["head"] == str(head.resolve())
+
+
+def test_batched_sampling_gives_the_records_of_one_at_a_time(tiny_lm, corpus, tmp_path):
+    """Plain batched sampling (the default) draws each record with its own seeded generator, so the file
+    does not depend on --batch-size; records are on-policy samples by default (no greedy ones)."""
+    for name, batch in (("one", "1"), ("three", "3"), ("eight", "8")):
+        assert main(args(tiny_lm, corpus, tmp_path / f"{name}.jsonl", "--num-prompts", "7", "--batch-size", batch,
+                         "--greedy-fraction", "0")) == 0
+    one, three, eight = ((tmp_path / f"{n}.jsonl").read_bytes() for n in ("one", "three", "eight"))
+    assert one == three == eight
+    assert {r["mode"] for r in records(tmp_path / "one.jsonl")} == {"sample"}
+
+
+def test_sample_batch_stops_each_row_at_its_first_special_token(tiny_lm):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mtpc.decoding import Target
+    from mtpc.training.distill import sample_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
+    requests = [([1, 65, 66], False, 0), ([1, 67, 68], True, 1)]
+    target = Target(True, 1.0)
+    rows = sample_batch(model, requests, 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
+    for row in rows:
+        assert 1 <= len(row) <= 40
+        assert all(t < 256 for t in row[:-1])  # a special token only ever ends a row
+    greedy = sample_batch(model, [requests[1]], 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
+    assert greedy[0] == rows[1]  # a greedy row is the same alone or in a batch

@@ -44,7 +44,7 @@ def log_values(out, key):
     return [json.loads(x)[key] for x in lines if f'"{key}"' in x]
 
 
-def test_joint_loss_is_cross_entropy_plus_weighted_mtp_loss_and_reaches_the_backbone(tmp_path):
+def test_joint_loss_is_cross_entropy_plus_weighted_average_mtp_loss_and_reaches_the_backbone(tmp_path):
     import circuitc
 
     from mtpc.heads.head import MTPHead
@@ -63,11 +63,14 @@ def test_joint_loss_is_cross_entropy_plus_weighted_mtp_loss_and_reaches_the_back
     batch = {"tokens": tokens, "doc_ids": doc_ids, "loss_mask": loss_mask}
     nll, count, _, _ = lm_nll(model, batch, None)
     hidden = model.model(input_ids=tokens).last_hidden_state
-    expected = nll / count + 0.3 * mtp_loss(head, hidden, tokens, doc_ids, loss_mask).loss
+    # the MTP term is an average over the window's positions: divided by sum_j gamma^(j-1) = 3.439 (n=4)
+    per_position = mtp_loss(head, hidden, tokens, doc_ids, loss_mask).loss / (1 + 0.9 + 0.81 + 0.729)
+    expected = nll / count + 0.3 * per_position
     joint = JointLM(model, head, 0.3, 0.9, None)
     loss, ce, mtp = joint(tokens, doc_ids, loss_mask, count)
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ce, nll / count, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mtp, per_position.detach(), rtol=1e-12, atol=1e-12)
     # the MTP term's gradient reaches the backbone (not only the head): it changes the LM's gradients
     loss.backward()
     with_mtp = model.model.layers[0].mlp.down_proj.weight.grad.clone()
@@ -107,7 +110,7 @@ def test_joint_head_is_saved_loads_and_drafts_losslessly(tmp_path, corpus):
 @pytest.mark.parametrize("joint", [False, True], ids=["plain", "joint"])
 def test_resume_is_exact(tmp_path, corpus, joint):
     """Stop after 3 of 7 steps, rerun the same configuration: identical weights and losses."""
-    extra = {} if joint else dict(mtp_circuit=None, mtp_bindings={}, mtp_weight=0.2, mtp_window_stride=1)
+    extra = {} if joint else dict(mtp_circuit=None, mtp_bindings={}, mtp_weight=TinyLMConfig.mtp_weight, mtp_window_stride=1)
     train_tiny_lm(joint_config(tmp_path / "straight", corpus, steps=7, **extra))
     split = joint_config(tmp_path / "split", corpus, steps=7, stop_after=3, **extra)
     assert train_tiny_lm(split) == {"stopped_at": 3}

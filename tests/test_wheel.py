@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["mtpc", "mtpc.errors", "mtpc.checks", "mtpc.tokenizer", "mtpc.loading", "mtpc.heads", "mtpc.decoding",
           "mtpc.training.trainer", "mtpc.training.tiny_lm", "mtpc.training.distill", "mtpc.bench", "mtpc.cli",
-          "mtpc.cli.generate", "circuitc", "circuitc.cli"]
+          "mtpc.cli.generate", "circuitc", "circuitc.elaborate.program", "circuitc.cli"]
 
 
 def test_the_wheel_carries_every_stage(tmp_path):
@@ -25,7 +25,8 @@ def test_the_wheel_carries_every_stage(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     packages = {p.parent.relative_to(site).as_posix() for p in site.rglob("__init__.py")}
-    source = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "mtpc").rglob("__init__.py")}
+    source = {p.parent.relative_to(ROOT).as_posix() for package in ("mtpc", "circuitc")
+              for p in (ROOT / package).rglob("__init__.py")}
     assert source <= packages, f"missing from the wheel: {source - packages}"
     code = ("import importlib, sys\n"
             f"for name in {STAGES!r}:\n"

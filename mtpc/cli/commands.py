@@ -84,7 +84,8 @@ def add_tiny_lm(sub) -> None:
     mtp.add_argument("--mtp-circuit", default=None, metavar="FILE.pc", help="the head's circuit structure")
     mtp.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                      help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
-    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.2, help="weight of the MTP loss")
+    mtp.add_argument("--mtp-weight", type=non_negative_float, default=0.1,
+                     help="weight of the MTP loss, a gamma-weighted average over window positions")
     mtp.add_argument("--mtp-parameterisation", choices=("full", "shared", "factorised"), default="full",
                      help="head weights (see mtpc train --parameterisation)")
     mtp.add_argument("--mtp-window-stride", type=positive_int, default=1,
@@ -309,7 +310,10 @@ def add_distill_data(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=448, help="longest continuation")
     p.add_argument("--temperature", type=positive_float, default=1.0, help="sampled records' temperature")
     p.add_argument("--top-p", type=probability, default=None, help="sampled records' nucleus (default: none)")
-    p.add_argument("--greedy-fraction", type=unit_interval, default=0.5, help="share of greedy records")
+    p.add_argument("--greedy-fraction", type=unit_interval, default=0.0,
+                   help="share of greedy records (0: all sampled at --temperature, on-policy for sampling heads)")
+    p.add_argument("--batch-size", type=positive_int, default=16,
+                   help="records sampled together (plain batched decoding; --head decodes one at a time)")
     p.add_argument("--seed", type=seed, default=0, help="random seed (prompts, sampling)")
     p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -322,6 +326,7 @@ def run_distill_data(args) -> int:
     cfg = DistillConfig(model=args.model, out=args.out, data=args.data, num_prompts=args.num_prompts,
                         prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_p=args.top_p, greedy_fraction=args.greedy_fraction,
+                        batch_size=args.batch_size,
                         seed=args.seed, head=args.head, progress=not args.no_progress)
     s = distill_data(cfg)
     rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""

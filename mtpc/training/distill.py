@@ -34,6 +34,7 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -62,16 +63,17 @@ class DistillConfig:
     max_new_tokens: int = 448
     temperature: float = 1.0
     top_p: float | None = None
-    greedy_fraction: float = 0.5
+    greedy_fraction: float = 0.0  # on-policy by default: every record sampled at the decoding temperature
     seed: int = 0
     head: str | None = None
+    batch_size: int = 16  # records generated together by plain batched sampling (without --head)
     val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
     progress: bool = True
 
     def settings(self) -> dict:
         """What the records depend on (not how many there are, nor the progress bar)."""
         keep = asdict(self)
-        for key in ("num_prompts", "progress", "out"):
+        for key in ("num_prompts", "progress", "out", "batch_size"):
             keep.pop(key)
         keep["model"] = str(Path(self.model).resolve())
         keep["head"] = str(Path(self.head).resolve()) if self.head else None
@@ -107,18 +109,20 @@ def _distill(cfg: DistillConfig) -> dict:
     bar.update(done)
     start = time.perf_counter()
     tokens = cycles_total = 0
+    batch = 1 if cfg.head is not None else cfg.batch_size
     with out.open("ab") as f:
-        for i in range(done, cfg.num_prompts):
-            record, new_bytes, cycles = _record(i, cfg, prompts, generate, tok)
-            f.write(json.dumps(record).encode("ascii") + b"\n")
+        for first in range(done, cfg.num_prompts, batch):
+            indices = range(first, min(first + batch, cfg.num_prompts))
+            for record, new_bytes, cycles in _records(indices, cfg, prompts, generate, tok):
+                f.write(json.dumps(record).encode("ascii") + b"\n")
+                summary["new_records"] += 1
+                summary["new_bytes"] += new_bytes
+                if cycles is not None:  # speculative: tokens committed per backbone call, over the run so far
+                    tokens += _new_tokens(record, new_bytes)
+                    cycles_total += cycles
+                    summary["mean_accepted"] = round(tokens / max(cycles_total, 1), 3)
             f.flush()
-            summary["new_records"] += 1
-            summary["new_bytes"] += new_bytes
-            if cycles is not None:  # speculative: tokens committed per backbone call, over the run so far
-                tokens += _new_tokens(record, new_bytes)
-                cycles_total += cycles
-                summary["mean_accepted"] = round(tokens / max(cycles_total, 1), 3)
-            bar.update(1)
+            bar.update(len(indices))
             elapsed = time.perf_counter() - start
             bar.set_postfix_str(f"{summary['new_bytes'] / max(elapsed, 1e-9):,.0f} bytes/s"
                                 + (f", accepted {summary['mean_accepted']:.2f}" if cycles is not None else ""))
@@ -132,7 +136,7 @@ def _distill(cfg: DistillConfig) -> dict:
 
 
 def _check_config(cfg: DistillConfig) -> None:
-    for name in ("num_prompts", "prompt_len", "max_new_tokens"):
+    for name in ("num_prompts", "prompt_len", "max_new_tokens", "batch_size"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -263,15 +267,23 @@ def _record_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"mtpc-distill:{seed}:{index}".encode()).digest()[:8], "little") >> 1
 
 
-def _record(i: int, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok) -> tuple[dict, int, float | None]:
-    """Record `i`, the number of bytes the LM wrote for it, and the decoding cycles it took (None
-    without a head)."""
-    seed = _record_seed(cfg.seed, i)
-    rng = random.Random(seed)
-    prompt = prompts[rng]
-    greedy = rng.random() < cfg.greedy_fraction
-    ids = [tok.bos_id] + list(prompt)
-    new, cycles = generate(ids, greedy, seed)
+def _records(indices, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok) -> list[tuple[dict, int, int | None]]:
+    """Records `indices` (generated together), each with the number of bytes the LM wrote for it and
+    the decoding cycles it took (None without a head)."""
+    requests = []
+    for i in indices:
+        seed = _record_seed(cfg.seed, i)
+        rng = random.Random(seed)
+        prompt = prompts[rng]
+        greedy = rng.random() < cfg.greedy_fraction
+        requests.append((i, prompt, greedy, seed))
+    outputs = generate([([tok.bos_id] + list(prompt), greedy, seed) for _, prompt, greedy, seed in requests])
+    return [_record(i, prompt, greedy, new, cycles, tok) for (i, prompt, greedy, _), (new, cycles)
+            in zip(requests, outputs)]
+
+
+def _record(i: int, prompt: bytes, greedy: bool, new: list[int], cycles: int | None, tok) -> tuple[dict, int, int | None]:
+    """Record `i` from the LM's new tokens: its bytes up to the first special token (which names the stop)."""
     specials = [k for k, t in enumerate(new) if not tok.is_byte(t)]
     cut = specials[0] if specials else len(new)
     stop = "length" if not specials else ("eos" if new[cut] == tok.eos_id else "special")
@@ -286,10 +298,11 @@ def _as_text(data: bytes) -> str:
 
 
 def _generator(cfg: DistillConfig, tok):
-    """`generate(ids, greedy, seed) -> (new token ids, decoding cycles or None)` for one prompt."""
+    """`generate([(ids, greedy, seed), ...]) -> [(new token ids, decoding cycles or None), ...]`: plain
+    batched sampling, or one prompt at a time through the speculative decoder with `--head`."""
     from transformers import AutoModelForCausalLM
 
-    from ..decoding.decoder import SpeculativeDecoder, generate_autoregressive
+    from ..decoding import SpeculativeDecoder, Target
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -297,14 +310,10 @@ def _generator(cfg: DistillConfig, tok):
     except (OSError, ValueError) as e:
         raise InputError(f"--model {cfg.model}: {e}") from None
     stop = [t for t in range(tok.vocab_size) if not tok.is_byte(t)]
-    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, eos_token_id=stop)
     if cfg.head is None:
-        def generate(ids, greedy, seed):
-            generator = torch.Generator(device).manual_seed(seed)
-            out = generate_autoregressive(model, torch.tensor([ids], device=device), cfg.max_new_tokens,
-                                          do_sample=not greedy, generator=generator, **sampling)
-            return out.sequences[0, len(ids):].tolist(), None
-        return generate
+        target = Target(True, cfg.temperature, None, cfg.top_p)
+        return lambda requests: [(new, None) for new in sample_batch(model, requests, cfg.max_new_tokens, target,
+                                                                     stop, device)]
 
     from ..decoding.head_entry import load_head_entry
 
@@ -313,10 +322,54 @@ def _generator(cfg: DistillConfig, tok):
         decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"--head {cfg.head}: {e}") from None
+    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, eos_token_id=stop)
 
-    def generate(ids, greedy, seed):
-        generator = torch.Generator(device).manual_seed(seed)
-        out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, do_sample=not greedy,
-                               generator=generator, **sampling)
-        return out.sequences[0, len(ids):].tolist(), out.stats.cycles
+    def generate(requests):
+        outputs = []
+        for ids, greedy, seed in requests:
+            generator = torch.Generator(device).manual_seed(seed)
+            out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, do_sample=not greedy,
+                                   generator=generator, **sampling)
+            outputs.append((out.sequences[0, len(ids):].tolist(), out.stats.cycles))
+        return outputs
     return generate
+
+
+@torch.no_grad()
+def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tokens: int, target, stop: list[int],
+                 device: torch.device) -> list[list[int]]:
+    """Plain batched decoding of equal-length prompts: row `b` is greedy or a draw from `target` with its
+    own generator (seeded by its request), so a record does not depend on which records share its batch
+    (up to float rounding of batched matrix products). Rows stop at their first `stop` token; the batch
+    stops when every row has. Returns each row's new tokens, the stop token included."""
+    ids = torch.tensor([r[0] for r in requests], dtype=torch.long, device=device)  # [B, L]
+    greedy = torch.tensor([r[1] for r in requests], device=device)  # [B]
+    generators = [torch.Generator(device).manual_seed(r[2]) for r in requests]
+    stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids, use_cache=True)
+    cache, logits = _cache_of(out), out.logits[:, -1]  # [B, V]
+    new, done = [], torch.zeros(len(requests), dtype=torch.bool, device=device)
+    for _ in range(max_new_tokens):
+        probs = target.probs(logits)  # [B, V] float64
+        drawn = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)])  # [B]
+        token = torch.where(greedy, logits.argmax(-1), drawn)  # [B]
+        new.append(token)
+        done |= torch.isin(token, stop_ids)
+        if bool(done.all()):
+            break
+        out = model(input_ids=token[:, None], use_cache=True, **{cache_kwarg: cache})
+        cache, logits = _cache_of(out), out.logits[:, -1]
+    rows = torch.stack(new, 1).tolist()  # [B, steps]
+    return [_until_stop(row, set(stop)) for row in rows]
+
+
+def _cache_of(output):
+    """The KV cache of a model output (`cache` in recent transformers, `past_key_values` before)."""
+    fields = getattr(output, "__dataclass_fields__", {})
+    return output.cache if "cache" in fields else output.past_key_values
+
+
+def _until_stop(row: list[int], stop: set[int]) -> list[int]:
+    cut = next((k for k, t in enumerate(row) if t in stop), None)
+    return row if cut is None else row[:cut + 1]

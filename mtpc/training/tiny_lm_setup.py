@@ -1,0 +1,164 @@
+"""`mtpc tiny-lm`, setting up: the settings (`TinyLMConfig`) and their checks, the fresh LM and the
+jointly trained head, the data and its order, the optimizer.
+
+User mistakes are reported by `check_config` and `mtp_graph` before any slow work.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .. import loading
+from ..errors import InputError
+from ..heads.head import PARAMETERISATIONS, MTPHead
+from ..tokenizer import ByteTokenizer
+from .data import DataStats, EpochSampler, PackedDataset, load_documents, split_documents
+
+MTP_HEAD_DIR = "mtp_head"  # the jointly trained head's folder inside the LM's (mtpc.load_head reads it)
+
+
+@dataclass
+class TinyLMConfig:
+    out: str
+    data: str | None = None  # None: the Python standard library sources
+    minutes: float = 10.0
+    steps: int | None = None  # a fixed number of steps instead of the time budget
+    context: int = 1024
+    d_model: int = 256
+    layers: int = 4
+    heads: int = 4
+    ffn: int = 704
+    vocab_size: int | None = None  # None: 256 bytes + the tokenizer's specials
+    batch_size: int = 4  # sequences per step (small: a 10-minute CPU budget is step-limited)
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    val_fraction: float = 0.02
+    val_tokens: int = 65536  # per periodic evaluation
+    final_val_tokens: int = 1 << 18
+    eval_every_s: float = 120.0
+    precision: str = "auto"  # auto | fp32 | bf16
+    seed: int = 0
+    progress: bool = True
+    save_every: int = 100  # steps between checkpoints (OUT/checkpoint.pt; rerunning the command resumes)
+    resume: bool = True
+    stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
+    # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
+    mtp_circuit: str | None = None  # .pc file; None: next-byte loss only
+    mtp_bindings: dict = field(default_factory=dict)
+    mtp_weight: float = 0.1  # weight of the per-position MTP loss (normalised by sum_j gamma^(j-1))
+    mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
+    mtp_window_stride: int = 1  # score the windows at every s-th position (shifting with the step)
+    mtp_gamma: float = 0.9
+    mtp_sum_init_std: float = 0.02
+
+
+def build_model(cfg: TinyLMConfig, tok: ByteTokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
+        max_position_embeddings=cfg.context, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def build_mtp_head(cfg: TinyLMConfig, graph, model, tok: ByteTokenizer) -> MTPHead:
+    """A head on the final hidden states, its units initialised from the (fresh) LM's unembedding,
+    as `mtpc train` does, so at step 0 it is the fully factorised product of the LM's softmax."""
+    unembed = model.get_output_embeddings().weight.detach()  # [V, d]
+    return MTPHead(graph, cfg.d_model, init_from=unembed, sum_init_std=cfg.mtp_sum_init_std,
+                   parameterisation=cfg.mtp_parameterisation)
+
+
+class ShuffledOrder(EpochSampler):
+    """The order `tiny-lm` has always used: epoch `e` is the `e + 1`-th shuffle of one
+    `random.Random(seed)`, so a resumed run replays the shuffles up to its epoch."""
+
+    def _permutation(self) -> list[int]:
+        rng = random.Random(self.seed)
+        for _ in range(self.epoch + 1):
+            perm = list(range(self.size))
+            rng.shuffle(perm)
+        return perm
+
+
+def check_config(cfg: TinyLMConfig) -> None:
+    """User mistakes, reported before any slow work."""
+    if cfg.steps is not None and cfg.steps < 1:
+        raise InputError(f"--steps must be at least 1, got {cfg.steps}")
+    if cfg.steps is None and not cfg.minutes > 0:
+        raise InputError(f"--minutes must be positive, got {cfg.minutes}")
+    if cfg.d_model % cfg.heads:
+        raise InputError(f"--heads {cfg.heads} must divide --d-model {cfg.d_model}")
+    if cfg.vocab_size is not None and cfg.vocab_size < loading.MIN_BYTE_VOCAB:
+        raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
+                         f"{loading.MIN_BYTE_VOCAB}")
+    if cfg.mtp_circuit is None:
+        defaults = TinyLMConfig(out=cfg.out)
+        given = [flag for flag, name in (("-D", "mtp_bindings"), ("--mtp-weight", "mtp_weight"),
+                                         ("--mtp-window-stride", "mtp_window_stride"))
+                 if getattr(cfg, name) != getattr(defaults, name)]
+        if given:
+            raise InputError(f"{', '.join(given)} only apply with --mtp-circuit")
+        return
+    if cfg.mtp_parameterisation not in PARAMETERISATIONS:
+        raise InputError(f"--mtp-parameterisation must be one of {', '.join(PARAMETERISATIONS)}, "
+                         f"got {cfg.mtp_parameterisation!r}")
+    if not (cfg.mtp_weight >= 0 and math.isfinite(cfg.mtp_weight)):
+        raise InputError(f"--mtp-weight must be a finite number >= 0, got {cfg.mtp_weight}")
+    if cfg.mtp_window_stride < 1:
+        raise InputError(f"--mtp-window-stride must be at least 1, got {cfg.mtp_window_stride}")
+    if not 0 < cfg.mtp_gamma <= 1:
+        raise InputError(f"--mtp-gamma must be in (0, 1], got {cfg.mtp_gamma}")
+
+
+def mtp_graph(cfg: TinyLMConfig):
+    """The checked region graph of `--mtp-circuit` (None without one)."""
+    if cfg.mtp_circuit is None:
+        return None
+    import circuitc
+    from circuitc.errors import CircuitError
+
+    path = Path(cfg.mtp_circuit)
+    if not path.is_file():
+        raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: no such file")
+    try:
+        graph = circuitc.load_graph(path, **cfg.mtp_bindings)
+    except CircuitError as e:
+        raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: {e}") from None
+    vocab = ByteTokenizer(cfg.vocab_size).vocab_size
+    states = circuitc.compile(graph).num_states
+    if states > vocab:
+        raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: {states} states, but the LM has {vocab} tokens")
+    return graph
+
+
+def datasets(cfg: TinyLMConfig, tok: ByteTokenizer) -> tuple[PackedDataset, PackedDataset, DataStats]:
+    docs, stats = load_documents(cfg.data, tok)
+    train_docs, val_docs = split_documents(docs, cfg.val_fraction)
+    return (PackedDataset(train_docs, cfg.context, tok.pad_id), PackedDataset(val_docs, cfg.context, tok.pad_id),
+            stats)
+
+
+def stats_dict(stats: DataStats) -> dict:
+    return {k: getattr(stats, k) for k in ("files", "documents", "tokens", "skipped_empty", "skipped_corrupt",
+                                           "skipped_binary")}
+
+
+def optimizer(module: nn.Module, cfg: TinyLMConfig) -> torch.optim.Optimizer:
+    """AdamW over the LM (and the joint head, same rule): weight decay on matrices only."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))

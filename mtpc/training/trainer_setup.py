@@ -1,0 +1,243 @@
+"""`mtpc train`, setting up: the settings (`TrainConfig`) and their checks, and the model pieces the
+loop trains (`DraftModel`: the LM's draft path feeding the head; the backbone with its LoRA; the head,
+fresh or continued from `--init-head`).
+
+Everything a user can get wrong is checked by `check_inputs` before the model and the data are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .. import checks, loading
+from ..errors import InputError
+from ..heads.kl_loss import kl_loss, lm_teacher
+from ..heads.nll_loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss
+from .precision import autocast
+
+LORA_DIR = "lora"
+LOSSES = ("nll", "kl", "nll+kl")
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    out: str
+    circuit: str | None = None  # .pc/.json path or text; optional with init_head
+    bindings: dict = field(default_factory=dict)
+    data: str | None = None  # None: the Python standard library sources
+    lora_layers: int = 0
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    init_head: str | None = None  # a trained head's folder to continue from (two-stage schedule)
+    seq_len: int = 512
+    batch_size: int = 8  # sequences per optimizer step, over all ranks and micro-batches
+    grad_accum: int = 1
+    steps: int | None = None
+    minutes: float | None = None  # alternatively: a time budget, turned into steps after 2 steps
+    lr: float = 2e-3
+    lora_lr: float = 2e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    gamma: float = 0.9
+    loss: str = "nll"  # nll | kl | nll+kl (see mtpc.training.trainer)
+    window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
+    sum_init_std: float = 0.02
+    parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
+    adapter_rank: int = 16  # shared/factorised: rank of the per-unit adapters
+    factor_rank: int = 64  # factorised: rank of the per-position unembedding
+    val_fraction: float = 0.02
+    val_every: int = 50
+    val_sequences: int = 8
+    val_windows: int = 1024  # windows scored for the accepted length
+    save_every: int = 50
+    precision: str = "auto"  # auto | fp32 | bf16
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    seed: int = 0
+    progress: bool = True
+    resume: bool = True
+    stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
+    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
+
+
+# ------------------------------------------------------------------ model pieces
+
+
+class DraftModel(nn.Module):
+    """The LM's draft path (LoRA adapters enabled, if any) feeding the MTP head; `forward` returns
+    the loss pieces of a batch so that DistributedDataParallel can wrap the whole computation."""
+
+    def __init__(self, lm: nn.Module, head: nn.Module, gamma: float, chunk_elements: int, amp: torch.dtype | None,
+                 loss: str = "nll"):
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        self.lm, self.head = lm, head
+        self.gamma, self.chunk_elements, self.amp, self.loss = gamma, chunk_elements, amp, loss
+        self.trains_lm = any(p.requires_grad for p in lm.parameters())
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` final-norm hidden states of the draft path."""
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
+            return base.get_decoder()(input_ids=tokens).last_hidden_state
+
+    def teacher_hidden(self, tokens: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` the verifier path's final hidden states: the draft path's own when it has no
+        adapters, else a second forward with the adapters disabled (the LM's true distributions)."""
+        if not hasattr(self.lm, "disable_adapter"):
+            return draft.detach()
+        base = self.lm.get_base_model()
+        with torch.no_grad(), self.lm.disable_adapter(), autocast(tokens.device, self.amp):
+            return base.get_decoder()(input_ids=tokens).last_hidden_state
+
+    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
+        h = self.hidden(tokens)  # [B, T, d]
+        kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
+                      chunk_elements=self.chunk_elements)
+        with autocast(tokens.device, self.amp):
+            nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
+            if "kl" in self.loss:
+                base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+                teacher = lm_teacher(base.get_output_embeddings(), self.teacher_hidden(tokens, h))
+                kl = kl_loss(self.head, h, teacher, tokens, doc_ids, loss_mask, **kwargs)
+        if self.loss == "nll":
+            return nll.loss, nll.term_sums, nll.counts
+        if self.loss == "kl":
+            return kl.loss, kl.term_sums, kl.counts
+        return nll.loss + kl.loss, nll.term_sums, nll.counts
+
+
+def load_lm(cfg: TrainConfig, device: torch.device):
+    """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
+    from ..decoding.backbone import attach_draft_lora
+
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    previous = init_adapter(cfg)
+    if previous is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(previous), is_trainable=True)
+    elif cfg.lora_layers > 0:
+        model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    return model.to(device)
+
+
+def init_adapter(cfg: TrainConfig) -> Path | None:
+    """The init head's LoRA adapter folder, if it has one."""
+    folder = Path(cfg.init_head) / LORA_DIR if cfg.init_head else None
+    return folder if folder is not None and (folder / "adapter_config.json").exists() else None
+
+
+def adapter_layers(adapter_dir: Path) -> int:
+    meta = loading.json_object(adapter_dir / "adapter_config.json", "the LoRA adapter of the init head")
+    layers = meta.get("layers_to_transform") or []
+    return len(layers)
+
+
+def load_init_head(cfg: TrainConfig):
+    """The `--init-head` head (an `InputError` for a folder that is not one)."""
+    from safetensors import SafetensorError
+
+    from ..heads.head import load_head
+
+    folder = loading.head_folder(cfg.init_head)
+    try:
+        return load_head(folder)
+    except (ValueError, KeyError, OSError, SafetensorError) as e:
+        raise InputError(f"--init-head {cfg.init_head}: {e}") from None
+
+
+def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, init=None):
+    """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
+    from ..heads.head import MTPHead
+
+    if init is not None:
+        return init.float().to(device)
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    unembed = base.get_output_embeddings().weight.detach()  # [V, d]
+    head = MTPHead(graph, base.config.hidden_size, init_from=unembed, sum_init_std=cfg.sum_init_std,
+                   parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
+                   factor_rank=cfg.factor_rank)
+    return head.to(device)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_inputs(cfg: TrainConfig, init, world: int):
+    """Check settings, files and how they fit together; returns the circuit's region graph. `init` is
+    the `--init-head` head (or None); `world` the number of processes. Sets `cfg.lora_layers` to the
+    init head's adapter depth when it has one."""
+    import circuitc
+
+    check_numbers(cfg)
+    per = cfg.grad_accum * world
+    if cfg.batch_size % per:
+        raise InputError(f"--batch-size {cfg.batch_size} must be divisible by --grad-accum x world size = {per}")
+    checks.output_folder(cfg.out)
+    checks.data_source(cfg.data)
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    graph = None
+    if cfg.circuit is not None:
+        graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
+    elif cfg.bindings:
+        raise InputError(f"-D {', '.join(cfg.bindings)} given without --circuit")
+    if init is not None:
+        checks.hidden_sizes_match(init.hidden_size, info.hidden_size, cfg.init_head, cfg.model)
+        if graph is not None and graph_digest(graph) != graph_digest(init.graph):
+            raise InputError(f"--circuit differs from the circuit of the head in {cfg.init_head} (omit --circuit "
+                             "to continue that head)")
+        graph = init.graph
+        adapter = init_adapter(cfg)
+        k = adapter_layers(adapter) if adapter is not None else 0
+        if adapter is not None and cfg.lora_layers and cfg.lora_layers != k:
+            raise InputError(f"{cfg.init_head} carries LoRA on the last {k} layers; --lora-layers "
+                             f"{cfg.lora_layers} would change them (omit it, or start from a head without an "
+                             "adapter)")
+        cfg.lora_layers = k or cfg.lora_layers
+    if graph is None:
+        raise InputError("give --circuit (or --init-head to continue from a trained head)")
+    checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
+    config = loading.json_object(info.path / "config.json", "")
+    layers = config.get("num_hidden_layers")
+    if isinstance(layers, int) and cfg.lora_layers > layers:
+        raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")
+    return graph
+
+
+def check_numbers(cfg: TrainConfig) -> None:
+    """The numeric settings of the Python API, checked as the command line's parser checks its flags."""
+    positive = ("seq_len", "batch_size", "grad_accum", "window_stride", "val_every", "val_sequences", "val_windows",
+                "save_every", "lora_rank", "adapter_rank", "factor_rank", "steps", "stop_after")
+    for name in positive:
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not isinstance(cfg.lora_layers, int) or cfg.lora_layers < 0:
+        raise InputError(f"--lora-layers must be an integer >= 0, got {cfg.lora_layers!r}")
+    for name in ("lr", "lora_lr", "minutes", "grad_clip"):
+        value = getattr(cfg, name)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
+    if not (isinstance(cfg.gamma, (int, float)) and 0 < cfg.gamma <= 1):
+        raise InputError(f"--gamma must be in (0, 1], got {cfg.gamma!r}")
+    if cfg.steps is None and cfg.minutes is None:
+        raise InputError("give --steps or --minutes")
+    if cfg.loss not in LOSSES:
+        raise InputError(f"--loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}")
+
+
+def graph_digest(graph) -> str:
+    """A digest of a region graph's structure (its JSON form), to tell circuits apart."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(graph.to_json(), sort_keys=True).encode()).hexdigest()[:16]

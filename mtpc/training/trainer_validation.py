@@ -1,0 +1,41 @@
+"""`mtpc train`, validation: the loss and the teacher-forced mean accepted length of the circuit's
+greedy draft on held-out windows (run on rank 0)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..heads.nll_loss import teacher_forced_accepted
+from .data import PackedDataset, collate, target_validity, window_targets
+from .trainer_setup import DraftModel, TrainConfig
+
+
+@torch.no_grad()
+def validate(module: DraftModel, val_set: PackedDataset, cfg: TrainConfig, device: torch.device) -> dict:
+    """Loss and teacher-forced mean accepted length on `val_sequences` held-out sequences spread
+    evenly over the validation set, and `val_windows` of their full windows, also evenly spread."""
+    head = module.head
+    n = head.num_variables
+    picks = spread(len(val_set), cfg.val_sequences)
+    batch = {k: t.to(device) for k, t in collate(val_set[i] for i in picks).items()}
+    module.eval()
+    loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
+    h = module.hidden(batch["tokens"]).float()  # [B, T, d]
+    valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
+    valid &= window_targets(batch["tokens"], n, fill=-1) < head.num_states
+    full = valid.all(-1).flatten()  # windows whose n targets all exist
+    x = window_targets(batch["tokens"], n).flatten(0, 1)[full]  # [W, n]
+    hw = h.flatten(0, 1)[full]  # [W, d]
+    chosen = torch.tensor(spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
+    x, hw = x[chosen], hw[chosen]
+    accepted = torch.cat([teacher_forced_accepted(head, hw[i:i + 128], x[i:i + 128])
+                          for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0, dtype=torch.long)
+    return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
+            "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
+
+
+def spread(size: int, count: int) -> list[int]:
+    """`min(size, count)` distinct indices spread evenly over `range(size)`."""
+    if size <= count:
+        return list(range(size))
+    return [int(i * size // count) for i in range(count)]
