@@ -134,6 +134,9 @@ def sample(circ, theta_, num_samples, generator, evidence, keep_) -> Tensor | No
         raise ValueError(f"num_samples must be at least 0, got {num_samples}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator is not None and generator.device.type != theta_.device.type:
+        raise ValueError(f"generator is on device {generator.device}, theta on {theta_.device}; sample draws on "
+                         f"theta's device, so give a generator made with torch.Generator({theta_.device.type!r})")
     batch = _evidence(circ, bp, evidence, keep_)
     finite_logits(theta_, "sample")
     if batch == 0 or num_samples == 0:

@@ -13,7 +13,9 @@ import json
 import os
 import re
 import shutil
+import errno
 import subprocess
+import tempfile
 import sys
 import traceback
 from dataclasses import fields
@@ -41,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its help, version or error message
         return e.code if isinstance(e.code, int) else EXIT_INPUT
     try:
-        return args.run(args, out, err)
+        output = getattr(args, "output", None)
+        if output is not None and _same_file(output, args.file):  # before reading: b.pc -o b.pc
+            raise CircuitError(f"the output {output} is the input file {args.file}; writing it would destroy the "
+                               "source (choose another -o)")
+        status = args.run(args, out, err)
+        out.flush()  # a full standard output fails here, inside the error path, not at exit
+        return status
     except CircuitError as e:
         print(_with_prefix(e.render()), file=err)
         return EXIT_INPUT
@@ -53,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `circuitc show big.pc | head`: the reader left; nothing more to say
         _silence_stdout()
+        return EXIT_FAILED
+    except OSError as e:  # writing the output failed: `circuitc show x.pc > /dev/full`
+        if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO):
+            raise
+        _silence_stdout()
+        print(f"circuitc: error: cannot write the output: {e.strerror}", file=err)
         return EXIT_FAILED
     except Exception as e:  # a bug in circuitc, not in the input: say so plainly
         if args.debug:
@@ -153,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--format", choices=("text", "dot", "png"), default="text", help="what to draw")
     show.add_argument("-o", "--output", metavar="OUT",
                       help="output file (default: standard output; a PNG: <stem>.png beside FILE)")
+    show.add_argument("--dot-timeout", type=_positive, default=60, metavar="SECONDS",
+                      help="png: stop graphviz `dot` after this long (default: 60)")
     fmt = command("fmt", _fmt, "print a .pc file in canonical form, or a graph-spec .json as an equivalent .pc file",
                   bindings=False)
     fmt.add_argument("--in-place", action="store_true", help="rewrite a .pc file instead of printing it")
@@ -210,7 +226,7 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def _load(args) -> RegionGraph:
     return load_graph(Path(args.file), include_paths=args.include_paths, limits=_limits(args),
-                      **dict(getattr(args, "bindings", [])))
+                      **_bindings(getattr(args, "bindings", [])))
 
 
 def _beside(source: str, suffix: str) -> Path:
@@ -219,14 +235,57 @@ def _beside(source: str, suffix: str) -> Path:
     return path.with_name(path.stem + suffix)
 
 
-def _write(text: str, output: str | None, out: TextIO) -> None:
+def _bindings(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`-D` pairs as keywords; a name given twice is refused (which value was meant is not known)."""
+    bindings: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in bindings:
+            raise CircuitError(f"-D {name} is given twice ({bindings[name]!r} and {value!r}); give it once")
+        bindings[name] = value
+    return bindings
+
+
+def _write(text: str, output: str | None, out: TextIO, source: str | None = None) -> None:
+    """`text` to `output` (replaced atomically) or to `out`; an output that is the input `source` is refused."""
     if output is None:
         out.write(text)
         return
+    if source is not None and _same_file(output, source):
+        raise CircuitError(f"the output {output} is the input file {source}; writing it would destroy the source "
+                           "(choose another -o)")
     try:
-        Path(output).write_text(text, encoding="utf-8")
+        write_atomically(Path(output), text)
     except OSError as e:
-        raise RunFailed(f"cannot write {output}: {e.strerror or e}") from None
+        raise RunFailed(f"cannot write {output}: {e.strerror or e}; the file was left as it was") from None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve() or (Path(a).exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a temporary file beside `path`, fsync it, rename it over `path`: a full disk or a kill leaves
+    either the old file or the new one, never a torn one, and no temporary file behind."""
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: write it as it is (nothing to keep)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 # ----------------------------------------------------------------------------- commands
@@ -249,7 +308,7 @@ def _count(n: int, word: str) -> str:
 
 
 def _export(args, out: TextIO, err: TextIO) -> int:
-    _write(spec_text(_load(args)), args.output, out)
+    _write(spec_text(_load(args)), args.output, out, args.file)
     return EXIT_OK
 
 
@@ -266,12 +325,14 @@ def spec_text(graph: RegionGraph) -> str:
 def _show(args, out: TextIO, err: TextIO) -> int:
     graph = _load(args)
     if args.format == "text":
-        _write(text_tree(graph), args.output, out)
+        _write(text_tree(graph), args.output, out, args.file)
     elif args.format == "dot":
-        _write(dot(graph), args.output, out)
+        _write(dot(graph), args.output, out, args.file)
     else:
         output = args.output or str(_beside(args.file, ".png"))
-        _render_png(dot(graph), output)
+        if _same_file(output, args.file):
+            raise CircuitError(f"the output {output} is the input file {args.file}; choose another -o")
+        _render_png(dot(graph), output, args.dot_timeout)
         print(f"wrote {output}", file=out)
     return EXIT_OK
 
@@ -292,11 +353,17 @@ def _fmt(args, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     if path.suffix != ".pc":
         raise CircuitError(f"cannot read {path}: fmt reads a .pc file or a graph-spec .json file")
+    if args.in_place and path.is_symlink():  # never read (and echo) or replace what the link points at
+        raise CircuitError(f"--in-place does not rewrite through a symlink: {path} is one; run it on the file the "
+                           "link points to")
     text = read_source(path, _limits(args))
     formatted = format_module(parse(text, file=str(path), limits=_limits(args)))
     if args.in_place:
         if formatted != text:
-            _write(formatted, str(path), out)
+            try:
+                write_atomically(path, formatted)
+            except OSError as e:
+                raise RunFailed(f"cannot rewrite {path}: {e.strerror or e}; the file was left as it was") from None
     else:
         out.write(formatted)
     return EXIT_OK
@@ -308,7 +375,7 @@ def _compile(args, out: TextIO, err: TextIO) -> int:
     graph = _load(args)
     plan = lower(graph)
     output = args.output or str(_beside(args.file, ".plan.json"))
-    _write(json.dumps(plan.to_json(), indent=1) + "\n", output, out)
+    _write(json.dumps(plan.to_json(), indent=1) + "\n", output, out, args.file)
     print(plan.summary(), file=out)
     print(f"wrote {output}", file=out)
     if args.fuse:
@@ -404,14 +471,20 @@ def _quote(text: str, escape: bool = True) -> str:
     return '"' + text.replace('"', '\\"') + '"'
 
 
-def _render_png(dot_text: str, output: str) -> None:
+def _render_png(dot_text: str, output: str, seconds: int = 60) -> None:
     program = shutil.which("dot")
     if program is None:
         raise RunFailed("cannot draw a PNG: the graphviz program `dot` is not installed; "
                            "install graphviz, or use `--format dot` and render the DOT text elsewhere")
-    result = subprocess.run([program, "-Tpng", "-o", output], input=dot_text, text=True, capture_output=True)
+    try:
+        result = subprocess.run([program, "-Tpng", "-o", output], input=dot_text, text=True, capture_output=True,
+                                timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"graphviz `dot` did not finish within {seconds} s (raise --dot-timeout, or draw a "
+                        "smaller structure)") from None
     if result.returncode != 0:
-        raise RunFailed(f"graphviz `dot` failed: {result.stderr.strip()}")
+        lines = result.stderr.strip().splitlines()
+        raise RunFailed(f"graphviz `dot` failed: {lines[0][:300] if lines else f'exit status {result.returncode}'}")
 
 
 if __name__ == "__main__":

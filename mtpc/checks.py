@@ -14,12 +14,14 @@ the command line can import it while staying quick to start.
 from __future__ import annotations
 
 import argparse
-import glob
 import math
+import os
 from pathlib import Path
 
 from .errors import InputError
+from .files import glob_paths
 
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
 
 
 # ------------------------------------------------------------------ numeric flags (argparse types)
@@ -46,6 +48,20 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
     return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def int_in(low: int, high: int):
+    """An argparse type: an integer in `low..high` (bounds that keep a flag from sizing a huge list)."""
+    def parse(text: str) -> int:
+        return _number(text, int, f"an integer in {low}..{high:,}", lambda v: low <= v <= high)
+
+    parse.__name__ = f"int_in_{low}_{high}"
+    return parse
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in 0..2**63-1 (what torch.Generator.manual_seed takes)."""
+    return _number(text, int, "a seed in 0..2**63-1", lambda v: 0 <= v < 2**63)
 
 
 def positive_float(text: str) -> float:
@@ -87,7 +103,7 @@ def data_source(source: str | None, what: str = "--data") -> None:
         return
     text = str(source)
     if any(ch in text for ch in "*?["):
-        if not any(Path(p).is_file() for p in glob.iglob(str(Path(text).expanduser()), recursive=True)):
+        if not any(p.is_file() for p in glob_paths(text)):
             raise InputError(f"{what} {text!r} matches no files")
     elif not Path(text).expanduser().exists():
         raise InputError(f"{what} {text!r} does not exist")

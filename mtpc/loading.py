@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, first_line
+from .files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
 MAX_BYTE_VOCAB = 512  # without mtpc_tokenizer.json, a vocabulary this small is taken as bytes + specials
@@ -22,6 +23,9 @@ HEAD_FILES = ("head.json", "head.safetensors")
 LORA_DIR = "lora"  # where `mtpc train` saves a head's draft-path adapter, inside the head folder
 ADAPTER_CONFIG = "adapter_config.json"
 REMOTE_CODE_FLAG = "--trust-remote-code"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+GENERATION_CONFIG = "generation_config.json"
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 # ------------------------------------------------------------------ folders and JSON
@@ -39,16 +43,70 @@ def readable_folder(path: str | Path, what: str) -> Path:
     return folder
 
 
-def json_object(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path} is missing; {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} cannot be read as JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path} must hold a JSON object, it holds {type(data).__name__}")
-    return data
+def json_object(path: Path, what: str, folder: Path | None = None) -> dict:
+    """The JSON object in `path` through `mtpc.files.read_json` (regular file, size and depth caps;
+    inside `folder` when given); a missing file says `what` it should have been."""
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"{path} is missing; {what}" if what else f"{path} is missing")
+    return read_json(path, what or "a JSON file", folder=folder)
+
+
+# What a model's sizes may be before anything is built (a 1 KB config.json must not ask for 16 TB).
+MAX_LAYERS = 1024
+MAX_CONTEXT = 2**22  # max_position_embeddings: 4M positions
+MAX_VOCAB = 2**22
+MAX_HIDDEN = 2**16
+
+
+def model_config(path: str | Path, what: str = "--model") -> dict:
+    """A model folder's `config.json`, checked: an object, its sizes integers in range, the attention
+    heads dividing the hidden size, and the parameter count they imply present in the weights' headers
+    (`check_weights_fit`). Raises `InputError` naming the file and the key."""
+    folder = readable_folder(path, "model folder")
+    file = folder / "config.json"
+    config = json_object(file, "is this a Hugging Face checkpoint folder (save_pretrained)?", folder)
+    sizes = model_sizes(config)  # each family's own spelling (GPT-2: n_embd) resolved
+    limits = {"hidden_size": MAX_HIDDEN, "vocab_size": MAX_VOCAB, "num_hidden_layers": MAX_LAYERS,
+              "num_attention_heads": MAX_HIDDEN, "intermediate_size": 2**20, "max_position_embeddings": MAX_CONTEXT}
+    for key, high in limits.items():
+        required = key in ("hidden_size", "vocab_size")
+        field(sizes, key, file, "int", low=1, high=high, **({} if required else {"default": None}))
+    kv = field(sizes, "num_key_value_heads", file, "int", low=1, high=MAX_HIDDEN, default=None)
+    heads, hidden = sizes.get("num_attention_heads"), sizes["hidden_size"]
+    if heads is not None and hidden % heads:
+        raise InputError(f"{file}: num_attention_heads ({heads}) must divide hidden_size ({hidden})")
+    if heads is not None and kv is not None and heads % kv:
+        raise InputError(f"{file}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads})")
+    for name in (GENERATION_CONFIG, *HF_TOKENIZER_FILES):
+        if (folder / name).exists() or (folder / name).is_symlink():
+            json_object(folder / name, "", folder)
+    return config
+
+
+SIZE_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "max_position_embeddings", "head_dim", "tie_word_embeddings")
+
+
+def model_sizes(config: dict) -> dict:
+    """The sizes of a config.json under transformers' common names, whatever the family spells them."""
+    if not isinstance(config.get("model_type", ""), str):
+        return {key: config.get(key) for key in SIZE_KEYS if key in config}
+    return {key: value for key in SIZE_KEYS if (value := _config_value(config, key)) is not None}
+
+
+def implied_parameters(config: dict) -> int:
+    """The weights a config asks for, counted as for the Llama layout (embeddings, attention, MLP; norms
+    aside): an estimate within a factor of two for the other families, which is all the check needs."""
+    config = model_sizes(config)
+    d, v = config["hidden_size"], config["vocab_size"]
+    layers = config.get("num_hidden_layers") or 1
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or d // heads
+    kv = config.get("num_key_value_heads") or heads
+    ffn = config.get("intermediate_size") or 4 * d
+    attention = d * heads * head_dim * 2 + d * kv * head_dim * 2
+    embeddings = v * d * (1 if config.get("tie_word_embeddings") else 2)
+    return embeddings + layers * (attention + 3 * d * ffn)
 
 
 @dataclass(frozen=True)
@@ -66,24 +124,22 @@ class ModelInfo:
 def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_remote_code: bool = False) -> ModelInfo:
     """Check a Hugging Face checkpoint folder without loading its weights: readable, `config.json`
     of a decoder-only causal LM (any `AutoModelForCausalLM` family; custom code, `auto_map`, only
-    with `trust_remote_code`), a byte-level vocabulary (refused otherwise unless
-    `allow_non_byte_vocab`), and weights whose safetensors headers are whole."""
-    folder = readable_folder(path, "model folder")
-    config = json_object(folder / "config.json", "is this a Hugging Face checkpoint folder (save_pretrained)?")
+    with `trust_remote_code`), sizes in range (`model_config`), a byte-level vocabulary (refused
+    otherwise unless `allow_non_byte_vocab`), and weights whose safetensors headers are whole."""
+    config = model_config(path)
+    folder = Path(path)
     model_type = config.get("model_type")
     remote = _remote_code(folder, config, trust_remote_code)
     if not remote:
         _check_causal_lm(folder, config)
-    hidden, vocab = (_config_value(config, name) for name in ("hidden_size", "vocab_size"))
-    for name, value in (("hidden_size", hidden), ("vocab_size", vocab)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"{folder / 'config.json'}: {name} must be a positive integer, got {value!r}")
+    sizes = model_sizes(config)
+    hidden, vocab = sizes["hidden_size"], sizes["vocab_size"]
     byte_level = _byte_level(folder, vocab)
     if not byte_level and not allow_non_byte_vocab:
         raise InputError(f"{folder}: a {vocab:,}-token vocabulary without {TOKENIZER_FILE} is not byte-level "
                          f"(mtpc needs ids 0..255 = bytes); pass --allow-non-byte-vocab to use token ids 0..255 "
                          "as bytes anyway")
-    _check_weights(folder)
+    _check_weights(folder, config)
     return ModelInfo(folder, model_type, hidden, vocab, byte_level, remote)
 
 
@@ -92,6 +148,8 @@ def _remote_code(folder: Path, config: dict, trust_remote_code: bool) -> bool:
     so that no planted `modeling_*.py` runs by accident."""
     if "auto_map" not in config:
         return False
+    if not isinstance(config["auto_map"], dict):
+        raise InputError(f"{folder / 'config.json'}: auto_map must be a JSON object, it is {describe(config['auto_map'])}")
     if not trust_remote_code:
         raise InputError(f"{folder}: config.json names custom modelling code (auto_map: "
                          f"{', '.join(sorted(map(str, config['auto_map'])))[:80]}), which would run Python code from "
@@ -106,8 +164,11 @@ def _check_causal_lm(folder: Path, config: dict) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = config.get("model_type")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or config.get("is_encoder_decoder"):
-        raise InputError(f"{folder}: model_type {str(model_type)[:40]!r} is not a decoder-only causal LM that "
+    if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
+            or config.get("is_encoder_decoder"):
+        shown = repr(model_type) if isinstance(model_type, str) and model_type.isidentifier() and len(model_type) <= 40 \
+            else describe(model_type)  # never a long string from the file: it could be someone's secret
+        raise InputError(f"{folder}: model_type {shown} is not a decoder-only causal LM that "
                          "transformers knows (AutoModelForCausalLM); mtpc runs those")
 
 
@@ -121,7 +182,8 @@ def _config_value(config: dict, name: str):
             continue
         if name in part:
             return part[name]
-        cls = CONFIG_MAPPING[part["model_type"]] if part.get("model_type") in CONFIG_MAPPING else None
+        model_type = part.get("model_type")
+        cls = CONFIG_MAPPING[model_type] if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
         alias = getattr(cls, "attribute_map", {}).get(name)
         if alias in part:
             return part[alias]
@@ -131,32 +193,101 @@ def _config_value(config: dict, name: str):
 def _byte_level(folder: Path, vocab: int) -> bool:
     path = folder / TOKENIZER_FILE
     if path.exists():
-        data = json_object(path, "")
-        if data.get("type") != "mtpc-byte-tokenizer":
-            raise InputError(f"{path} is not an mtpc byte-tokenizer description")
+        try:
+            ByteTokenizer.from_dict(json_object(path, "", folder), str(path))
+        except ValueError as e:
+            if isinstance(e, InputError):
+                raise
+            raise InputError(str(e)) from None
         return True
     return MIN_BYTE_VOCAB <= vocab <= MAX_BYTE_VOCAB
 
 
-def _check_weights(folder: Path) -> None:
+def _check_weights(folder: Path, config: dict) -> None:
     """Every safetensors file has a whole header and data section (a truncated copy is caught here,
-    in milliseconds, instead of deep inside `from_pretrained`)."""
+    in milliseconds, instead of deep inside `from_pretrained`), lies inside the folder, and together
+    they hold the parameters `config.json` implies (its sizes cannot ask for more than is there).
+    Pickled weights (`*.bin`) are refused: loading them can run code."""
     files = sorted(folder.glob("*.safetensors"))
-    if not files and not any(folder.glob("*.bin")):
-        raise InputError(f"{folder} holds no model weights (*.safetensors)")
-    for file in files:
-        safetensors_file(file)
+    if not files:
+        pickled = any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth"))
+        raise InputError(f"{folder} holds no model weights (*.safetensors)" + (
+            "; pickled weights (*.bin) are refused because loading them can run code: convert them with "
+            "save_pretrained(..., safe_serialization=True)" if pickled else ""))
+    stored = sum(safetensors_numel(inside(file, folder)) for file in files)
+    implied = implied_parameters(config)
+    if implied > 2 * stored + 2**20:
+        raise InputError(f"{folder / 'config.json'}: its sizes imply {implied:,} parameters, but the weights hold "
+                         f"only {stored:,}; config.json does not describe these weights")
+
+
+def safetensors_numel(file: Path) -> int:
+    """The number of values a safetensors file holds, from its header (checked whole)."""
+    header = safetensors_header(file)
+    return sum(_numel(shape) for shape in header.values())
+
+
+def _numel(shape) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
+MAX_SAFETENSORS_HEADER = 100 * 2**20
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def safetensors_header(file: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a safetensors file by name, read from its header alone (never mapped: a
+    sparse file claiming terabytes costs nothing here); the header must parse and its data offsets
+    must tile the rest of the file exactly (a truncated copy is caught)."""
+    size = regular_file(file, "safetensors weights", max_bytes=2**50).stat().st_size
+    damaged = f"{file} is damaged (truncated or not safetensors)"
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or not 2 <= n <= min(MAX_SAFETENSORS_HEADER, size - 8):
+                raise InputError(f"{damaged}: its header length does not fit the file")
+            header = parse_json(f.read(n), str(file), max_depth=4)
+    except OSError as e:
+        raise InputError(f"{damaged}: {e.strerror or type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{damaged}: its header is not a JSON object")
+    header.pop("__metadata__", None)
+    shapes, end = {}, 0
+    for name, entry in sorted(header.items(), key=lambda kv: _offsets(kv[1])[0] if isinstance(kv[1], dict) else 0):
+        shape, dtype, (start, stop) = _entry(entry, name, damaged)
+        if start != end or stop - start != _numel(shape) * SAFETENSORS_DTYPES[dtype]:
+            raise InputError(f"{damaged}: tensor {name} does not sit where its header says")
+        shapes[name], end = shape, stop
+    if 8 + n + end != size:
+        raise InputError(f"{damaged}: its header describes {end:,} bytes of data, the file holds {size - 8 - n:,}")
+    return shapes
+
+
+def _offsets(entry: dict) -> tuple[int, int]:
+    offsets = entry.get("data_offsets")
+    ok = isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)
+    return tuple(offsets) if ok else (-1, -1)
+
+
+def _entry(entry, name: str, damaged: str) -> tuple[tuple[int, ...], str, tuple[int, int]]:
+    if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
+        raise InputError(f"{damaged}: tensor {name} has no known dtype")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in shape):
+        raise InputError(f"{damaged}: tensor {name} has no valid shape")
+    start, stop = _offsets(entry)
+    if start < 0 or stop < start:
+        raise InputError(f"{damaged}: tensor {name} has no valid data_offsets")
+    return tuple(shape), entry["dtype"], (start, stop)
 
 
 def safetensors_file(file: Path) -> None:
     """A safetensors file whose header parses and whose data section is as long as it says."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(file), "pt") as f:
-            f.keys()
-    except (SafetensorError, OSError) as e:
-        raise InputError(f"{file} is damaged (truncated or not safetensors): {e}") from None
+    safetensors_header(file)
 
 
 def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=None, trust_remote_code: bool = False):
@@ -169,8 +300,10 @@ def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=No
     try:
         model = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=dtype or torch.float32,
                                                      trust_remote_code=info.remote_code, local_files_only=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise InputError(f"{info.path}: the model cannot be loaded: {first_line(e)}") from e
+    except Exception as e:  # noqa: BLE001 -- transformers' config validators raise their own classes
+        raise InputError(f"{info.path}: the model cannot be loaded: {type(e).__name__}: {first_line(e)}") from e
     model.requires_grad_(False)
     return model.eval(), info
 
@@ -179,6 +312,8 @@ def byte_tokenizer(path: str | Path):
     """The model folder's `ByteTokenizer` (an `InputError` instead of `ValueError` for odd sizes)."""
     try:
         return ByteTokenizer.load(path)
+    except InputError:
+        raise
     except (ValueError, KeyError, OSError) as e:
         raise InputError(f"{path}: no usable byte tokenizer: {first_line(e)}") from None
 
@@ -186,10 +321,12 @@ def byte_tokenizer(path: str | Path):
 def head_folder(path: str | Path) -> Path:
     """A folder written by `mtpc train` / `save_head` (head.json and head.safetensors present)."""
     folder = readable_folder(path, "head folder")
-    missing = [name for name in HEAD_FILES if not (folder / name).is_file()]
+    missing = [name for name in HEAD_FILES if not ((folder / name).exists() or (folder / name).is_symlink())]
     if missing:
         raise InputError(f"{folder} is not a head folder (no {' or '.join(missing)}; heads are written by "
                          "mtpc train)")
+    for name in HEAD_FILES:
+        regular_file(inside(folder / name, folder), "a head folder file", max_bytes=2**50)
     safetensors_file(folder / HEAD_FILES[1])
     return folder
 
@@ -205,12 +342,26 @@ def load_model(path: str | Path, dtype=None, device=None, allow_non_byte_vocab: 
 
 
 def resolve_device(name: str):
-    """The device called `name`; "auto" is CUDA when available, else the CPU."""
+    """The device called `name`; "auto" is CUDA when available, else the CPU. An unknown name, or a
+    CUDA device this machine does not have, is an `InputError`."""
     import torch
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"--device {name!r} is not a device name (auto, cpu, cuda, cuda:1, mps, ...)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {name}: this machine has no CUDA device (use cpu or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError(f"--device {name}: there are only {torch.cuda.device_count()} CUDA devices")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--device {name}: MPS is not available here (use cpu or auto)")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"--device {name}: mtpc runs on cpu, cuda or mps")
+    return device
 
 
 # ------------------------------------------------------------------ LoRA adapter folders
@@ -218,31 +369,54 @@ def resolve_device(name: str):
 def head_lora_folder(head: str | Path) -> Path | None:
     """The draft-path adapter `mtpc train` saved inside a head folder (`HEAD/lora`), if there is one."""
     folder = Path(head) / LORA_DIR
-    return folder if (folder / ADAPTER_CONFIG).is_file() else None
+    return adapter_files(folder) if (folder / ADAPTER_CONFIG).exists() else None
 
 
 def lora_folder(path: str | Path, what: str = "--lora") -> Path:
-    """A peft adapter folder named by the user (it must hold `adapter_config.json`)."""
+    """A peft adapter folder named by the user: `adapter_config.json` and the weights as safetensors,
+    both inside the folder (an adapter is only ever read from local files)."""
     folder = Path(path)
     if not (folder / ADAPTER_CONFIG).is_file():
         raise InputError(f"{what} {folder}: no {ADAPTER_CONFIG}; expected a peft adapter folder "
                          f"(mtpc train writes one to OUT/{LORA_DIR})")
+    return adapter_files(folder)
+
+
+def adapter_files(folder: Path) -> Path:
+    """`folder` if it holds a local adapter: a checked `adapter_config.json` and `adapter_model.safetensors`
+    (never pickled `adapter_model.bin`, and no Hub lookup for what is missing)."""
+    json_object(folder / ADAPTER_CONFIG, "the LoRA adapter's configuration", folder)
+    weights = folder / ADAPTER_WEIGHTS
+    if not weights.exists():
+        pickled = (folder / "adapter_model.bin").exists()
+        raise InputError(f"{folder}: no {ADAPTER_WEIGHTS}" + (" (adapter_model.bin is pickled and refused: loading "
+                         "it can run code)" if pickled else " (the adapter's weights)"))
+    safetensors_file(inside(weights, folder))
     return folder
 
 
 def adapter_layers(folder: Path, wanted: int | None = None) -> int:
     """How many (last) decoder layers the adapter in `folder` adapts; `wanted` must agree when given."""
-    config = json_object(folder / ADAPTER_CONFIG, "the LoRA adapter's configuration")
+    file = folder / ADAPTER_CONFIG
+    config = json_object(file, "the LoRA adapter's configuration", folder)
     layers = config.get("layers_to_transform") or []
-    if not isinstance(layers, list) or not layers:
-        raise InputError(f"{folder}: the adapter does not say which layers it adapts (layers_to_transform)")
+    if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                              and 0 <= i < MAX_LAYERS for i in layers):
+        raise InputError(f"{file}: layers_to_transform must be a non-empty list of layer numbers (which layers "
+                         "the adapter adapts)")
+    field(config, "r", file, "int", low=1, high=MAX_HIDDEN, default=None)
     if wanted is not None and wanted != len(layers):
         raise InputError(f"--lora-layers {wanted}, but the adapter in {folder} adapts the last {len(layers)} layers")
     return len(layers)
 
 
 def load_lora(model, folder: Path):
-    """`model` wrapped with the peft adapter saved in `folder` (read from local files only)."""
+    """`model` wrapped with the peft adapter saved in `folder`, read from its local files only (checked
+    first by `adapter_files`, so peft never falls back to the Hub)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, str(folder), local_files_only=True).eval()
+    adapter_files(Path(folder))
+    try:
+        return PeftModel.from_pretrained(model, str(folder), local_files_only=True).eval()
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise InputError(f"{folder}: the LoRA adapter cannot be loaded: {first_line(e)}") from None

@@ -28,6 +28,7 @@ NUM_BYTES = 256
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 ROLES = ("system", "user", "assistant", "tool")
 TOKENIZER_FILE = "mtpc_tokenizer.json"
+MAX_VOCAB = 2**22  # ids a byte tokenizer may describe (its Hugging Face view names every one)
 
 
 class ByteTokenizer:
@@ -124,10 +125,23 @@ class ByteTokenizer:
         return {"type": "mtpc-byte-tokenizer", "vocab_size": self.vocab_size, "specials": list(self.specials)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ByteTokenizer":
-        if data.get("type") != "mtpc-byte-tokenizer":
-            raise ValueError(f"not an mtpc byte tokenizer description: {data!r}")
-        return cls(data["vocab_size"], data["specials"])
+    def from_dict(cls, data: dict, where: str = "the tokenizer description") -> "ByteTokenizer":
+        """The tokenizer `to_dict` describes; `ValueError` naming `where` and the key for anything else
+        (the message never quotes the file's strings)."""
+        if not isinstance(data, dict) or data.get("type") != "mtpc-byte-tokenizer":
+            raise ValueError(f"{where}: type must be 'mtpc-byte-tokenizer'")
+        vocab, specials = data.get("vocab_size"), data.get("specials", list(SPECIAL_TOKENS))
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or not NUM_BYTES < vocab <= MAX_VOCAB:
+            raise ValueError(f"{where}: vocab_size must be an integer in {NUM_BYTES + 1}..{MAX_VOCAB:,}")
+        if not isinstance(specials, list) or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in specials):
+            raise ValueError(f"{where}: specials must be a list of token names (strings of 1..64 characters)")
+        missing = [t for t in SPECIAL_TOKENS if t not in specials]
+        if missing:
+            raise ValueError(f"{where}: specials lacks {', '.join(missing)} (mtpc needs all of "
+                             f"{', '.join(SPECIAL_TOKENS)})")
+        if len(set(specials)) != len(specials):
+            raise ValueError(f"{where}: specials names a token twice")
+        return cls(vocab, specials)
 
     def save(self, directory: str | Path) -> Path:
         """Write `mtpc_tokenizer.json` and the Hugging Face tokenizer files (`to_hf().save_pretrained`)."""
@@ -173,13 +187,18 @@ class ByteTokenizer:
     @classmethod
     def load(cls, directory: str | Path) -> "ByteTokenizer":
         """The tokenizer saved in `directory`, or a default one sized to its HF config's vocabulary."""
+        from .files import read_json
+
         directory = Path(directory)
         path = directory / TOKENIZER_FILE
-        if path.exists():
-            return cls.from_dict(json.loads(path.read_text()))
+        if path.exists() or path.is_symlink():
+            return cls.from_dict(read_json(path, "the byte tokenizer", folder=directory), str(path))
         config = directory / "config.json"
-        if config.exists():
-            return cls(json.loads(config.read_text()).get("vocab_size"))
+        if config.exists() or config.is_symlink():
+            vocab = read_json(config, "the model's configuration", folder=directory).get("vocab_size")
+            if not isinstance(vocab, int) or isinstance(vocab, bool) or not NUM_BYTES < vocab <= MAX_VOCAB:
+                raise ValueError(f"{config}: vocab_size must be an integer in {NUM_BYTES + 1}..{MAX_VOCAB:,}")
+            return cls(vocab)
         raise FileNotFoundError(f"no {TOKENIZER_FILE} or config.json in {directory}")
 
     def __repr__(self) -> str:

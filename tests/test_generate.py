@@ -186,9 +186,10 @@ def test_a_tiny_lm_folder_loads_with_auto_tokenizer_and_chats(tmp_path, capsys):
     assert capsys.readouterr().out.endswith("\n")
 
 
-def test_warns_when_the_text_outgrows_the_models_context(folders, capsys):
-    assert generate(folders, "a" * 250, "--max-new-tokens", "10") == 0  # scripted LM: 256 positions
-    assert "warning: 251 prompt + 10 new tokens exceed the 256 positions" in capsys.readouterr().err
+def test_refuses_text_that_outgrows_the_models_context(folders, capsys):
+    assert generate(folders, "a" * 250, "--max-new-tokens", "10") == 2  # scripted LM: 256 positions
+    assert "251 prompt + 10 new tokens exceed the 256 positions the model has (lower --max-new-tokens to 5" \
+        in capsys.readouterr().err
 
 
 def test_lookup_drafting_stays_lossless_and_needs_a_head(folders, capsys):

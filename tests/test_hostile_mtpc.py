@@ -202,7 +202,7 @@ def test_model_folder_mistakes(capsys, lm, corpus, tmp_path):
     fails(capsys, train_args(str(tmp_path / "empty"), corpus, out), 2, "config.json is missing")
     broken = Path(shutil.copytree(lm, tmp_path / "badjson"))
     (broken / "config.json").write_text("{not json")
-    fails(capsys, train_args(str(broken), corpus, out), 2, "cannot be read as JSON")
+    fails(capsys, train_args(str(broken), corpus, out), 2, "config.json: not valid JSON")
     t5 = save_lm(tmp_path / "t5", model_type="t5")
     fails(capsys, train_args(t5, corpus, out), 2, "model_type 't5' is not a decoder-only causal LM")
     opt = save_lm(tmp_path / "opt", model_type="opt")  # decodes (lora_layers=0), but has no split-loop adapter

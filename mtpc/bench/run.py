@@ -180,7 +180,7 @@ def measure(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence
                 ids = torch.tensor([prompt], dtype=torch.long, device=device)
                 shift = (k * len(prompt_set) + i) % len(tasks)
                 for label, task in tasks[shift:] + tasks[:shift]:
-                    seed = cfg.seed * 1_000_003 + k * 10_007 + i
+                    seed = (cfg.seed * 1_000_003 + k * 10_007 + i) % 2**63  # a valid seed for any --seed
                     runs[label][k].append(task(ids, cfg.max_new_tokens, seed))
                     bar.update(1)
     return runs

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checks import non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
+from ..checks import MAX_THREADS, int_in, seed, non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
 from ..errors import InputError, MtpcError, first_line
 
 
@@ -73,7 +73,7 @@ def add_tiny_lm(sub) -> None:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast dtype (auto: bf16 where the hardware has it)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--seed", type=seed, default=0, help="random seed")
     p.add_argument("--save-every", type=positive_int, default=100, help="steps between checkpoints (OUT/checkpoint.pt)")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
     p.add_argument("--stop-after", type=positive_int, default=None,
@@ -173,7 +173,7 @@ def add_train(sub) -> None:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="autocast dtype (auto: bf16 where the hardware has it)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
-    p.add_argument("--seed", type=int, default=0, help="random seed (head init, data order)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed (head init, data order)")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/checkpoint.pt exists")
     p.add_argument("--stop-after", type=positive_int, default=None,
                    help="leave at this step with a checkpoint (resume later)")
@@ -255,7 +255,7 @@ def add_bench(sub) -> None:
                    help="bonus-conditioned drafting: off, on, or both side by side")
     p.add_argument("--lookup", choices=("off", "on", "both"), default="off",
                    help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
-    p.add_argument("--lookup-tokens", type=positive_int, default=10, help="tokens a lookup match proposes")
+    p.add_argument("--lookup-tokens", type=int_in(1, 1024), default=10, help="tokens a lookup match proposes")
     p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10) and/or assisted:DIR "
                         "(a small draft LM folder)")
@@ -270,8 +270,8 @@ def add_bench(sub) -> None:
     p.add_argument("--head-dtype", choices=("fp32", "fp64", "bf16"), default=None,
                    help="cast the heads for inference (default: as saved)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (prompt choice, sampling)")
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed (prompt choice, sampling)")
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md, tradeoff.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench)
@@ -321,7 +321,7 @@ def add_distill_data(sub) -> None:
                    help="share of greedy records (0: all sampled at --temperature, on-policy for sampling heads)")
     p.add_argument("--batch-size", type=positive_int, default=16,
                    help="records sampled together (plain batched decoding; --head decodes one at a time)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (prompts, sampling)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed (prompts, sampling)")
     p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_distill_data)
@@ -354,11 +354,12 @@ def add_generate(sub) -> None:
     p.add_argument("--lora", default=None, help="the draft path's LoRA adapter folder (default: HEAD/lora if any)")
     p.add_argument("--lora-layers", type=non_negative_int, default=None, help="the adapter's layer count (checked)")
     p.add_argument("--prompt-file", default=None, help="read the prompt's bytes from this file")
-    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="bytes to generate at most")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="bytes to generate at most (default: 256, fewer when the model's context has less room)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy; above 0: sample")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample from the k most likely bytes")
     p.add_argument("--top-p", type=probability, default=None, help="sample from the nucleus of this mass")
-    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    p.add_argument("--seed", type=seed, default=0, help="random seed for sampling")
     p.add_argument("--chat", action="store_true", help="render the prompt as a user turn with the chat template")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print as cycles commit (default) or all at the end")
@@ -366,8 +367,8 @@ def add_generate(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--lookup", type=positive_int, default=None, metavar="K",
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--lookup", type=int_in(1, 1024), default=None, metavar="K",
                    help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "
                         "a match proposes), chosen per cycle by past acceptance; still lossless")
     p.add_argument("--compile", action="store_true",
@@ -433,6 +434,13 @@ def _report(e: Exception, debug: bool) -> int:
     return status
 
 
+def _allocator_failure(e: BaseException) -> bool:
+    """torch's CPU allocator reports a failed allocation as a RuntimeError (`DefaultCPUAllocator:
+    can't allocate memory`), not as a MemoryError."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("DefaultCPUAllocator" in text or "can't allocate memory" in text)
+
+
 def describe_error(e: BaseException) -> tuple[int, str]:
     """(exit status, message) for an exception reaching the command line.
 
@@ -451,6 +459,6 @@ def describe_error(e: BaseException) -> tuple[int, str]:
         message = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
         user = isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
         return (2 if user else 1), message
-    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or _allocator_failure(e):
         return 1, f"out of memory: {first_line(e)} (try a smaller --batch-size or --seq-len)"
     return 1, f"internal error: {type(e).__name__}: {first_line(e)} (rerun with --debug for the traceback)"

@@ -21,7 +21,6 @@ Everything the user gave is checked before a model is loaded (`InputError`).
 from __future__ import annotations
 
 import codecs
-import json
 import math
 import sys
 from contextlib import contextmanager
@@ -32,10 +31,17 @@ from typing import TextIO
 import torch
 
 from .. import loading
-from ..errors import InputError
+from ..checks import MAX_THREADS
+from ..errors import InputError, MtpcError
+from ..files import regular_file
 from ..tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
 
 __all__ = ["GenerateConfig", "Utf8Streamer", "run_generate", "load_prompt"]
+
+DEFAULT_NEW_TOKENS = 256
+MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
+MAX_LOOKUP = 1024  # tokens one prompt-lookup match may propose
+MAX_PROMPT_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -47,7 +53,7 @@ class GenerateConfig:
     prompt: str | None = None
     prompt_file: str | None = None
     stdin: bytes | None = None  # the prompt read from standard input, when neither of the above
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None  # None: DEFAULT_NEW_TOKENS, fewer when the context has less room
     temperature: float = 0.0  # 0: greedy
     top_k: int | None = None
     top_p: float | None = None
@@ -88,7 +94,7 @@ class Utf8Streamer:
 # --------------------------------------------------------------------------- checks (before slow work)
 
 def check_config(cfg: GenerateConfig) -> None:
-    if cfg.max_new_tokens < 1:
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
     if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
         raise InputError(f"--temperature must be a finite number >= 0 (0: greedy), got {cfg.temperature}")
@@ -110,24 +116,36 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError("--compile compiles the speculative decoder's verify call: give --head too")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise InputError(f"--threads must be >= 1, got {cfg.threads}")
+    if cfg.threads is not None and not 1 <= cfg.threads <= MAX_THREADS:
+        raise InputError(f"--threads must be in 1..{MAX_THREADS} (4 per CPU core), got {cfg.threads}")
+    if 0 < cfg.temperature < MIN_TEMPERATURE:
+        raise InputError(f"--temperature {cfg.temperature:g} is too small to sample with (1/T overflows); use 0 "
+                         f"for greedy decoding or at least {MIN_TEMPERATURE:g}")
+    if cfg.lookup is not None and cfg.lookup > MAX_LOOKUP:
+        raise InputError(f"--lookup must be at most {MAX_LOOKUP} tokens a match proposes, got {cfg.lookup}")
+    if not (isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**63):
+        raise InputError(f"--seed must be an integer in 0..2**63-1, got {cfg.seed!r}")
 
 
 def model_config(path: str) -> dict:
-    """The model folder's config.json (a readable Hugging Face checkpoint folder, or InputError)."""
-    folder = Path(path)
-    if not folder.is_dir():
+    """The model folder's checked config.json (`mtpc.loading.model_config`), or InputError."""
+    if not Path(path).is_dir():
         raise InputError(f"--model {path}: no such folder (expected a Hugging Face checkpoint, e.g. from mtpc tiny-lm)")
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        raise InputError(f"--model {path}: no config.json; is it a Hugging Face checkpoint folder?") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"--model {path}: config.json is unreadable ({e})") from None
-    if not isinstance(config, dict) or not isinstance(config.get("vocab_size"), int):
-        raise InputError(f"--model {path}: config.json has no integer vocab_size")
-    return config
+    return loading.model_config(path)
+
+
+def check_context(n_prompt: int, cfg: GenerateConfig, config: dict) -> None:
+    """Prompt + new tokens must fit the positions the model has (refused before loading it); an unset
+    --max-new-tokens becomes `DEFAULT_NEW_TOKENS` or the room left, whichever is smaller."""
+    context = config.get("max_position_embeddings")
+    room = context - n_prompt if context else None
+    asked = cfg.max_new_tokens or DEFAULT_NEW_TOKENS
+    if cfg.max_new_tokens is None:
+        cfg.max_new_tokens = DEFAULT_NEW_TOKENS if room is None else max(1, min(DEFAULT_NEW_TOKENS, room))
+    if room is not None and cfg.max_new_tokens > room:
+        fix = f"lower --max-new-tokens to {room} or less" if room >= 1 else "shorten the prompt"
+        raise InputError(f"{n_prompt} prompt + {asked} new tokens exceed the {context} positions the model has "
+                         f"({fix})")
 
 
 def load_prompt(cfg: GenerateConfig) -> bytes:
@@ -140,37 +158,28 @@ def load_prompt(cfg: GenerateConfig) -> bytes:
         return to_bytes(cfg.prompt)
     if cfg.prompt_file is not None:
         path = Path(cfg.prompt_file)
-        if not path.is_file():
+        if not path.exists():
             raise InputError(f"--prompt-file {cfg.prompt_file}: no such file")
-        return path.read_bytes()
+        return regular_file(path, "--prompt-file", MAX_PROMPT_BYTES).read_bytes()
     if cfg.stdin is not None:
         return cfg.stdin
     raise InputError("no prompt: give it as an argument, with --prompt-file F, or on standard input")
 
 
 def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer) -> tuple[list[int], set[int]]:
-    """Token ids of the prompt and the ids that end the answer."""
+    """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.chat`, the template
+    rendered bounded and the prompt's bytes kept as bytes)."""
     if not cfg.chat:
         return [tok.bos_id] + list(text), {tok.eos_id}
-    hf = _hf_tokenizer(cfg.model)
-    content = text.decode("utf-8", errors="replace")
-    ids = hf.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                 tokenize=True, return_dict=False)
-    return list(ids), {tok.eos_id, tok.end_of_turn_id}
+    from ..chat import chat_ids
 
-
-def _hf_tokenizer(model: str):
-    from transformers import AutoTokenizer
-
-    folder = Path(model)
+    folder = Path(cfg.model)
     if not (folder / "tokenizer.json").exists():
-        raise InputError(f"--chat needs the model's chat template, but {model} has no tokenizer.json (written by "
+        raise InputError(f"--chat needs the model's chat template, but {cfg.model} has no tokenizer.json (written by "
                          f"mtpc tiny-lm since it saves the tokenizer); add it with: python -c \"from mtpc.tokenizer "
-                         f"import save_hf_tokenizer; save_hf_tokenizer('{model}')\"")
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    if not tok.chat_template:
-        raise InputError(f"--chat: the tokenizer in {model} has no chat template")
-    return tok
+                         f"import save_hf_tokenizer; save_hf_tokenizer('{cfg.model}')\"")
+    ids = chat_ids(folder, [{"role": "user", "content": text}], tok)
+    return ids, {tok.eos_id, tok.end_of_turn_id}
 
 
 def check_head_fits(head, config: dict, head_dir: str) -> None:
@@ -203,6 +212,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     config = model_config(cfg.model)
     tok = _model_tokenizer(cfg.model, config)
     ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
+    check_context(len(ids), cfg, config)
     head = None
     if cfg.head is not None:
         head = load_head(cfg.head)
@@ -221,10 +231,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
             decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup,
                                   cfg.compile)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
-    context = config.get("max_position_embeddings")
-    if context and len(ids) + cfg.max_new_tokens > context:
-        err.write(f"warning: {len(ids)} prompt + {cfg.max_new_tokens} new tokens exceed the {context} positions "
-                  f"the model was trained on\n")
+    check_logits(base, prompt)
     streamer = Utf8Streamer(out) if cfg.stream else None
     run = _measure(decode, prompt, cfg, streamer)
     new = run["sequence"][len(ids):]
@@ -260,14 +267,20 @@ def _quiet_loading():
 
 
 def _model_tokenizer(model: str, config: dict) -> ByteTokenizer:
-    try:
-        tok = ByteTokenizer.load(model)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"--model {model}: its byte tokenizer description is unreadable ({e})") from None
+    tok = loading.byte_tokenizer(model)
     if tok.vocab_size > config["vocab_size"]:
         raise InputError(f"--model {model}: the tokenizer has {tok.vocab_size} ids, the model only "
                          f"{config['vocab_size']}")
     return tok
+
+
+@torch.no_grad()
+def check_logits(model, prompt: torch.Tensor) -> None:
+    """The model's logits over the prompt are finite (NaN or inf weights would otherwise decode
+    "successfully" in greedy mode and fail deep inside sampling)."""
+    logits = model(prompt[:, -1:]).logits  # [1, 1, V]
+    if not torch.isfinite(logits).all():
+        raise MtpcError(f"the model's logits are not finite (NaN or inf); its weights are damaged")
 
 
 def _sampling(cfg: GenerateConfig) -> dict:

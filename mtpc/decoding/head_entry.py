@@ -3,7 +3,6 @@ PeftModel with the head's draft-path LoRA adapter), and what a report says about
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 
 from .. import loading
 from ..errors import InputError
+from ..files import read_json
 from ..heads import MTPHead, load_head
 
 __all__ = ["HeadEntry", "load_head_entry", "head_info"]
@@ -68,4 +68,5 @@ def head_info(head: MTPHead, train_cfg: dict, lora_layers: int) -> dict:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    exists = path.exists() or path.is_symlink()
+    return read_json(path, "the head's training settings", folder=path.parent) if exists else {}

@@ -54,6 +54,7 @@ saved subclass. A damaged folder raises `mtpc.errors.InputError` naming the file
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,7 +63,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError
+from ..errors import InputError, first_line
+from ..files import describe, field, inside, read_json
+from ..loading import MAX_HIDDEN, safetensors_header
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "save_head", "load_head",
            "PARAMETERISATIONS", "HEAD_FORMAT"]
@@ -527,66 +530,114 @@ def save_head(head: MTPHead, directory: str | Path) -> Path:
 
 
 def load_head(directory: str | Path, device: torch.device | str | None = None) -> MTPHead:
-    """Rebuild a head saved by `save_head` (or `save_pretrained`): compile its graph, load its weights
-    (exact, same dtype). A damaged folder raises `InputError` naming the file and what is wrong."""
+    """Rebuild a head saved by `save_head` (or `save_pretrained`): compile its graph, check the sizes
+    it implies against `head.safetensors`' header and the machine's memory, then build it and load its
+    weights (exact, same dtype). A damaged folder raises `InputError` naming the file and what is wrong,
+    before anything the size of the head is allocated."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(f"{directory}: no such head folder")
     config = _read_head_config(directory / CONFIG_FILE)
-    tensors = _read_head_weights(directory / WEIGHTS_FILE)
-    head = _head_from_config(config, tensors, directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.exists() and not weights.is_symlink():
+        raise InputError(f"{directory} has no {WEIGHTS_FILE} (the head's weights)")
+    inside(weights, directory)
+    try:
+        header = safetensors_header(weights)
+    except InputError as e:  # the head's own wording: "<file>: not a readable safetensors file"
+        raise InputError(f"{weights}: not a readable safetensors file, truncated or damaged? ({e})") from None
+    circ, shapes = _planned_shapes(config, directory)
+    _check_header(header, shapes, weights, config.get("parameterisation", "full"))
+    _check_memory(shapes, weights)
+    tensors = _read_head_weights(weights)
+    head = _head_from_config(config, circ, tensors, directory)
     return head.to(device) if device is not None else head
 
 
 def _read_head_config(path: Path) -> dict:
     from circuitc.graph import RegionGraph
 
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise InputError(f"{path.parent} has no {CONFIG_FILE}; is it a folder written by save_head or mtpc train?")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: unreadable ({e})") from None
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise InputError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = read_json(path, "the head's description", folder=path.parent)
     if config.get("format") != HEAD_FORMAT:
-        raise InputError(f"{path}: format {str(config.get('format'))[:40]!r}, expected {HEAD_FORMAT!r}")
-    hidden = config.get("hidden_size")
-    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
-        raise InputError(f"{path}: hidden_size must be a positive integer, got {str(hidden)[:40]}")
+        raise InputError(f"{path}: format is {describe(config.get('format'))}, not {HEAD_FORMAT!r}")
+    field(config, "hidden_size", path, "int", low=1, high=MAX_HIDDEN)
     if config.get("parameterisation", "full") not in PARAMETERISATIONS:
-        raise InputError(f"{path}: unknown parameterisation {str(config.get('parameterisation'))[:40]!r}; known: "
-                         f"{', '.join(PARAMETERISATIONS)}")
-    options = config.get("options", {})
-    if not isinstance(options, dict):
-        raise InputError(f"{path}: options must be a JSON object")
+        raise InputError(f"{path}: parameterisation must be one of {', '.join(PARAMETERISATIONS)}")
+    options = field(config, "options", path, "object", default={})
     for key in ("adapter_rank", "factor_rank"):
-        if key in options and (not isinstance(options[key], int) or isinstance(options[key], bool)
-                               or options[key] < 0):
-            raise InputError(f"{path}: options.{key} must be an integer >= 0, got {str(options[key])[:40]}")
+        field(options, key, f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=None)
+    field(options, "sum_init_std", f"{path}: options", "number", low=0, high=1e6, default=0.0)
+    identity = options.get("identity_init")
+    if identity is not None:
+        field(options, "identity_init", f"{path}: options", "number", low=-1e6, high=1e6)
     graph = config.get("graph")
     if not isinstance(graph, dict):  # never a path: a head folder does not point at other files
-        raise InputError(f"{path}: graph must be the inline graph-spec JSON object, got "
-                         f"{type(graph).__name__}")
+        raise InputError(f"{path}: graph must be the inline graph-spec JSON object, got {describe(graph)}")
     try:
         config["graph"] = RegionGraph.from_json(graph, source_name=f"{path}: graph")
     except (ValueError, TypeError, KeyError, RecursionError) as e:
-        raise InputError(f"{path}: graph: {e}") from None
+        raise InputError(f"{path}: graph: {first_line(e)}") from None
     return config
+
+
+def _build_args(config: dict) -> tuple[dict, dict]:
+    """(keyword arguments of `MTPHead`, the head options' ranks) from a checked head.json."""
+    options = dict(config.get("options", {}))
+    ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
+    return {"parameterisation": config.get("parameterisation", "full"), "identity_init": options.get("identity_init"),
+            "sum_init_std": options.get("sum_init_std", 0.0)}, ranks
+
+
+def _planned_shapes(config: dict, directory: Path):
+    """The compiled circuit of `config` and the state dict's shapes its head would have, found by
+    building the head on the meta device (no memory: sizes only)."""
+    import circuitc
+
+    kwargs, ranks = _build_args(config)
+    try:
+        circ = circuitc.compile(config["graph"])
+        with torch.device("meta"):
+            head = MTPHead(circ, config["hidden_size"], **kwargs, **ranks)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({first_line(e)})") from None
+    return circ, {name: tuple(t.shape) for name, t in head.state_dict().items()}
+
+
+def _check_header(header: dict, shapes: dict, weights: Path, kind: str) -> None:
+    if set(header) != set(shapes):
+        raise InputError(f"{weights} holds {sorted(header)[:8]}; a {kind!r} head has {sorted(shapes)}")
+    for name, shape in shapes.items():
+        if tuple(header[name]) != shape:
+            raise InputError(f"{weights}: {name} has shape {tuple(header[name])}, the graph and options in "
+                             f"{CONFIG_FILE} need {shape}")
+
+
+def _check_memory(shapes: dict, weights: Path) -> None:
+    """Refuse a head larger than this machine's memory (physical, or the address-space limit if lower)."""
+    import os
+    import resource
+
+    values = sum(math.prod(s) for s in shapes.values())
+    need = values * 4  # float32 at most per value is what loading and casting hold
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        memory = min(memory, soft)
+    if need > memory:
+        raise InputError(f"{weights}: the head has {values:,} weights ({need / 2**30:.1f} GiB), more than this "
+                         f"machine's {memory / 2**30:.1f} GiB of memory")
 
 
 def _read_head_weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not path.is_file():
-        raise InputError(f"{path.parent} has no {WEIGHTS_FILE} (the head's weights)")
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable safetensors file, truncated or damaged? ({e})") from None
+        raise InputError(f"{path}: not a readable safetensors file, truncated or damaged? ({first_line(e)})") from None
     dtypes = {t.dtype for t in tensors.values()}
     if not tensors or len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
         raise InputError(f"{path}: expected floating-point tensors of one dtype, got "
@@ -594,21 +645,19 @@ def _read_head_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _head_from_config(config: dict, tensors: dict[str, torch.Tensor], directory: Path) -> MTPHead:
-    options = dict(config.get("options", {}))
-    ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
-    kind = config.get("parameterisation", "full")
+def _head_from_config(config: dict, circ, tensors: dict[str, torch.Tensor], directory: Path) -> MTPHead:
+    kwargs, ranks = _build_args(config)
     try:
-        head = MTPHead(config["graph"], config["hidden_size"], parameterisation=kind,
-                       identity_init=options.get("identity_init"), sum_init_std=options.get("sum_init_std", 0.0),
-                       dtype=next(iter(tensors.values())).dtype, **ranks)
+        head = MTPHead(circ, config["hidden_size"], dtype=next(iter(tensors.values())).dtype,
+                       **kwargs, **ranks)
     except (ValueError, TypeError) as e:
-        raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({e})") from None
+        raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({first_line(e)})") from None
     head.graph = config["graph"]
     expected = head.state_dict()
     weights = directory / WEIGHTS_FILE
     if set(expected) != set(tensors):
-        raise InputError(f"{weights} holds {sorted(tensors)[:8]}; a {kind!r} head has {sorted(expected)}")
+        raise InputError(f"{weights} holds {sorted(tensors)[:8]}; a {kwargs['parameterisation']!r} head has "
+                         f"{sorted(expected)}")
     for name, target in expected.items():
         if target.shape != tensors[name].shape:
             raise InputError(f"{weights}: {name} has shape {tuple(tensors[name].shape)}, the graph and options in "

@@ -23,7 +23,6 @@ the window at `t` only when `doc_ids[t + j] == doc_ids[t]` (`target_validity`).
 
 from __future__ import annotations
 
-import glob as globlib
 import json
 import logging
 import sysconfig
@@ -36,12 +35,14 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..files import glob_paths, regular_file
 from ..heads.windows import target_validity, window_targets
 from ..tokenizer import ROLES, ByteTokenizer, to_bytes
 
 log = logging.getLogger(__name__)
 
 BINARY_SNIFF_BYTES = 8192
+MAX_FILE_BYTES = 2**30  # one --data file is read whole: a bigger one (or a 6 GiB sparse file) is refused
 MAX_LOGGED_PROBLEMS = 10
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", ".hg", ".svn", "node_modules"})
 
@@ -95,7 +96,7 @@ def find_files(source: str | Path, suffixes: Sequence[str] | None = None) -> lis
     text = str(source)
     path = Path(text).expanduser()
     if any(ch in text for ch in "*?["):
-        files = [Path(p) for p in globlib.glob(str(path), recursive=True)]
+        files = glob_paths(path)
     elif path.is_dir():
         files = [p for p in path.rglob("*") if not _skipped_dir(p.relative_to(path))]
     elif path.exists():
@@ -191,11 +192,14 @@ def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStat
                 raise ValueError('expected {"messages": [...]}, {"text": "..."} or {"prompt": "...", "completion": "..."}')
         except EmptyRecord as e:
             stats.note("empty", where, str(e))
+        except RecursionError:
+            stats.note("corrupt", where, "nested too deeply")
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
             stats.note("corrupt", where, str(e))
 
 
 def file_documents(path: Path, tok: ByteTokenizer, stats: DataStats) -> Iterator[Document]:
+    regular_file(path, "a --data file", MAX_FILE_BYTES)  # a FIFO would block, /dev/zero never end
     try:
         data = path.read_bytes()
     except OSError as e:

@@ -45,7 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import InputError
+from .. import loading
+from ..errors import InputError, MtpcError, first_line
+from ..files import OutputLock, atomic_write, read_json
 
 META_SUFFIX = ".meta.json"
 NEWLINE = ord("\n")
@@ -79,12 +81,22 @@ class DistillConfig:
 
 
 def distill_data(cfg: DistillConfig) -> dict:
-    """Write (or complete) `cfg.out`; returns a summary of the whole file and of this run."""
-    from .progress import progress_bar
-    from ..tokenizer import ByteTokenizer
-
+    """Write (or complete) `cfg.out`; returns a summary of the whole file and of this run. One run at a
+    time writes a file: a second one on the same --out is refused while the first holds its lock."""
     _check_config(cfg)
-    tok = ByteTokenizer.load(cfg.model)
+    out = Path(cfg.out)
+    with OutputLock(out.parent, f"--out {cfg.out}", name=f".{out.name}.lock"):
+        try:
+            return _distill(cfg)
+        except OSError as e:  # a full disk: the records written so far stay, a rerun completes the file
+            raise MtpcError(f"writing {cfg.out} failed: {e.strerror or first_line(e)}; the complete records "
+                            "written so far are kept (rerun the same command to finish)") from e
+
+
+def _distill(cfg: DistillConfig) -> dict:
+    from .progress import progress_bar
+
+    tok = loading.byte_tokenizer(cfg.model)
     prompts = TrainingPrompts(cfg.data, tok, cfg.prompt_len, cfg.val_fraction)  # also validates --data
     out = Path(cfg.out)
     done = _resume(out, cfg)
@@ -135,9 +147,9 @@ def _check_config(cfg: DistillConfig) -> None:
     if not 0 <= cfg.greedy_fraction <= 1:
         raise InputError(f"--greedy-fraction must be in [0, 1], got {cfg.greedy_fraction}")
     model = Path(cfg.model)
-    if not (model / "config.json").is_file():
+    if not (model / "config.json").exists():
         raise InputError(f"--model {cfg.model}: not a Hugging Face checkpoint folder (no config.json)")
-    config = json.loads((model / "config.json").read_text())
+    config = loading.model_config(model)
     context = config.get("max_position_embeddings")
     if context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
         raise InputError(f"<bos> + --prompt-len {cfg.prompt_len} + --max-new-tokens {cfg.max_new_tokens} exceeds "
@@ -147,6 +159,8 @@ def _check_config(cfg: DistillConfig) -> None:
     out = Path(cfg.out)
     if out.is_dir():
         raise InputError(f"--out {cfg.out} is a folder; give a .jsonl file")
+    if out.exists() and not out.is_file():  # /dev/full, a FIFO: nothing may be written beside it either
+        raise InputError(f"--out {cfg.out} is not a regular file; give a .jsonl file")
     if not out.parent.is_dir():
         raise InputError(f"--out {cfg.out}: the folder {out.parent} does not exist")
 
@@ -159,13 +173,13 @@ def _resume(out: Path, cfg: DistillConfig) -> int:
         if not meta.exists():
             raise InputError(f"{out} exists but was not written by mtpc distill-data (no {meta.name}); "
                              "choose another --out")
-        previous = json.loads(meta.read_text())
+        previous = read_json(meta, "the settings of the run that wrote --out")
         changed = sorted(k for k in set(settings) | set(previous) if settings.get(k) != previous.get(k))
         if changed:
             raise InputError(f"{out} was written with other settings ({', '.join(changed)} differ); rerun with the "
                              "same settings to complete it, or choose another --out")
         return _complete_records(out)
-    meta.write_text(json.dumps(settings, indent=1) + "\n")
+    atomic_write(meta, json.dumps(settings, indent=1) + "\n")
     out.write_bytes(b"")
     return 0
 

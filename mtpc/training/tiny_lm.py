@@ -42,7 +42,11 @@ LOG = "train_log.jsonl"
 def train_tiny_lm(cfg: TinyLMConfig) -> dict:
     """Train (or resume from `OUT/checkpoint.pt`), evaluate and save; returns the summary also
     written to `OUT/tiny_lm.json` (on rank 0; other ranks return `{}`)."""
-    return _TinyLMRun(cfg).run()
+    from .outputs import guarded_output
+
+    checks.output_folder(cfg.out)
+    with guarded_output(cfg.out):  # one run per --out; a full disk is one line (outputs.py)
+        return _TinyLMRun(cfg).run()
 
 
 class _TinyLMRun:

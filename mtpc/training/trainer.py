@@ -270,12 +270,10 @@ def train(cfg: TrainConfig) -> dict:
     """Train (or resume) and write the outputs; returns the summary. Bad input raises `InputError`
     before slow work; a run that fails raises `MtpcError`. An output folder this call created is
     removed again if the run fails before writing anything into it."""
-    out = Path(cfg.out)
-    existed = out.exists()
-    try:
+    from .. import checks
+    from .outputs import guarded_output
+
+    checks.output_folder(cfg.out)
+    with guarded_output(cfg.out):  # one run per --out; a full disk is one line (outputs.py)
         return Trainer(cfg).run()
-    except BaseException:
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
 

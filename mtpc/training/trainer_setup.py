@@ -225,7 +225,10 @@ def check_inputs(cfg: TrainConfig, init, world: int):
     if graph is None:
         raise InputError("give --circuit (or --init-head to continue from a trained head)")
     checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
-    config = loading.json_object(info.path / "config.json", "")
+    config = loading.model_config(info.path)
+    context = config.get("max_position_embeddings")
+    if context and cfg.seq_len > context:
+        raise InputError(f"--seq-len {cfg.seq_len} is more than the {context} positions the model has")
     layers = config.get("num_hidden_layers")
     if isinstance(layers, int) and cfg.lora_layers > layers:
         raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")

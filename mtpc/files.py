@@ -1,0 +1,206 @@
+"""Files mtpc reads and writes, treated as hostile until checked (ground floor: imports only `errors`).
+
+- `regular_file(path, what)`: a path that is a regular file below a size cap, checked with `stat`
+  (never opened): a FIFO would block the reader forever, `/dev/zero` or a sparse 6 GiB file would
+  fill the memory.
+- `read_json(path, what)`: every JSON file mtpc opens (config.json, tokenizer files, head.json,
+  train_config.json, adapter_config.json, a distill `.meta.json`) goes through it: a regular file,
+  at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` deep, holding an object. Every failure
+  is one `InputError` naming the file; messages never quote the file's content (a symlink planted in
+  a folder could point at a credentials file).
+- `inside(path, folder)`: a file of a model or head folder must not be a symlink out of the folder
+  (the Hugging Face cache layout, `snapshots/REV/x -> ../../blobs/...`, is allowed).
+- `atomic_write(path, data)`: temporary file beside the target, fsync, rename; on any failure (a full
+  disk) the temporary file is removed and the old target stays whole.
+- `OutputLock(folder)`: an exclusive `fcntl.flock` on `folder/.mtpc.lock`, so two runs cannot write
+  one output at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from .errors import InputError
+
+MAX_JSON_BYTES = 64 * 2**20  # a tokenizer.json of a 256k vocabulary is ~20 MB
+MAX_JSON_DEPTH = 64  # config and head files nest a few levels; a graph spec inline in head.json ~6
+LOCK_FILE = ".mtpc.lock"
+
+
+def describe(value) -> str:
+    """A value for an error message without quoting text from the file: numbers as they are,
+    anything else by its JSON type."""
+    if value is None or isinstance(value, bool) or isinstance(value, (int, float)):
+        return json.dumps(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge integer"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def regular_file(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> Path:
+    """`path` if it is a regular file of at most `max_bytes` (stat only: nothing is opened)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist ({what})") from None
+    except OSError as e:
+        raise InputError(f"{path} cannot be read ({what}): {e.strerror or type(e).__name__}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a regular file")
+        raise InputError(f"{path} is {kind}, not a regular file ({what})")
+    if info.st_size > max_bytes:
+        raise InputError(f"{path} is {info.st_size:,} bytes, more than the {max_bytes:,} mtpc reads ({what})")
+    return path
+
+
+def inside(path: str | Path, folder: str | Path) -> Path:
+    """`path`, refused when it resolves outside `folder` (a symlink out of a model or head folder)."""
+    path, folder = Path(path), Path(folder)
+    target, root = path.resolve(), folder.resolve()
+    if target == root or root in target.parents:
+        return path
+    if root.parent.name == "snapshots" and root.parent.parent / "blobs" in target.parents:
+        return path  # the Hugging Face hub cache: snapshots/REV/file -> ../../blobs/HASH
+    raise InputError(f"{path} is a symlink to a file outside {folder}; mtpc reads only files inside the folder "
+                     "(copy the file in if it is meant to be there)")
+
+
+def json_depth(data) -> int:
+    """How deeply `data` nests lists and objects (iterative: a deep value cannot overflow the stack)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def parse_json(text: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH):
+    """`json.loads(text)` with every failure as one `InputError` naming `where` and the position."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: not valid JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply (more than {max_depth} levels)") from None
+    if json_depth(data) > max_depth:
+        raise InputError(f"{where}: JSON nested too deeply (more than {max_depth} levels)")
+    return data
+
+
+def read_json(path: str | Path, what: str, *, folder: str | Path | None = None, max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> dict:
+    """The JSON object in `path` (see the module docstring); `folder`: the file must lie inside it."""
+    path = regular_file(path, what, max_bytes)
+    if folder is not None:
+        inside(path, folder)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path} cannot be read ({what}): {e.strerror or type(e).__name__}") from None
+    data = parse_json(raw, str(path), max_depth)
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a JSON object, it holds {describe(data)} ({what})")
+    return data
+
+
+def field(data: dict, key: str, path: str | Path, kind: str, *, default=..., low: int | float | None = None,
+          high: int | float | None = None):
+    """`data[key]` checked as `kind` ("int", "number", "str", "bool", "object", "list") and bounds;
+    the error names the file and the key, and never quotes a string from the file."""
+    if key not in data:
+        if default is not ...:
+            return default
+        raise InputError(f"{path}: {key} is missing")
+    value = data[key]
+    types = {"int": int, "number": (int, float), "str": str, "bool": bool, "object": dict, "list": list}[kind]
+    if not isinstance(value, types) or (kind in ("int", "number") and isinstance(value, bool)):
+        raise InputError(f"{path}: {key} must be {'an integer' if kind == 'int' else 'a ' + kind}, got {describe(value)}")
+    if kind in ("int", "number"):
+        if value != value or (low is not None and value < low) or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in {low}..{high:,}" if low is not None else f"<= {high:,}"
+            raise InputError(f"{path}: {key} must be {bounds}, got {describe(value)}")
+    return value
+
+
+def read_text(path: str | Path, what: str, max_bytes: int, *, folder: str | Path | None = None) -> str:
+    """A small UTF-8 text file (a chat template), checked like `read_json`'s files."""
+    path = regular_file(path, what, max_bytes)
+    if folder is not None:
+        inside(path, folder)
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not UTF-8 text ({what})") from None
+    except OSError as e:
+        raise InputError(f"{path} cannot be read ({what}): {e.strerror or type(e).__name__}") from None
+
+
+def glob_paths(pattern: str | Path) -> list[Path]:
+    """The paths `pattern` matches, without following symlinked folders (`**` over a symlink loop
+    would otherwise grow without end): pathlib's glob from the part before the first wildcard;
+    a trailing `**` means everything below, as in `glob.glob(..., recursive=True)`."""
+    parts = Path(pattern).expanduser().parts
+    first = next((i for i, part in enumerate(parts) if any(ch in part for ch in "*?[")), None)
+    if first is None:
+        return [Path(pattern)] if Path(pattern).exists() else []
+    anchor, rest = Path(*parts[:first]) if first else Path("."), list(parts[first:])
+    if rest[-1] == "**":
+        rest.append("*")
+    return sorted(anchor.glob(str(Path(*rest))))
+
+
+# ------------------------------------------------------------------ writing
+
+def atomic_write(path: str | Path, data: bytes | str) -> Path:
+    """Replace `path` by `data` all at once: a temporary file beside it, fsync, rename. A failure (a
+    full disk) removes the temporary file and leaves the old `path` as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+class OutputLock:
+    """`with OutputLock(folder, what):` holds an exclusive lock on `folder/.mtpc.lock` (created), or
+    raises `InputError` at once when another process holds it. The lock goes with the process, so a
+    killed run never leaves a stale lock behind."""
+
+    def __init__(self, folder: str | Path, what: str, name: str = LOCK_FILE):
+        self.path = Path(folder) / name
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> "OutputLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"{self.what} is in use by another mtpc run (it holds {self.path}); wait for it to "
+                             "finish or choose another output") from None
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
