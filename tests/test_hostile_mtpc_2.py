@@ -262,7 +262,7 @@ def test_a_secret_planted_as_head_json_is_never_printed(capsys, lm, head, tmp_pa
 def test_a_secret_model_type_is_never_printed(capsys, lm, tmp_path):
     model = copy(lm, tmp_path)
     edit_json(model / "config.json", model_type=SECRET + "-" * 60)
-    err = fails(capsys, generate(model), 2, "model_type a string is not supported")
+    err = fails(capsys, generate(model), 2, "model_type a string is not a decoder-only causal LM")
     assert SECRET not in err
 
 

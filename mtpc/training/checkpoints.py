@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .outputs import save_atomically
+
 __all__ = ["write_checkpoint", "rng_state", "set_rng_state", "append_log", "trim_log"]
 
 
 def write_checkpoint(state: dict, path: Path) -> None:
-    """`torch.save(state)` to a temporary file beside `path`, then renamed over it: a run killed
-    while saving keeps the previous checkpoint whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """`torch.save(state)` to a temporary file beside `path`, fsynced, then renamed over it: a run
+    killed while saving, or a full disk, keeps the previous checkpoint whole and leaves no litter."""
+    save_atomically(lambda buffer: torch.save(state, buffer), path)
 
 
 def rng_state() -> dict:

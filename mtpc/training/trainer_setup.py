@@ -128,7 +128,7 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     if previous is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(previous), is_trainable=True)
+        model = PeftModel.from_pretrained(model, str(previous), is_trainable=True, local_files_only=True)
     elif cfg.lora_layers > 0:
         model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     return model.to(device)
@@ -136,8 +136,7 @@ def load_lm(cfg: TrainConfig, device: torch.device):
 
 def init_adapter(cfg: TrainConfig) -> Path | None:
     """The init head's LoRA adapter folder, if it has one."""
-    folder = Path(cfg.init_head) / LORA_DIR if cfg.init_head else None
-    return folder if folder is not None and (folder / "adapter_config.json").exists() else None
+    return loading.head_lora_folder(cfg.init_head) if cfg.init_head else None
 
 
 def adapter_layers(adapter_dir: Path) -> int:
