@@ -63,6 +63,7 @@ def transcripts() -> list[tuple[str, str, int]]:
 @pytest.fixture
 def examples_copy(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copytree(ROOT / "models", tmp_path / "models")  # the shipped LM and heads the Python blocks load
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
