@@ -2,7 +2,8 @@
 
 The package follows its pipeline; imports run only downward (tests/test_layers.py checks it):
 
-    errors, checks, tokenizer, loading   ground floor: used by every stage
+    errors, checks, files, tokenizer,    ground floor: used by every stage
+    chat, loading
     heads/       hidden state -> circuit parameters; the NLL and KL losses
     decoding/    backbone split, proposals, acceptance, the one speculative loop
     training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
