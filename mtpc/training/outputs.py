@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import MtpcError
-from ..files import LOCK_FILE, OutputLock
+from ..files import LOCK_FILE, OutputLock, atomic_write
 
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
@@ -55,18 +55,9 @@ def _remove_if_only_the_lock(folder: Path) -> None:
 
 
 def save_atomically(save, path: Path) -> None:
-    """`save(buffer)` into memory, then the bytes to a temporary file beside `path`, fsync, rename.
-    Writing the bytes ourselves makes a full disk an `OSError` (torch.save's own writer reports it as
-    a bare RuntimeError); on any failure the temporary file is removed and `path` stays as it was."""
+    """`save(buffer)` into memory, then `files.atomic_write` (temporary file beside `path`, fsync,
+    rename). Writing the bytes ourselves makes a full disk an `OSError` (torch.save's own writer reports
+    it as a bare RuntimeError); on any failure `path` stays as it was and no temporary file is left."""
     buffer = io.BytesIO()
     save(buffer)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, buffer.getvalue())
