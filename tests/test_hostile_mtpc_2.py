@@ -489,7 +489,7 @@ def test_a_full_disk_keeps_the_checkpoint_and_the_distill_records(lm, corpus, tm
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
     records = tmp_path / "d.jsonl"
-    distill = ["distill-data", "--model", lm, "--data", corpus, "--out", records, "--prompt-len", "8",
+    distill = ["distill-data", "--model", lm, "--data", corpus, "--out", str(records), "--prompt-len", "8",
                "--max-new-tokens", "16", "--no-progress"]
     assert main([*distill, "--num-prompts", "2"]) == 0
     kept = records.read_bytes()
