@@ -84,3 +84,17 @@ def save_family_lm(path, model_type: str, layers: int = 2) -> str:
     model.save_pretrained(path)
     tok.save(path)
     return str(path)
+
+
+def random_lora(model, k, seed=1):
+    """`model` with draft-path LoRA on its last `k` layers whose B matrices are random (peft starts them
+    at zero), so the adapters really change the draft path's outputs."""
+    from mtpc.decoding.backbone import attach_draft_lora
+
+    peft_model = attach_draft_lora(model, k, rank=4)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return peft_model.eval()

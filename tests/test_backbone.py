@@ -4,9 +4,10 @@ rejects configurations it cannot run exactly."""
 import pytest
 import torch
 import transformers
+from _tiny import random_lora
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mtpc.decoding.backbone import LlamaFamily, SplitBackbone, attach_draft_lora
+from mtpc.decoding.backbone import LlamaFamily, SplitBackbone
 
 
 def tiny_llama(vocab=40, hidden=32, layers=3, seed=0, dtype=torch.float64, config_cls=LlamaConfig, **extra):
@@ -17,14 +18,6 @@ def tiny_llama(vocab=40, hidden=32, layers=3, seed=0, dtype=torch.float64, confi
         transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
 
 
-def with_lora(model, k, seed=1):
-    peft_model = attach_draft_lora(model, k, rank=4)
-    torch.manual_seed(seed)
-    with torch.no_grad():  # LoRA B starts at zero; make the adapters change the outputs
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.3)
-    return peft_model.eval()
 
 
 def run_in_chunks(backbone, ids, chunks):
@@ -55,7 +48,7 @@ def test_split_with_lora_verifier_is_base_and_draft_is_adapted(k):
     model = tiny_llama(layers=3)
     ids = torch.randint(0, 40, (1, 10), generator=torch.Generator().manual_seed(1))
     base_logits = model(ids).logits
-    peft_model = with_lora(model, k)
+    peft_model = random_lora(model, k)
     adapted_logits = peft_model(input_ids=ids).logits
     assert (adapted_logits - base_logits).abs().max() > 1e-2  # the adapters really change the model
     logits, hidden = run_in_chunks(SplitBackbone(peft_model, lora_layers=k), ids, [4, 3, 3])
@@ -70,7 +63,7 @@ def test_caches_stay_consistent_across_accept_and_reject(k):
     """Speculative-style use: feed a window, keep a random prefix of it, crop, continue. The final
     outputs must equal a fresh pass over the committed sequence, on both paths."""
     model = tiny_llama(layers=3)
-    peft_model = with_lora(model, k) if k else model
+    peft_model = random_lora(model, k) if k else model
     backbone = SplitBackbone(peft_model, lora_layers=k)
     gen = torch.Generator().manual_seed(2)
     committed = torch.randint(0, 40, (1, 5), generator=gen)
@@ -117,7 +110,7 @@ def test_errors_are_helpful():
         SplitBackbone(model, lora_layers=3)
     with pytest.raises(ValueError, match="integer >= 0"):
         SplitBackbone(model, lora_layers=-1)
-    peft_model = with_lora(model, 2)
+    peft_model = random_lora(model, 2)
     with pytest.raises(ValueError, match=r"adapters on layer\(s\) \[0, 1\].*use lora_layers=2"):
         SplitBackbone(peft_model, lora_layers=0)
     with pytest.raises(ValueError, match=r"adapters on layer\(s\) \[0\].*use lora_layers=2"):

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from _tiny import FAMILY_CONFIGS, family_lm, save_family_lm, write_source_corpus
+from _tiny import FAMILY_CONFIGS, family_lm, random_lora, save_family_lm, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.decoding.backbone import SplitBackbone, attach_draft_lora
+from mtpc.decoding.backbone import SplitBackbone
 from mtpc.decoding.decoder import generate_autoregressive
 from mtpc.decoding.families import FAMILIES, WholeModelPath
 from mtpc.training.trainer import DraftModel
@@ -22,14 +22,6 @@ V = 40
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def random_lora(model, k, seed=1):
-    peft_model = attach_draft_lora(model, k, rank=4)
-    torch.manual_seed(seed)
-    with torch.no_grad():  # LoRA B starts at zero; make the adapters change the outputs
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.3)
-    return peft_model.eval()
 
 
 def chunked(backbone, ids, chunks, crop_to=None):

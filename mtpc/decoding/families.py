@@ -25,6 +25,7 @@ old keys and cannot be cropped back after a rejection, while a full cache under 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -193,10 +194,16 @@ class LlamaFamily(LayeredFamily):
         super().__init__(LLAMA_LAYOUT, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
 
 
-def _cache_kwarg(layer: nn.Module) -> str:
-    """The name a layer takes its cache by: `cache` (transformers 5.x), `past_key_values`, or
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(module_class: type) -> frozenset[str]:
+    """The argument names of a module class's `forward`, read once per class (not per call or layer)."""
+    return frozenset(inspect.signature(module_class.forward).parameters)
+
+
+def _cache_kwarg(module: nn.Module) -> str:
+    """The name a layer (or model) takes its cache by: `cache` (transformers 5.x), `past_key_values`, or
     `layer_past` (GPT-NeoX)."""
-    params = inspect.signature(layer.forward).parameters
+    params = _forward_parameters(type(module))
     return next((name for name in ("cache", "past_key_values", "layer_past") if name in params), "cache")
 
 
@@ -255,12 +262,12 @@ class WholeModelPath:
     def run(model: nn.Module, input_ids: torch.Tensor, cache, keep: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` `[B, T]` after the cached tokens -> (logits `[B, T', V]`, final hidden `[B, T', d]`)
         for the last `keep` positions (all when None); `cache` is updated in place."""
-        params = inspect.signature(model.forward).parameters
-        kwargs = {"logits_to_keep": keep or 0} if "logits_to_keep" in params else {}
-        kwargs["cache" if "cache" in params else "past_key_values"] = cache  # transformers 5.x renamed it
+        keeps = "logits_to_keep" in _forward_parameters(type(model))
+        kwargs = {"logits_to_keep": keep or 0} if keeps else {}
+        kwargs[_cache_kwarg(model)] = cache  # transformers 5.x renamed it
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **kwargs)
         start = 0 if keep is None else input_ids.shape[1] - keep
-        logits = out.logits if kwargs else out.logits[:, start:]
+        logits = out.logits if keeps else out.logits[:, start:]
         return logits, out.hidden_states[-1][:, start:]
 
 

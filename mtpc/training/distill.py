@@ -34,7 +34,6 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import random
@@ -342,13 +341,16 @@ def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tok
     own generator (seeded by its request), so a record does not depend on which records share its batch
     (up to float rounding of batched matrix products). Rows stop at their first `stop` token; the batch
     stops when every row has. Returns each row's new tokens, the stop token included."""
+    from transformers import DynamicCache
+
+    from ..decoding.families import WholeModelPath
+
     ids = torch.tensor([r[0] for r in requests], dtype=torch.long, device=device)  # [B, L]
     greedy = torch.tensor([r[1] for r in requests], device=device)  # [B]
     generators = [torch.Generator(device).manual_seed(r[2]) for r in requests]
     stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
-    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=ids, use_cache=True)
-    cache, logits = _cache_of(out), out.logits[:, -1]  # [B, V]
+    cache = DynamicCache()
+    logits = WholeModelPath.run(model, ids, cache, keep=1)[0][:, -1]  # [B, V]; the cache grows in place
     new, done = [], torch.zeros(len(requests), dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         probs = target.probs(logits)  # [B, V] float64
@@ -358,16 +360,9 @@ def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tok
         done |= torch.isin(token, stop_ids)
         if bool(done.all()):
             break
-        out = model(input_ids=token[:, None], use_cache=True, **{cache_kwarg: cache})
-        cache, logits = _cache_of(out), out.logits[:, -1]
+        logits = WholeModelPath.run(model, token[:, None], cache, keep=1)[0][:, -1]
     rows = torch.stack(new, 1).tolist()  # [B, steps]
     return [_until_stop(row, set(stop)) for row in rows]
-
-
-def _cache_of(output):
-    """The KV cache of a model output (`cache` in recent transformers, `past_key_values` before)."""
-    fields = getattr(output, "__dataclass_fields__", {})
-    return output.cache if "cache" in fields else output.past_key_values
 
 
 def _until_stop(row: list[int], stop: set[int]) -> list[int]:
