@@ -134,11 +134,19 @@ class DraftProgram:
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def sample(self, theta: Tensor, generator: torch.Generator | None = None,
-               prefix: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               prefix: Tensor | None = None, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`x` `[n]` drawn from `q(. | prefix)` one variable at a time (exact: the chain rule), and its
-        proposal `[n, v]`: row `j >= m` = `q(x_j = . | x_<j)` (float64; rows `< m` are zero)."""
+        proposal `[n, v]`: row `j >= m` = `q(x_j = . | x_<j)` (float64; rows `< m` are zero).
+
+        `uniforms` `[n]` float64 in [0, 1) (variable `j` is drawn by inverse CDF from `uniforms[j]`)
+        replace the draws from `generator`: the program is then a pure function of its tensors, which
+        `torch.compile` can trace whole (a `torch.Generator` cannot be traced)."""
         prefix = self._prefix(prefix, theta.device)
-        u = torch.rand(self.n, generator=generator, dtype=torch.float64, device=theta.device)
+        if uniforms is None:
+            uniforms = torch.rand(self.n, generator=generator, dtype=torch.float64, device=theta.device)
+        elif uniforms.shape != (self.n,):
+            raise ValueError(f"uniforms must have shape ({self.n},), got {tuple(uniforms.shape)}")
+        u = uniforms.to(torch.float64)
         if self._factorised:
             rows = self._leaf_logits(theta).double().softmax(-1)  # [n, v]
             cdf = rows.cumsum(-1)

@@ -188,12 +188,13 @@ def test_bad_configurations_are_refused(setup, tmp_path):
 # --------------------------------------------------------------------------- peers, lookup, repetition
 
 def test_peers_lookup_variants_and_repetition_are_reported_and_checked(setup):
-    """transformers' prompt lookup and assisted generation (the LM assisting itself: every candidate is
-    accepted), heads with and without lookup, all on the same prompts; greedy outputs all identical."""
+    """transformers' prompt lookup, assisted generation (the LM assisting itself: every candidate is
+    accepted) and static-cache generate, heads with and without lookup, all on the same prompts; greedy outputs all identical."""
     report = run_bench(config(setup, heads=[setup["heads"]["ff"]], lookup=(False, True), lookup_tokens=3,
-                              peers=("prompt-lookup:3", f"assisted:{setup['model']}"), max_new_tokens=16))
+                              peers=("prompt-lookup:3", f"assisted:{setup['model']}", "static"), max_new_tokens=16))
     peers = {r["label"]: r for r in report["peers"]}
-    assert set(peers) == {"hf prompt-lookup:3", "hf assisted:lm"}
+    assert set(peers) == {"hf prompt-lookup:3", "hf assisted:lm", "hf static cache"}
+    assert peers["hf static cache"]["mu_acc"]["mean"] == 1  # plain decoding: one token per forward
     assert [r["label"] for r in report["heads"]] == ["ff4", "ff4/lookup"]
     assert report["greedy_identical"] is True
     for r in [*peers.values(), *report["heads"]]:
@@ -269,7 +270,8 @@ def test_bad_peers_are_refused_before_loading(setup):
     from mtpc.errors import InputError
 
     for peers, message in [(("prompt-lookup:0",), "K in prompt-lookup"), (("assisted",), "draft LM"),
-                           (("assisted:/nonexistent",), "config.json"), (("medusa",), "unknown peer")]:
+                           (("assisted:/nonexistent",), "config.json"), (("medusa",), "unknown peer"),
+                           (("static:4",), "takes no argument")]:
         with pytest.raises(InputError, match=message):
             run_bench(config(setup, peers=peers))
     with pytest.raises(InputError, match="max repetition"):

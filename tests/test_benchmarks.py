@@ -98,6 +98,25 @@ def test_bench_draft_times_every_strategy_and_the_lm_step(lab, tmp_path, capsys)
     assert "threads=1, one LM step" in capsys.readouterr().out
 
 
+def run_bench_cycle(lab, tmp_path, *flags):
+    out = tmp_path / "cycle.json"
+    script("bench_cycle").main(["--model", lab["model"], "--heads", lab["heads"]["btree4"], "--threads", "1",
+                                "--repeats", "3", "--out", str(out), *flags])
+    records = json.loads(out.read_text())["records"]
+    assert all(r[k] > 0 for r in records for k in ("draft_ms", "verify_ms", "accept_ms"))
+    return {(r["mode"], r["compiled"]) for r in records}
+
+
+def test_bench_cycle_times_every_step(lab, tmp_path, capsys):
+    assert run_bench_cycle(lab, tmp_path, "--eager-only") == {("greedy", False), ("sample", False)}
+    assert "threads=1, median ms over 3 calls" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_cycle_compiled(lab, tmp_path):
+    assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
+
+
 def test_layered_draft_equals_the_draft_program():
     """The script's `conditional/layered` baseline is the same draft, computed the old way."""
     from circuitc import builders

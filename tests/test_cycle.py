@@ -84,10 +84,10 @@ def test_device_acceptance_equals_the_loop_over_positions(sample):
         limit = int(torch.randint(1, W + 1, (), generator=gen))
         eos = {int(window[2])} if seed % 5 == 0 else set()
         eos_ids = torch.tensor(sorted(eos) or [-1])
+        u = torch.rand(W, generator=gen, dtype=torch.float64)
         verdict = accept_window(target, rule, window, logits, hidden, torch.tensor(limit), eos_ids, rows,
-                                torch.Generator().manual_seed(seed))
-        u = torch.rand(W - 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        a, rejected = loop_acceptance(target, rule, window, logits, limit, eos, rows, u)
+                                u if sample else None)
+        a, rejected = loop_acceptance(target, rule, window, logits, limit, eos, rows, u[:-1])
         assert int(verdict.accepted) == a, seed
         assert torch.equal(verdict.hidden, hidden[a - 1])
         probs = target.probs(logits[a - 1]) if sample else logits[a - 1]
@@ -109,3 +109,18 @@ def test_compiled_verify_equals_eager():
         gen = [torch.Generator().manual_seed(i) for _ in range(2)]
         sampled = [d.generate(ids, 19, do_sample=True, generator=g).sequences for d, g in zip((compiled, eager), gen)]
         assert torch.equal(*sampled)  # same draws, same float64 verdicts
+
+
+@pytest.mark.slow
+def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
+    """The compiled cycle (one graph for the circuit window, one for the acceptance) against exact
+    enumeration, with the wrong residual that must fail on the same compiled path."""
+    from test_decode import PROMPT, ResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
+
+    model, head = sampling_setup(3, 5)
+    decoder = SpeculativeDecoder(model, head, compile=True)
+    assert decoder.drafter.is_fused(0, Target(True))
+    joint = exact_joint(model, PROMPT, Target(True))
+    assert chi_square_pvalue(speculative_samples(decoder, PROMPT, 600, seed=1), joint) > 1e-3
+    wrong = SpeculativeDecoder(model, head, compile=True, acceptance=ResidualIsTarget())
+    assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6

@@ -2,6 +2,10 @@
 
 - `prompt-lookup[:K]`: transformers' prompt-lookup decoding (`generate(prompt_lookup_num_tokens=K)`),
 - `assisted:DIR`: transformers' assisted generation with a small draft LM (`generate(assistant_model=...)`),
+- `static`: transformers' own plain decoding with a static KV cache (`generate(cache_implementation="static")`;
+  transformers compiles its step automatically on accelerators only, so on the CPU this is its eager static
+  path; timed with the same hooks as the other peers, which on CUDA would sit inside its compiled step:
+  there, `--compile`'s "plain (static + compile)" row is the compiled baseline),
 - `--compile`: the fastest plain decoding of the same model: a static KV cache (`transformers.StaticCache`),
   the one-token step run eagerly ("plain (static cache)") and through `torch.compile`
   ("plain (static + compile)"), gpt-fast's recipe. The compile happens in the untimed warm-up.
@@ -28,13 +32,13 @@ from .timing import Run, synchronized
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
 
-PEER_KINDS = ("prompt-lookup", "assisted")
+PEER_KINDS = ("prompt-lookup", "assisted", "static")
 DEFAULT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 
 
 @dataclass(frozen=True)
 class PeerSpec:
-    kind: str  # prompt-lookup | assisted
+    kind: str  # prompt-lookup | assisted | static
     tokens: int | None = None  # prompt-lookup: candidate tokens per match
     path: str | None = None  # assisted: the draft LM folder
 
@@ -42,14 +46,18 @@ class PeerSpec:
 @dataclass
 class Peer:
     label: str
-    kind: str  # prompt-lookup | assisted | plain-static | plain-compiled
+    kind: str  # prompt-lookup | assisted | static | plain-static | plain-compiled
     detail: str
     task: Callable[[torch.Tensor, int, int], Run]
 
 
 def parse_peer(text: str) -> PeerSpec:
-    """`prompt-lookup`, `prompt-lookup:K` or `assisted:DIR` (checked before any model is loaded)."""
+    """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR` or `static` (checked before any model is loaded)."""
     kind, _, arg = text.partition(":")
+    if kind == "static":
+        if arg:
+            raise InputError(f"--peers {text}: static takes no argument")
+        return PeerSpec(kind)
     if kind == "prompt-lookup":
         if not arg:
             return PeerSpec(kind, tokens=DEFAULT_LOOKUP_TOKENS)
@@ -62,7 +70,7 @@ def parse_peer(text: str) -> PeerSpec:
         if not (Path(arg) / "config.json").is_file():
             raise InputError(f"--peers {text}: {arg} is not a Hugging Face checkpoint folder (no config.json)")
         return PeerSpec(kind, path=arg)
-    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K] or assisted:DIR")
+    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR or static")
 
 
 def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device, eos: int,
@@ -77,7 +85,10 @@ def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, d
         peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step",
                           _static_task(cfg, compiled, eos)))
     for spec in specs:
-        if spec.kind == "prompt-lookup":
+        if spec.kind == "static":
+            peers.append(Peer("hf static cache", spec.kind, 'generate(cache_implementation="static")',
+                              _hf_task(cfg, base, eos, device, cache_implementation="static")))
+        elif spec.kind == "prompt-lookup":
             peers.append(Peer(f"hf prompt-lookup:{spec.tokens}", spec.kind,
                               f"generate(prompt_lookup_num_tokens={spec.tokens})",
                               _hf_task(cfg, base, eos, device, prompt_lookup_num_tokens=spec.tokens)))

@@ -220,8 +220,8 @@ def _spec_task(cfg: BenchConfig, variant: Variant, eos: int, cuda: bool) -> Call
 
     def task(ids, budget: int, seed: int) -> Run:
         gen = _generator(seed, ids.device)
-        if variant.compiled:  # no hooks inside the compiled verify call: the decoder stamps it
-            clock = PhaseClock(decoder.head, None, [], cuda)
+        if variant.compiled:  # no hooks inside compiled steps: the decoder stamps the draft and the verify call
+            clock = PhaseClock(None, None, [], cuda)
             extra = {"phase_clock": clock}
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda), {}

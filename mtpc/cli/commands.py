@@ -257,11 +257,11 @@ def add_bench(sub) -> None:
                    help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
     p.add_argument("--lookup-tokens", type=int_in(1, 1024), default=10, help="tokens a lookup match proposes")
     p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
-                   help="also run transformers' own decoders: prompt-lookup[:K] (default K 10) and/or assisted:DIR "
-                        "(a small draft LM folder)")
+                   help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR "
+                        "(a small draft LM folder) and/or static (generate with cache_implementation=\"static\")")
     p.add_argument("--compile", action="store_true",
                    help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
-                        "variant again with its verify call compiled (all compiled in the warm-up); speed-ups are "
+                        "variant again with its draft, verify and accept steps compiled (all compiled in the warm-up); speed-ups are "
                         "then reported against the compiled baseline too")
     p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
                    help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "first_token", "draw", "uniform"]
+__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "window_uniforms", "inverse_cdf", "first_token",
+           "draw", "uniform"]
 
 
 # --------------------------------------------------------------------------- the verifier's target
@@ -111,14 +112,17 @@ class Verdict:
 
 def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
                   hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor | None,
-                  generator: torch.Generator | None) -> Verdict:
+                  uniforms: torch.Tensor | None) -> Verdict:
     """Accept a prefix of `window` `[W]` (`window[0]` already committed) against the verifier's
     `logits` `[W, V]` (row `j` is the target of `window[j + 1]`) and `hidden` `[W, d]`.
 
     Only `window[1 .. limit - 1]` are tested (`limit` `[]` long: the real window length, capped by the
     budget), and none after an EOS (`eos` `[E]` long ids). Sampling: `rows` `[W, V]` is the proposal
-    row of every position (a point mass at lookup tokens), one uniform per position is drawn at once,
-    and after a rejection at `a` the next target is `rule.residual(p_{a-1}, rows[a])`.
+    row of every position (a point mass at lookup tokens), `uniforms` `[W]` float64 in [0, 1) are the
+    window's randomness (`uniforms[j - 1]` tests `window[j]`, `uniforms[W - 1]` draws the next first
+    token by inverse CDF), and after a rejection at `a` the next target is `rule.residual(p_{a-1},
+    rows[a])`. Randomness comes in as a tensor, not a generator, so the function is pure and
+    `torch.compile` traces it whole (`window_uniforms` draws them).
     """
     W = window.shape[0]
     drafted = window[1:]  # [W-1]
@@ -129,23 +133,40 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
         probs = target.probs(logits)  # [W, V] float64
         p_x = probs[:-1].gather(1, drafted[:, None])[:, 0]  # [W-1]
         q_x = rows[1:].gather(1, drafted[:, None])[:, 0].to(probs.dtype)  # [W-1]
-        u = torch.rand(W - 1, generator=generator, dtype=torch.float64, device=window.device)
-        ok = torch.as_tensor(rule.accept(p_x, q_x, u), device=window.device).expand(W - 1)
+        ok = torch.as_tensor(rule.accept(p_x, q_x, uniforms[:-1]), device=window.device).expand(W - 1)
     else:
         probs = logits
         ok = drafted == logits[:-1].argmax(-1)
     run = (ok & tested).long().cumprod(0)  # [W-1] 1 while every token so far was accepted
     accepted = 1 + run.sum()  # []
     last = accepted - 1  # index of the last committed token
-    rejected = (accepted < W) & tested[last.clamp_max(W - 2)]  # the token after `last` was tested and failed
-    carried = probs[last]  # [V]
+    rejected = (accepted < W) & at(tested, last.clamp_max(W - 2))  # the token after `last` was tested and failed
+    carried = at(probs, last)  # [V]
     if target.do_sample:
-        residual = rule.residual(carried, rows[accepted.clamp_max(W - 1)].to(carried.dtype))
+        residual = rule.residual(carried, at(rows, accepted.clamp_max(W - 1)).to(carried.dtype))
         carried = torch.where(rejected, residual, carried)
-        next_first = torch.multinomial(carried, 1, generator=generator)[0]
+        next_first = inverse_cdf(carried, uniforms[-1])
     else:
         next_first = carried.argmax()
-    return Verdict(accepted, carried, next_first, hidden[last])
+    return Verdict(accepted, carried, next_first, at(hidden, last))
+
+
+def at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`x[index]` for a 0-d device index without reading it to the host (`x[t]` with a 0-d tensor `t`
+    converts it to a Python int: a device sync, and a graph break under `torch.compile`)."""
+    return x.index_select(0, index.view(1))[0]
+
+
+def window_uniforms(width: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """`[width]` float64 uniforms for `accept_window` (one draw from `generator` per cycle)."""
+    return torch.rand(width, generator=generator, dtype=torch.float64, device=device)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`[]` long: the token of `probs` `[V]` (non-negative, any total) whose CDF interval holds `u * total`
+    (`u` `[]` in [0, 1)): exactly a draw from `probs`, as a function of `u`."""
+    cdf = probs.cumsum(0)
+    return torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True)[0].clamp_max(probs.numel() - 1)
 
 
 def first_token(target: Target, rule: AcceptanceRule, carried: torch.Tensor, own: torch.Tensor,

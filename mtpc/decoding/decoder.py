@@ -57,12 +57,13 @@ import torch
 from torch import nn
 
 from ..heads import MTPHead
-from .acceptance import AcceptanceRule, Target, accept_window
+from .acceptance import AcceptanceRule, Target, accept_window, window_uniforms
 from .backbone import SplitBackbone, lora_depth
+from .compiling import compile_step
 from .drafting import Drafter
 from .host import HostReads
 from .inputs import check_budget, check_eval, check_processors, check_prompt, eos_set
-from .proposals import CircuitDrafter, LookupState, PromptLookup
+from .proposals import LookupState, PromptLookup
 from .verify import Verifier
 
 __all__ = ["DecodeStats", "GenerateOutput", "SpeculativeDecoder", "generate_autoregressive", "DRAFT_STRATEGIES"]
@@ -127,8 +128,9 @@ class SpeculativeDecoder:
     (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
     rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
     inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
-    `mtpc.decoding.proposals`). `compile`: run the verify call through `torch.compile` (see
-    `mtpc.decoding.verify`), compiled on first use and kept for every later generation.
+    `mtpc.decoding.proposals`). `compile`: run the three steps of a cycle through `torch.compile` (the
+    circuit window, see `mtpc.decoding.drafting`; the verify call, see `mtpc.decoding.verify`; the
+    acceptance), compiled before the first cycle and kept for every later generation.
 
     A cycle is three seams: `Drafter.draft` (head -> circuit -> a fixed-width window with its proposal
     rows), `Verifier.verify` (one backbone call at explicit positions into static caches) and
@@ -151,15 +153,18 @@ class SpeculativeDecoder:
             raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
                              f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
-        self.circuit = CircuitDrafter(head)
         self.draft, self.bonus = draft, bonus
         self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or AcceptanceRule()
-        self.width = max(self.circuit.n, 2)  # the verify width of a circuit window (>= 2: one token to test)
+        self.width = max(head.num_variables, 2)  # the verify width of a circuit window (>= 2: one token to test)
         lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
-        self.drafter = Drafter(self.circuit, draft, bonus, self.acceptance, self.width, lookup_width,
-                               self.backbone.vocab_size)
+        self.drafter = Drafter(head, draft, bonus, self.acceptance, self.width, lookup_width,
+                               self.backbone.vocab_size, compile=compile)
+        self.circuit = self.drafter.circuit
         self.verifier = Verifier(self.backbone, (self.width, lookup_width), compile=compile)
+        cuda = self.backbone.parts.lm_head.weight.is_cuda
+        self._decide = compile_step(decide, cuda) if compile else decide
+        self._warmed: set[tuple] = set()  # (target, EOS count) whose steps are compiled
         self.host_reads = HostReads()
 
     # ----------------------------------------------------------------- public API
@@ -172,8 +177,9 @@ class SpeculativeDecoder:
         """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
         first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
 
-        `phase_clock`: a `PhaseClock` without backbone hooks (a hook inside a compiled call would be
-        traced by the compiler): the decoder stamps the start and end of every backbone call itself.
+        `phase_clock`: a `PhaseClock` without hooks into compiled steps (a hook inside a compiled call
+        would be traced by the compiler): the decoder stamps the start of every draft and the start and
+        end of every backbone call itself.
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
@@ -197,19 +203,22 @@ class SpeculativeDecoder:
         logits, h = self.verifier.start(prompt, max_new_tokens + self.drafter.lookup_width)
         stamp("backbone_end")
         carried = _carry(target, logits)
-        x0 = self.host_reads(_pick(target, carried, generator)[None])[0] if self.bonus else None
+        first = _pick(target, carried, generator)[None] if self.bonus else None  # [1] x_0 on the device
+        x0 = self.host_reads(first)[0] if self.bonus else None
+        eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
+        if self.verifier.compile:
+            self._warm(h, logits, target, eos_ids)
         lookup = None
         if self.lookup is not None:
             lookup = LookupState(self.lookup)
             lookup.extend(tokens)
-        eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         stats.prefill_seconds = time.perf_counter() - start
 
         left = max_new_tokens
         while left > 0:
             start = time.perf_counter()
-            cycle = self._cycle(h, carried, x0, left, target, eos, eos_ids, generator, lookup, stamp)
-            committed, from_draft, source, h, carried, x0 = cycle
+            cycle = self._cycle(h, carried, x0, first, left, target, eos, eos_ids, generator, lookup, stamp)
+            committed, from_draft, source, h, carried, x0, first = cycle
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(len(committed))
             stats.draft_accepted_per_cycle.append(from_draft)
@@ -225,23 +234,28 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- one cycle: draft, verify, accept
 
-    def _cycle(self, h, carried, x0: int | None, left: int, target: Target, eos: set[int], eos_ids, generator,
-               lookup: LookupState | None, stamp):
-        """`stamp(kind)` marks the backbone call for a phase clock. Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
-        carried target `[V]`, next first token (bonus-conditioned drafting) or None)."""
-        theta = self.head(h.to(self.head.dtype))[None]  # [1, P]
-        draft = self.drafter.draft(theta, carried, x0, target, generator, lookup, self._read_first)
+    def _cycle(self, h, carried, x0: int | None, first: torch.Tensor | None, left: int, target: Target, eos: set[int],
+               eos_ids, generator, lookup: LookupState | None, stamp):
+        """`x0` / `first` `[1]`: the committed first token on the host and on the device (bonus-conditioned
+        drafting; else None). `stamp(kind)` marks the draft and the backbone call for a phase clock.
+        Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
+        carried target `[V]`, the next first token on the host and on the device, or None and None)."""
+        n = self.circuit.n
+        uniforms = window_uniforms(n + self.drafter.lookup_width, generator, h.device) if target.do_sample else None
+        stamp("head_start")  # a compiled draft has no head hooks: the whole draft step counts as the head's
+        draft = self.drafter.draft(h, carried, x0, target, generator, lookup, self._read_first,
+                                   None if uniforms is None else uniforms[:n], first)
         if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
-            first, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
-            return [first], own, draft.source, h, carried, None
+            token, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
+            return [token], own, draft.source, h, carried, None, None
         base = self.verifier.length
         stamp("backbone_start")
         logits, hidden = self.verifier.verify(draft.window)  # [W, V], [W, d]
         stamp("backbone_end")
         limit = torch.tensor(min(draft.length, left), device=logits.device)
-        verdict = accept_window(target, self.acceptance, draft.window, logits, hidden, limit, eos_ids, draft.rows,
-                                generator)
-        packet = torch.cat([torch.stack([verdict.accepted, draft.own.long(), verdict.next_first]), draft.window])
+        window_randomness = None if uniforms is None else uniforms[n:n + draft.window.shape[0]]
+        packet, next_hidden, next_carried = self._decide(target, self.acceptance, draft.window, logits, hidden, limit,
+                                                         eos_ids, draft.rows, window_randomness, draft.own)
         accepted, own, next_first, *window = self.host_reads(packet)
         self.verifier.commit(base + accepted)
         committed = window[:accepted]
@@ -249,11 +263,27 @@ class SpeculativeDecoder:
             if draft.source == "circuit":
                 lookup.record_circuit(accepted - 1)
             lookup.extend(committed[1:])  # x_0 was added when drafting
-        return (committed, own + accepted - 1, draft.source, verdict.hidden, verdict.carried,
-                next_first if self.bonus else None)
+        return (committed, own + accepted - 1, draft.source, next_hidden, next_carried,
+                *((next_first, packet[2:3]) if self.bonus else (None, None)))
 
     def _read_first(self, token: torch.Tensor) -> int:
         return self.host_reads(token[None])[0]
+
+    def _warm(self, h: torch.Tensor, logits: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
+        """Compile the draft and accept steps for this target and EOS set now, on inputs of the cycle's
+        shapes (the verify call was compiled when its caches were allocated), so that no cycle compiles."""
+        key = (target, eos_ids.numel())
+        if key in self._warmed:
+            return
+        self.drafter.warm(h, target)
+        for width in self.verifier.widths:
+            window = torch.zeros(width, dtype=torch.long, device=h.device)
+            rows = logits.new_zeros(width, logits.shape[-1], dtype=torch.float64) if target.do_sample else None
+            uniforms = h.new_zeros(width, dtype=torch.float64) if target.do_sample else None
+            self._decide(target, self.acceptance, window, logits.new_zeros(width, logits.shape[-1]),
+                         h.new_zeros(width, h.shape[-1]), torch.tensor(width, device=h.device), eos_ids, rows,
+                         uniforms, h.new_zeros((), dtype=torch.bool))
+        self._warmed.add(key)
 
     # ----------------------------------------------------------------- transformers integration
 
@@ -330,6 +360,15 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
             break
     _end(streamer)
     return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+
+
+def decide(target: Target, rule: AcceptanceRule, window, logits, hidden, limit, eos_ids, rows, uniforms, own):
+    """The accept step of a cycle: `accept_window`, then the one packet the host reads, `[3 + W]` long
+    (accepted count, whether `x_0` is the circuit's own, the next first token, the window). Returns
+    (packet, the next draft hidden state `[d]`, the next carried target `[V]`)."""
+    verdict = accept_window(target, rule, window, logits, hidden, limit, eos_ids, rows, uniforms)
+    packet = torch.cat([torch.stack([verdict.accepted, own.long(), verdict.next_first]), window])
+    return packet, verdict.hidden, verdict.carried
 
 
 def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:

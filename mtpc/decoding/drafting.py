@@ -7,6 +7,12 @@ acceptance needs (`Draft.rows`, sampling only) and, without bonus-conditioned dr
 whether `x_0` is the circuit's own first token. The only host values read here are the ones that
 choose *what* to draft (the committed `x_0` for bonus-conditioned drafting and lookup), and those
 come from the previous cycle's one read.
+
+The common window, the circuit's after a committed `x_0` (bonus-conditioned drafting, a head that keeps
+its region graph), is one fixed-shape function, `Drafter.circuit_window`: hidden state -> head ->
+`circuitc.draft.DraftProgram` (a sample from given uniforms, or the conditional / marginal argmax) ->
+the padded window and its proposal rows. With `compile=True` it runs through `torch.compile` as one
+graph; the other windows (lookup, the circuit's own first token, heads without a graph) stay eager.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Callable
 
 import torch
 
+from ..heads import MTPHead
 from .acceptance import AcceptanceRule, Target, first_token
+from .compiling import compile_step
 from .proposals import CircuitDrafter, Draft, LookupState
 
 __all__ = ["Drafter"]
@@ -24,31 +32,74 @@ __all__ = ["Drafter"]
 class Drafter:
     """Windows of one head. `strategy`: the greedy draft strategy; `bonus`: bonus-conditioned drafting
     (`x_0` is given, the circuit drafts after it); `width` / `lookup_width`: the verify widths;
-    `vocab`: the verifier's vocabulary size (proposal rows are `[W, vocab]`)."""
+    `vocab`: the verifier's vocabulary size (proposal rows are `[W, vocab]`); `compile`: run
+    `circuit_window` through `torch.compile`."""
 
-    def __init__(self, circuit: CircuitDrafter, strategy: str, bonus: bool, rule: AcceptanceRule, width: int,
-                 lookup_width: int, vocab: int):
-        self.circuit, self.strategy, self.bonus, self.rule = circuit, strategy, bonus, rule
+    def __init__(self, head: MTPHead, strategy: str, bonus: bool, rule: AcceptanceRule, width: int,
+                 lookup_width: int, vocab: int, compile: bool = False):
+        self.head, self.circuit = head, CircuitDrafter(head)
+        self.strategy, self.bonus, self.rule = strategy, bonus, rule
         self.width, self.lookup_width, self.vocab = width, lookup_width, vocab
+        cuda = any(p.is_cuda for p in head.parameters())
+        self._circuit_window = compile_step(self.circuit_window, cuda) if compile else self.circuit_window
 
-    def draft(self, theta, carried, x0: int | None, target: Target, generator, lookup: LookupState | None,
-              read_first: Callable[[torch.Tensor], int]) -> Draft:
-        """The cycle's window. `theta` `[1, P]`; `carried` `[V]` the target of position 0; `x0` the
-        committed first token when bonus-conditioned (else None: decided here against `carried`).
-        `read_first` reads a device token to the host (only lookup without bonus needs it)."""
-        if self.bonus:
-            own = None
-        else:
-            own = self._own_window(theta, carried, target, generator)
+    def draft(self, h, carried, x0: int | None, target: Target, generator, lookup: LookupState | None,
+              read_first: Callable[[torch.Tensor], int], uniforms: torch.Tensor | None = None,
+              first: torch.Tensor | None = None) -> Draft:
+        """The cycle's window. `h` `[d]` the draft hidden state at the last committed token; `carried`
+        `[V]` the target of position 0; `x0` the committed first token when bonus-conditioned (else None:
+        decided here against `carried`). `read_first` reads a device token to the host (only lookup
+        without bonus needs it). `uniforms` `[n]` (sampling): the circuit window's randomness. `first`
+        `[1]` long: `x0` on the device, if there already (it is not copied there again)."""
+        theta = None if self.bonus else self.theta(h)
+        own = None if self.bonus else self._own_window(theta, carried, target, generator)
         if lookup is not None:
-            first = x0 if x0 is not None else read_first(own.window[0])
-            lookup.extend([first])
+            committed_first = x0 if x0 is not None else read_first(own.window[0])
+            lookup.extend([committed_first])
             proposal = lookup.propose()
             if proposal is not None and lookup.use(proposal):
                 tokens = proposal.tokens[:lookup.length(proposal, self.circuit.n)]
-                is_own = own.own if own is not None else theta.new_zeros((), dtype=torch.bool)
-                return self._lookup_window(theta, first, tokens, target, generator, is_own)
-        return own if own is not None else self._bonus_window(theta, x0, target, generator)
+                is_own = own.own if own is not None else h.new_zeros((), dtype=torch.bool)
+                theta = theta if theta is not None else self.theta(h)
+                return self._lookup_window(theta, committed_first, tokens, target, generator, is_own)
+        if own is not None:
+            return own
+        if self.is_fused(x0, target):
+            if first is None:
+                first = torch.tensor([x0], dtype=torch.long, device=h.device)
+            window, rows = self._circuit_window(h, first, uniforms, target.do_sample)
+            return Draft(window, self.circuit.n, h.new_zeros((), dtype=torch.bool), rows)
+        return self._bonus_window(self.theta(h), x0, target, generator)
+
+    def warm(self, h: torch.Tensor, target: Target) -> None:
+        """Run `circuit_window` once for `target` (compiled: it is traced now, not inside a cycle)."""
+        if self.is_fused(0, target):
+            uniforms = h.new_zeros(self.circuit.n, dtype=torch.float64) if target.do_sample else None
+            self._circuit_window(h, torch.zeros(1, dtype=torch.long, device=h.device), uniforms, target.do_sample)
+
+    def theta(self, h: torch.Tensor) -> torch.Tensor:
+        """`[1, P]` the circuit's parameters at draft hidden state `h` `[d]`."""
+        return self.head(h.to(self.head.dtype))[None]
+
+    def is_fused(self, x0: int | None, target: Target) -> bool:
+        """Whether the window after `x0` is `circuit_window`'s (else one of the eager windows)."""
+        c = self.circuit
+        strategy_fits = target.do_sample or self.strategy in ("conditional", "marginal")
+        return x0 is not None and x0 < c.v and c.program is not None and strategy_fits
+
+    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
+                       do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One fixed-shape draft: `h` `[d]`, `first` `[1]` long (`x_0 < v`), `uniforms` `[n]` float64
+        (sampling) -> the window `[W]` long (`x_0`, then `d_1 .. d_{n-1}` from `q(. | x_0)`) and, when
+        sampling, its proposal rows `[W, V]` float64 (None when greedy)."""
+        theta = self.head(h.to(self.head.dtype))  # [P]
+        program = self.circuit.program
+        if do_sample:
+            d, rows = program.sample(theta, None, first, uniforms)  # [n], [n, v]
+            window = self._padded(d, self.width)
+            return window, self._rows(window, rows, 0)
+        run = program.greedy if self.strategy == "conditional" else program.marginal_argmax
+        return self._padded(run(theta, first), self.width), None
 
     # ----------------------------------------------------------------- padding and proposal rows
 
@@ -70,7 +121,9 @@ class Drafter:
     # ----------------------------------------------------------------- the three windows
 
     def _bonus_window(self, theta, x0: int, target: Target, generator) -> Draft:
-        """The circuit's window after the committed `x_0`, conditioned on it."""
+        """The circuit's window after the committed `x_0`, conditioned on it, where `circuit_window`
+        does not apply (a head without its region graph, a first token the circuit cannot observe, the
+        "map" and "sample" greedy strategies)."""
         c, W = self.circuit, self.width
         keep0 = x0 < c.v
         given = [x0] if keep0 else []
@@ -79,10 +132,6 @@ class Drafter:
         if not target.do_sample:
             d = c.greedy(theta, self.strategy, generator, given)
             return Draft(self._padded(torch.cat([first, d[1:]]), W), c.n, ~true)
-        if keep0 and c.program is not None:  # x_1.. drawn from q(. | x_0) with their conditionals
-            d, rows = c.program.sample(theta[0], generator, first)
-            window = self._padded(d, W)
-            return Draft(window, c.n, ~true, self._rows(window, rows, 0))
         d = c.sample(theta, generator, given)
         window = torch.cat([first, d[1:]])
         rows = c.rows(theta, window if keep0 else d, keep0)

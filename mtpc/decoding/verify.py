@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .backbone import BackboneState, SplitBackbone
+from .compiling import compile_step
 
 __all__ = ["Verifier", "CACHE_ROUNDING"]
 
@@ -75,12 +76,4 @@ class Verifier:
         return out.logits, out.hidden
 
     def _compiled(self):
-        cuda = self.backbone.parts.lm_head.weight.is_cuda
-        options = {"mode": "reduce-overhead"} if cuda else {}
-        compiled = torch.compile(self._eager, dynamic=False, **options)
-
-        def call(ids, positions):
-            logits, hidden = compiled(ids, positions)
-            return logits.clone(), hidden.clone()  # CUDA graphs reuse their outputs' memory on the next replay
-
-        return call
+        return compile_step(self._eager, self.backbone.parts.lm_head.weight.is_cuda)
