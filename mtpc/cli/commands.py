@@ -123,7 +123,8 @@ def run_tiny_lm(args) -> int:
 
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train an MTP circuit head (and LoRA adapters) on a frozen LM",
-                       description="Train a circuit draft head on a frozen byte-level LM; the same command under "
+                       description="Train a circuit draft head on a frozen LM (byte-level, or subword with "
+                                   "--parameterisation tied, on the model's own tokenizer); the same command under "
                                    "`torchrun --nproc_per_node N` trains data-parallel. Rerunning it resumes from "
                                    "OUT/checkpoint.pt when its settings match the checkpoint's (only --steps, "
                                    "--minutes, --val-every, --save-every, --stop-after and --no-progress may "
@@ -132,7 +133,8 @@ def add_train(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--allow-non-byte-vocab", action="store_true",
-                   help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
+                   help="train any head on a model whose vocabulary is not byte-level, token ids 0..255 taken as "
+                        "bytes (a tied head needs no flag: it reads the model's own tokenizer)")
     p.add_argument("--circuit", default=None, help=".pc or graph-spec .json file (optional with --init-head)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                    help="bind a .pc parameter, e.g. -D n=16 -D r=32 (repeatable)")

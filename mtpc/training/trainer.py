@@ -76,10 +76,10 @@ class Trainer:
         self.graph = check_inputs(cfg, self.init, self.d.world)
         info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
         self.vocabulary = vocabulary_choice(cfg, info, self.init)
+        self.tok = loading.model_tokenizer(info, self.vocabulary.subword, cfg.trust_remote_code)
         if announce is not None and self.vocabulary.line and self.d.main:
             announce(self.vocabulary.line)  # which head reads the vocabulary, and why: before any slow work
         self.resume_state = read_checkpoint(self.out, cfg, self.graph)
-        self.tok = loading.model_tokenizer(info, self.vocabulary.subword, cfg.trust_remote_code)
         self.lm = load_lm(cfg, self.d.device)
         self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init)
         self.saved_step = self.resume_state["step"] if self.resume_state else None

@@ -128,8 +128,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
     from ..decoding.backbone import attach_draft_lora
 
-    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
-                                  trust_remote_code=cfg.trust_remote_code)
+    # the vocabulary was judged against the head by `check_inputs` (`vocabulary_choice`)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     previous = init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
