@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from mtpc.training.data import PackedDataset, collate, load_documents, split_documents
     from mtpc.heads.head import load_head
+    from mtpc.decoding.families import OutputLayer
     from mtpc.heads.kl_loss import kl_loss, lm_teacher
     from mtpc.heads.nll_loss import mtp_loss
     from mtpc.tokenizer import ByteTokenizer
@@ -44,11 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     masks = (batch["tokens"], batch["doc_ids"], batch["loss_mask"])
     with torch.no_grad():
         h = lm.get_decoder()(input_ids=batch["tokens"]).last_hidden_state  # [B, T, d]
-        teacher = lm_teacher(lm.get_output_embeddings(), h)
+        teacher = lm_teacher(OutputLayer(lm), h)  # the model's own logits (soft-capping included)
         print(f"{'head':<24} {'KL to LM':>9} {'KL j=1':>7} {'KL j=n':>7} {'NLL':>8}  (nats; {len(picks)} held-out "
               f"sequences of {args.seq_len} bytes)")
         for path in args.heads:
             head = load_head(path).float().eval()
+            if head.parameterisation == "tied":  # its units are the LM's own output layer
+                head.tie_to(lm.get_output_embeddings())
             kl = kl_loss(head, h, teacher, *masks)
             nll = mtp_loss(head, h, *masks)
             per_position = kl.term_sums / kl.counts.clamp(min=1)

@@ -318,6 +318,34 @@ def byte_tokenizer(path: str | Path):
         raise InputError(f"{path}: no usable byte tokenizer: {first_line(e)}") from None
 
 
+def subword_tokenizer(path: str | Path, vocab_size: int, trust_remote_code: bool = False):
+    """The model folder's own (subword) tokenizer, `mtpc.tokenizer.SubwordTokenizer`: its Hugging Face
+    files must be there (nothing is downloaded); a tokenizer that cannot be read is an `InputError`."""
+    from .tokenizer import SubwordTokenizer
+
+    folder = Path(path)
+    if not any((folder / name).is_file() for name in HF_TOKENIZER_FILES[:2]):
+        raise InputError(f"{folder}: a subword model needs its own tokenizer files (tokenizer.json or "
+                         "tokenizer_config.json, as tokenizer.save_pretrained writes them)")
+    try:
+        return SubwordTokenizer.load(folder, vocab_size, trust_remote_code)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- transformers reports a bad tokenizer in many classes
+        raise InputError(f"{folder}: its tokenizer cannot be loaded: {type(e).__name__}: {first_line(e)}") from None
+
+
+def model_tokenizer(info: ModelInfo, subword: bool | None = None, trust_remote_code: bool = False):
+    """The tokenizer text goes through for this model: its byte tokenizer when the vocabulary is
+    byte-level, else (`subword`, by default when the folder has Hugging Face tokenizer files) its own
+    subword tokenizer, else the byte view (ids 0..255 taken as bytes, `--allow-non-byte-vocab`)."""
+    if subword is None:
+        subword = not info.byte_level and any((info.path / n).is_file() for n in HF_TOKENIZER_FILES[:2])
+    if subword and not info.byte_level:
+        return subword_tokenizer(info.path, info.vocab_size, trust_remote_code)
+    return byte_tokenizer(info.path)
+
+
 def head_folder(path: str | Path) -> Path:
     """A folder written by `mtpc train` / `save_head` (head.json and head.safetensors present)."""
     folder = readable_folder(path, "head folder")

@@ -5,6 +5,10 @@ id `>= 256` is a special token. The vocabulary can be padded beyond the specials
 size EvaByte uses) so that an embedding matrix has room for more specials later; padded ids decode
 to nothing.
 
+`SubwordTokenizer` is the other kind: a subword model's own Hugging Face tokenizer behind the same
+surface (`encode`, `decode`, `bos_id`, `eos_id`, `pad_id`, `vocab_size`), for heads that suit any
+vocabulary (the `tied` parameterisation).
+
 Encoding never fails: `bytes` are taken as they are, and a `str` holding lone surrogates (as produced
 by ``bytes.decode("utf-8", "surrogateescape")``) is encoded back to its original bytes. Decoding
 invalid UTF-8 yields U+FFFD replacement characters by default; `decode_bytes` round-trips exactly.
@@ -203,6 +207,56 @@ class ByteTokenizer:
 
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocab_size={self.vocab_size}, specials={len(self.specials)})"
+
+
+class SubwordTokenizer:
+    """A subword model's own tokenizer (the Hugging Face one saved in its folder) behind the surface
+    mtpc's data, training and decoding use: `encode`, `decode`, `bos_id`, `eos_id`, `pad_id`,
+    `vocab_size`. Bytes are read as UTF-8 (invalid bytes as U+FFFD: a subword vocabulary need not
+    spell every byte string) and tokenized whole, without the tokenizer's own special tokens; a
+    document's `<bos>` is the tokenizer's bos token, else its eos token (GPT-2's `<|endoftext|>`
+    separates documents), the padding its pad token, else the eos token."""
+
+    kind = "subword"
+
+    def __init__(self, hf, vocab_size: int, where: str = "the tokenizer"):
+        if len(hf) > vocab_size:
+            raise ValueError(f"{where}: the tokenizer has {len(hf):,} tokens, the model only {vocab_size:,}")
+        eos = hf.eos_token_id
+        bos = hf.bos_token_id if hf.bos_token_id is not None else eos
+        if bos is None:
+            raise ValueError(f"{where}: the tokenizer names neither a bos nor an eos token (documents need a "
+                             "separator)")
+        self.hf, self.vocab_size = hf, vocab_size
+        self.bos_id, self.eos_id = bos, eos if eos is not None else bos
+        self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
+
+    @classmethod
+    def load(cls, directory: str | Path, vocab_size: int, trust_remote_code: bool = False) -> "SubwordTokenizer":
+        """The tokenizer saved in a model folder (local files only; its own code only when trusted)."""
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
+        return cls(hf, vocab_size, str(directory))
+
+    def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        ids = self.hf.encode(text, add_special_tokens=False)
+        return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True, errors: str = "replace") -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def is_byte(self, token_id: int) -> bool:
+        """No id is a byte: every token is text (the stop tokens are the specials, `special_ids`)."""
+        return False
+
+    def special_ids(self) -> set[int]:
+        return {int(i) for i in self.hf.all_special_ids} | {self.eos_id}
+
+    def __repr__(self) -> str:
+        return f"SubwordTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"
 
 
 def save_hf_tokenizer(directory: str | Path, tok: ByteTokenizer | None = None) -> Path:

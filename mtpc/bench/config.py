@@ -46,6 +46,7 @@ class BenchConfig:
     out: str | None = None
     progress: bool = True
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
+    trust_remote_code: bool = False  # allow model folders whose config names their own modelling code (auto_map)
 
 
 @dataclass

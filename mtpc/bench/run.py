@@ -40,6 +40,7 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -99,15 +100,17 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     device = loading.resolve_device(cfg.device)
     dtype = DTYPES[cfg.dtype]
     tok = ByteTokenizer.load(cfg.model)
-    base = loading.load_model(cfg.model, dtype, device)
+    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
+    base = load_model(cfg.model, dtype, device)
     head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
-    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device) for p in cfg.heads]
+    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
+               for p in cfg.heads]
     variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,))
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
-    peers = build_peers(cfg, base, specs, loading.load_model, dtype, device, tok.eos_id, max_len)
+    peers = build_peers(cfg, base, specs, load_model, dtype, device, tok.eos_id, max_len)
     runs = measure(cfg, base, variants, peers, sets, device, tok.eos_id)
     dropped = None
     if cfg.max_repetition is not None:
@@ -146,7 +149,8 @@ def _check_config(cfg: BenchConfig) -> None:
 def _check_inputs(cfg: BenchConfig) -> None:
     """Files and how they fit, before any model is loaded: model folder, head folders (hidden size,
     states within the vocabulary), prompts file, output folder."""
-    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab)
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                              trust_remote_code=cfg.trust_remote_code)
     for path in cfg.heads:
         spec = loading.json_object(loading.head_folder(path) / "head.json", "")
         hidden, graph = spec.get("hidden_size"), spec.get("graph")

@@ -123,7 +123,8 @@ def run_tiny_lm(args) -> int:
 
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train an MTP circuit head (and LoRA adapters) on a frozen LM",
-                       description="Train a circuit draft head on a frozen byte-level LM; the same command under "
+                       description="Train a circuit draft head on a frozen LM (byte-level, or subword with "
+                                   "--parameterisation tied, on the model's own tokenizer); the same command under "
                                    "`torchrun --nproc_per_node N` trains data-parallel. Rerunning it resumes from "
                                    "OUT/checkpoint.pt when its settings match the checkpoint's (only --steps, "
                                    "--minutes, --val-every, --save-every, --stop-after and --no-progress may "
@@ -132,7 +133,8 @@ def add_train(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--allow-non-byte-vocab", action="store_true",
-                   help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
+                   help="train any head on a model whose vocabulary is not byte-level, token ids 0..255 taken as "
+                        "bytes (a tied head needs no flag: it reads the model's own tokenizer)")
     p.add_argument("--circuit", default=None, help=".pc or graph-spec .json file (optional with --init-head)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="K=V",
                    help="bind a .pc parameter, e.g. -D n=16 -D r=32 (repeatable)")
@@ -218,7 +220,7 @@ def run_train(args) -> int:
                       seed=args.seed, progress=not args.no_progress, resume=not args.no_resume,
                       stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab,
                       trust_remote_code=args.trust_remote_code)
-    s = train(cfg)
+    s = train(cfg, announce=print)  # a subword model: which head reads its vocabulary, first
     if s.get("val_accepted") is not None:
         print(f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s; "
               f"held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
@@ -236,6 +238,8 @@ def add_bench(sub) -> None:
     p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
     p.add_argument("--allow-non-byte-vocab", action="store_true",
                    help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--heads", nargs="+", required=True, metavar="DIR", help="head folders written by mtpc train")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help=".txt (one prompt per line) or .jsonl (strings or {\"prompt\": ...})")
@@ -289,7 +293,8 @@ def run_bench(args) -> int:
                       lookup_tokens=args.lookup_tokens, peers=args.peers, compile=args.compile,
                       max_repetition=args.max_repetition, dtype=args.dtype,
                       head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
-                      out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab)
+                      out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab,
+                      trust_remote_code=args.trust_remote_code)
     report = bench(cfg)
     print(format_table(report))
     if report["context_warning"]:
@@ -323,6 +328,8 @@ def add_distill_data(sub) -> None:
                    help="records sampled together (plain batched decoding; --head decodes one at a time)")
     p.add_argument("--seed", type=seed, default=0, help="random seed (prompts, sampling)")
     p.add_argument("--head", default=None, help="a head folder from mtpc train: decode speculatively (faster)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_distill_data)
 
@@ -334,7 +341,8 @@ def run_distill_data(args) -> int:
                         prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_p=args.top_p, greedy_fraction=args.greedy_fraction,
                         batch_size=args.batch_size,
-                        seed=args.seed, head=args.head, progress=not args.no_progress)
+                        seed=args.seed, head=args.head, progress=not args.no_progress,
+                        trust_remote_code=args.trust_remote_code)
     s = distill_data(cfg)
     rate = f", {s['new_bytes'] / s['seconds']:,.0f} bytes/s" if s["seconds"] > 0 else ""
     print(f"{args.out}: {s['records']} records ({s['new_records']} new, {s['new_bytes']:,} new bytes in "
@@ -350,6 +358,8 @@ def add_generate(sub) -> None:
                                    "speculatively (lossless: greedy output equals plain greedy decoding).")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text (default: --prompt-file or stdin)")
     p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a model folder whose config names its own modelling code (auto_map): runs that code")
     p.add_argument("--head", default=None, help="a head folder written by mtpc train (default: plain decoding)")
     p.add_argument("--lora", default=None, help="the draft path's LoRA adapter folder (default: HEAD/lora if any)")
     p.add_argument("--lora-layers", type=non_negative_int, default=None, help="the adapter's layer count (checked)")
@@ -388,7 +398,7 @@ def run_generate(args) -> int:
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
                          compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup,
-                         compile=args.compile)
+                         compile=args.compile, trust_remote_code=args.trust_remote_code)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 

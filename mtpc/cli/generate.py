@@ -5,7 +5,8 @@
                   [--stream/--no-stream] [--stats] [--compare]
 
 The prompt is taken as bytes (a file or stdin exactly as stored) after a `<bos>`, as `mtpc tiny-lm`
-and `mtpc train` saw their documents; `--chat` renders it as one user turn with the model's chat
+and `mtpc train` saw their documents (a subword model's prompt: its own tokenizer's ids after its bos
+token; `TokenStreamer` writes their text); `--chat` renders it as one user turn with the model's chat
 template (the tokenizer files in the model folder) and stops at the end of the assistant's turn.
 Temperature 0 (the default) decodes greedily; above 0 it samples the shaped target exactly.
 
@@ -34,9 +35,9 @@ from .. import loading
 from ..checks import MAX_THREADS
 from ..errors import InputError, MtpcError
 from ..files import regular_file
-from ..tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
+from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
 
-__all__ = ["GenerateConfig", "Utf8Streamer", "run_generate", "load_prompt"]
+__all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "load_prompt"]
 
 DEFAULT_NEW_TOKENS = 256
 MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
@@ -66,6 +67,7 @@ class GenerateConfig:
     threads: int | None = None
     lookup: int | None = None  # prompt-lookup drafting inside the speculative decoder (tokens per match)
     compile: bool = False  # torch.compile the speculative decoder's verify call (compiled in the warm-up)
+    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
 class Utf8Streamer:
@@ -89,6 +91,35 @@ class Utf8Streamer:
     def end(self) -> None:
         self.out.write(self._utf8.decode(b"", final=True) + "\n")
         self.out.flush()
+
+
+class TokenStreamer:
+    """The same for a subword tokenizer: the text of all tokens so far is decoded again at each put and
+    the new part written, except a trailing U+FFFD (a character whose bytes span tokens still to come)."""
+
+    def __init__(self, out: TextIO, tok: SubwordTokenizer, skip_prompt: bool = True):
+        self.out, self.tok = out, tok
+        self._skip = skip_prompt
+        self._ids: list[int] = []
+        self._written = 0  # characters of the decoded text already written
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._skip:
+            self._skip = False
+            return
+        self._ids += value.flatten().tolist()
+        self._write(self.tok.decode(self._ids).rstrip("\ufffd"))
+
+    def end(self) -> None:
+        self._write(self.tok.decode(self._ids))
+        self.out.write("\n")
+        self.out.flush()
+
+    def _write(self, text: str) -> None:
+        if len(text) > self._written:
+            self.out.write(text[self._written:])
+            self.out.flush()
+            self._written = len(text)
 
 
 # --------------------------------------------------------------------------- checks (before slow work)
@@ -166,9 +197,15 @@ def load_prompt(cfg: GenerateConfig) -> bytes:
     raise InputError("no prompt: give it as an argument, with --prompt-file F, or on standard input")
 
 
-def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer) -> tuple[list[int], set[int]]:
+def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTokenizer) -> tuple[list[int], set[int]]:
     """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.chat`, the template
-    rendered bounded and the prompt's bytes kept as bytes)."""
+    rendered bounded and the prompt's bytes kept as bytes). A subword model's prompt is its own
+    tokenizer's ids after its bos token, as `mtpc train` read its documents."""
+    if isinstance(tok, SubwordTokenizer):
+        if cfg.chat:
+            raise InputError(f"--chat renders mtpc's byte chat format; {cfg.model} has a subword tokenizer: give "
+                             "the prompt already in its chat format instead")
+        return tok.encode(text, add_bos=True), {tok.eos_id}
     if not cfg.chat:
         return [tok.bos_id] + list(text), {tok.eos_id}
     from ..chat import chat_ids
@@ -210,7 +247,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     out, err = out or sys.stdout, err or sys.stderr
     check_config(cfg)
     config = model_config(cfg.model)
-    tok = _model_tokenizer(cfg.model, config)
+    tok = _model_tokenizer(cfg, config)
     ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
     check_context(len(ids), cfg, config)
     head = None
@@ -225,14 +262,15 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     device = loading.resolve_device(cfg.device)
     sampling = _sampling(cfg)
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
-        base = loading.load_model(cfg.model, torch.float32, device)
+        base = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
         decode = _plain(base, sampling, eos)
         if head is not None:
             decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup,
-                                  cfg.compile)
+                                  cfg.compile, cfg.trust_remote_code)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
-    streamer = Utf8Streamer(out) if cfg.stream else None
+    streamer = None if not cfg.stream else Utf8Streamer(out) if isinstance(tok, ByteTokenizer) else \
+        TokenStreamer(out, tok)
     run = _measure(decode, prompt, cfg, streamer)
     new = run["sequence"][len(ids):]
     if not cfg.stream:
@@ -266,8 +304,13 @@ def _quiet_loading():
             logging.enable_progress_bar()
 
 
-def _model_tokenizer(model: str, config: dict) -> ByteTokenizer:
-    tok = loading.byte_tokenizer(model)
+def _model_tokenizer(cfg: GenerateConfig, config: dict) -> ByteTokenizer | SubwordTokenizer:
+    """The model's byte tokenizer, or its own subword one when the vocabulary is not byte-level and the
+    folder has one (`loading.model_tokenizer`); the folder is checked whole first (`model_info`: no
+    custom code without `--trust-remote-code`)."""
+    model = cfg.model
+    info = loading.model_info(model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    tok = loading.model_tokenizer(info, trust_remote_code=cfg.trust_remote_code)
     if tok.vocab_size > config["vocab_size"]:
         raise InputError(f"--model {model}: the tokenizer has {tok.vocab_size} ids, the model only "
                          f"{config['vocab_size']}")
@@ -306,12 +349,12 @@ def _plain(base, sampling: dict, eos: set[int]):
 
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
-                 lookup: int | None = None, compile: bool = False):
+                 lookup: int | None = None, compile: bool = False, trust_remote_code: bool = False):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it). `compile`: its
     verify call through torch.compile; the decoder then stamps its backbone calls (no hooks in a compiled call)."""
     from ..decoding import PhaseClock, SpeculativeDecoder
 
-    model = loading.load_model(model_path, torch.float32, device)
+    model = loading.load_model(model_path, torch.float32, device, trust_remote_code=trust_remote_code)
     if head.parameterisation == "tied":  # its input units are this model's own output layer
         head.tie_to(model.get_output_embeddings())
     if lora is not None:

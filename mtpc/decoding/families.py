@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-__all__ = ["DecoderParts", "DecoderLayout", "BackboneFamily", "LayeredFamily", "LlamaFamily", "WholeModelPath",
+__all__ = ["OutputLayer", "output_logits", "DecoderParts", "DecoderLayout", "BackboneFamily", "LayeredFamily", "LlamaFamily", "WholeModelPath",
            "FAMILIES", "LLAMA_LAYOUT", "GPT2_LAYOUT", "GPT_NEOX_LAYOUT", "family_for", "split_family", "has_adapter",
            "decoder_layers"]
 
@@ -101,6 +101,24 @@ def output_logits(config, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Ten
     logits = lm_head(hidden)
     cap = getattr(config, "final_logit_softcapping", None)
     return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class OutputLayer:
+    """A model's output layer as its own forward applies it: the LM head, then the family's final
+    logit soft-capping (Gemma 2/3). Callable on final hidden states `[..., d]` -> `[..., V]`;
+    `weight` is the LM head's (referenced, never copied), for callers that read its dtype."""
+
+    def __init__(self, model: nn.Module):
+        self.lm_head = model.get_output_embeddings()
+        config = model.config
+        self.config = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return output_logits(self.config, self.lm_head, hidden)
 
 
 def layer_types(config, num_layers: int) -> list[str]:

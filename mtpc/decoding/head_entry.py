@@ -30,8 +30,10 @@ class HeadEntry:
 
 
 def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: torch.dtype,
-                    head_dtype: torch.dtype | None, device: torch.device) -> HeadEntry:
-    """A head folder written by `mtpc train` (or `save_head`): head, LoRA adapter if any, its config."""
+                    head_dtype: torch.dtype | None, device: torch.device, *,
+                    trust_remote_code: bool = False) -> HeadEntry:
+    """A head folder written by `mtpc train` (or `save_head`): head, LoRA adapter if any, its config.
+    `trust_remote_code` is passed on to loading the adapter's own copy of the model."""
     from safetensors import SafetensorError
 
     folder = loading.head_folder(path)
@@ -48,7 +50,8 @@ def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: to
     model, k = base, 0
     if lora_dir is not None:
         k = loading.adapter_layers(lora_dir)
-        model = loading.load_lora(loading.load_model(model_path, dtype, device), lora_dir)
+        model = loading.load_lora(loading.load_model(model_path, dtype, device, trust_remote_code=trust_remote_code),
+                                  lora_dir)
     info = head_info(head, train_cfg, k)
     return HeadEntry(folder.name, str(folder), head, model, k, info)
 

@@ -37,7 +37,7 @@ import torch
 from ..errors import InputError
 from ..files import glob_paths, regular_file
 from ..heads.windows import target_validity, window_targets
-from ..tokenizer import ROLES, ByteTokenizer, to_bytes
+from ..tokenizer import ROLES, ByteTokenizer, SubwordTokenizer, to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", 
 @dataclass
 class Document:
     name: str
-    tokens: np.ndarray  # [len] int16 token ids
+    tokens: np.ndarray  # [len] token ids (int16 bytes and specials; int32 subword ids)
     mask: np.ndarray  # [len] bool, True = may be a target
 
     def __len__(self) -> int:
@@ -113,25 +113,40 @@ def _skipped_dir(relative: Path) -> bool:
 
 # ------------------------------------------------------------------ documents
 
-def text_document(name: str, data: bytes, tok: ByteTokenizer) -> Document:
-    """`<bos> data <eos>`; every token but the `<bos>` may be a target."""
-    tokens = np.empty(len(data) + 2, dtype=np.int16)
+def body_ids(data: bytes, tok: ByteTokenizer | SubwordTokenizer) -> np.ndarray:
+    """The token ids of `data`: its bytes (a byte tokenizer, int16 like every byte document), or the
+    model's own subword tokens (int32: a subword vocabulary outgrows int16)."""
+    if isinstance(tok, SubwordTokenizer):
+        return np.asarray(tok.encode(data), dtype=np.int32)
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int16)
+
+
+def body_document(name: str, body: np.ndarray, tok: ByteTokenizer | SubwordTokenizer) -> Document:
+    """`<bos> body <eos>`; every token but the `<bos>` may be a target."""
+    tokens = np.empty(len(body) + 2, dtype=body.dtype)
     tokens[0], tokens[-1] = tok.bos_id, tok.eos_id
-    tokens[1:-1] = np.frombuffer(data, dtype=np.uint8)
+    tokens[1:-1] = body
     mask = np.ones(len(tokens), dtype=bool)
     mask[0] = False
     return Document(name, tokens, mask)
 
 
-def completion_document(name: str, record: dict, tok: ByteTokenizer) -> Document:
-    """`<bos> prompt completion <eos>`; only the completion and the `<eos>` may be targets."""
+def text_document(name: str, data: bytes, tok: ByteTokenizer | SubwordTokenizer) -> Document:
+    """`<bos> data <eos>`; every token but the `<bos>` may be a target."""
+    return body_document(name, body_ids(data, tok), tok)
+
+
+def completion_document(name: str, record: dict, tok: ByteTokenizer | SubwordTokenizer) -> Document:
+    """`<bos> prompt completion <eos>`; only the completion and the `<eos>` may be targets (prompt and
+    completion tokenized apart, so the mask falls on a token boundary under a subword tokenizer too)."""
     prompt, completion = record.get("prompt"), record.get("completion")
     if not isinstance(prompt, str) or not isinstance(completion, str):
         raise ValueError('"prompt" and "completion" must both be strings')
     if not completion:
         raise EmptyRecord("empty completion")
-    doc = text_document(name, to_bytes(prompt) + to_bytes(completion), tok)
-    doc.mask[1:1 + len(to_bytes(prompt))] = False
+    head = body_ids(to_bytes(prompt), tok)
+    doc = body_document(name, np.concatenate([head, body_ids(to_bytes(completion), tok)]), tok)
+    doc.mask[1:1 + len(head)] = False
     return doc
 
 
@@ -151,6 +166,9 @@ def chat_template(messages: Sequence[dict], tok: ByteTokenizer) -> tuple[list[in
 
 def chat_document(name: str, record: object, tok: ByteTokenizer) -> Document:
     """A chat record as a document; raises ValueError (corrupt) or EmptyRecord."""
+    if isinstance(tok, SubwordTokenizer):
+        raise ValueError("chat records are rendered with mtpc's byte chat format; a subword model trains on "
+                         '{"text"} or {"prompt", "completion"} records')
     messages = validate_messages(record)
     tokens, mask = chat_template(messages, tok)
     if not any(mask):

@@ -68,11 +68,12 @@ class DistillConfig:
     batch_size: int = 16  # records generated together by plain batched sampling (without --head)
     val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
     progress: bool = True
+    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
     def settings(self) -> dict:
         """What the records depend on (not how many there are, nor the progress bar)."""
         keep = asdict(self)
-        for key in ("num_prompts", "progress", "out", "batch_size"):
+        for key in ("num_prompts", "progress", "out", "batch_size", "trust_remote_code"):
             keep.pop(key)
         keep["model"] = str(Path(self.model).resolve())
         keep["head"] = str(Path(self.head).resolve()) if self.head else None
@@ -149,6 +150,8 @@ def _check_config(cfg: DistillConfig) -> None:
     if not (model / "config.json").exists():
         raise InputError(f"--model {cfg.model}: not a Hugging Face checkpoint folder (no config.json)")
     config = loading.model_config(model)
+    # the whole folder, before any record: custom code (auto_map) only with --trust-remote-code
+    loading.model_info(model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     context = config.get("max_position_embeddings")
     if context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
         raise InputError(f"<bos> + --prompt-len {cfg.prompt_len} + --max-new-tokens {cfg.max_new_tokens} exceeds "
@@ -299,15 +302,11 @@ def _as_text(data: bytes) -> str:
 def _generator(cfg: DistillConfig, tok):
     """`generate([(ids, greedy, seed), ...]) -> [(new token ids, decoding cycles or None), ...]`: plain
     batched sampling, or one prompt at a time through the speculative decoder with `--head`."""
-    from transformers import AutoModelForCausalLM
-
     from ..decoding import SpeculativeDecoder, Target
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(device).eval()
-    except (OSError, ValueError) as e:
-        raise InputError(f"--model {cfg.model}: {e}") from None
+    # checked first (no custom code without trust_remote_code, safetensors only, local files only)
+    model = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
     stop = [t for t in range(tok.vocab_size) if not tok.is_byte(t)]
     if cfg.head is None:
         target = Target(True, cfg.temperature, None, cfg.top_p)
@@ -317,7 +316,8 @@ def _generator(cfg: DistillConfig, tok):
     from ..decoding.head_entry import load_head_entry
 
     try:
-        entry = load_head_entry(cfg.head, model, cfg.model, torch.float32, None, device)
+        entry = load_head_entry(cfg.head, model, cfg.model, torch.float32, None, device,
+                                trust_remote_code=cfg.trust_remote_code)
         decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"--head {cfg.head}: {e}") from None

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -54,7 +55,7 @@ from .schedule import cosine_lr
 from .trainer_checkpoints import (CHECKPOINT, CHECKPOINT_FORMAT, load_trainable, read_checkpoint, resumed_total,
                                   settings, trainable_state)
 from .trainer_setup import (LORA_DIR, DraftModel, TrainConfig, build_head, check_inputs, load_init_head,
-                            load_lm)
+                            load_lm, vocabulary_choice)
 from . import trainer_validation
 
 __all__ = ["TrainConfig", "Trainer", "train", "DraftModel", "build_head", "load_lm", "CHECKPOINT", "LOG"]
@@ -66,15 +67,19 @@ class Trainer:
     """One run of `mtpc train`: set up in `__init__` (`trainer_setup`), `run` loops over `train_step`,
     validates (`trainer_validation`) and checkpoints (`trainer_checkpoints`)."""
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, announce: Callable[[str], None] | None = None):
         self.cfg, self.d = cfg, init_distributed(cfg.device)
         torch.manual_seed(cfg.seed)
         self.out = Path(cfg.out)
         # Everything a user can get wrong is checked here, before the model and the data are loaded.
         self.init = load_init_head(cfg) if cfg.init_head else None
         self.graph = check_inputs(cfg, self.init, self.d.world)
+        info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+        self.vocabulary = vocabulary_choice(cfg, info, self.init)
+        self.tok = loading.model_tokenizer(info, self.vocabulary.subword, cfg.trust_remote_code)
+        if announce is not None and self.vocabulary.line and self.d.main:
+            announce(self.vocabulary.line)  # which head reads the vocabulary, and why: before any slow work
         self.resume_state = read_checkpoint(self.out, cfg, self.graph)
-        self.tok = loading.byte_tokenizer(cfg.model)
         self.lm = load_lm(cfg, self.d.device)
         self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init)
         self.saved_step = self.resume_state["step"] if self.resume_state else None
@@ -266,8 +271,9 @@ class Trainer:
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train (or resume) and write the outputs; returns the summary. Bad input raises `InputError`
+def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> dict:
+    """Train (or resume) and write the outputs; returns the summary. `announce` gets one line first when
+    the model's vocabulary is not byte-level (which head reads it, and why). Bad input raises `InputError`
     before slow work; a run that fails raises `MtpcError`. An output folder this call created is
     removed again if the run fails before writing anything into it."""
     from .. import checks
@@ -275,5 +281,5 @@ def train(cfg: TrainConfig) -> dict:
 
     checks.output_folder(cfg.out)
     with guarded_output(cfg.out):  # one run per --out; a full disk is one line (outputs.py)
-        return Trainer(cfg).run()
+        return Trainer(cfg, announce).run()
 

@@ -51,7 +51,7 @@ class TrainConfig:
     loss: str = "nll"  # nll | kl | nll+kl (see mtpc.training.trainer)
     window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
     sum_init_std: float = 0.02
-    parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
+    parameterisation: str = "full"  # full | shared | factorised | tied (see mtpc.heads.head; tied suits any vocabulary)
     adapter_rank: int = 16  # shared/factorised: rank of the per-unit adapters
     factor_rank: int = 64  # factorised: rank of the per-position unembedding
     val_fraction: float = 0.02
@@ -101,6 +101,14 @@ class DraftModel(nn.Module):
         with torch.no_grad(), self.lm.disable_adapter(), autocast(tokens.device, self.amp):
             return base.get_decoder()(input_ids=tokens).last_hidden_state
 
+    def teacher(self, tokens: torch.Tensor, draft: torch.Tensor):
+        """The KL loss's teacher: flat positions -> the verifier's logits, as the model's own forward
+        computes them from its final hidden states (`OutputLayer`: Gemma's soft-capping included)."""
+        from ..decoding.families import OutputLayer
+
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return lm_teacher(OutputLayer(base), self.teacher_hidden(tokens, draft))
+
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
         h = self.hidden(tokens)  # [B, T, d]
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
@@ -108,9 +116,7 @@ class DraftModel(nn.Module):
         with autocast(tokens.device, self.amp):
             nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss:
-                base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
-                teacher = lm_teacher(base.get_output_embeddings(), self.teacher_hidden(tokens, h))
-                kl = kl_loss(self.head, h, teacher, tokens, doc_ids, loss_mask, **kwargs)
+                kl = kl_loss(self.head, h, self.teacher(tokens, h), tokens, doc_ids, loss_mask, **kwargs)
         if self.loss == "nll":
             return nll.loss, nll.term_sums, nll.counts
         if self.loss == "kl":
@@ -122,8 +128,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
     from ..decoding.backbone import attach_draft_lora
 
-    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
-                                  trust_remote_code=cfg.trust_remote_code)
+    # the vocabulary was judged against the head by `check_inputs` (`vocabulary_choice`)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     previous = init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
@@ -177,6 +183,41 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
 
 # ------------------------------------------------------------------ checks
 
+SUBWORD_PARAMETERISATIONS = ("tied",)  # heads whose size does not grow with the vocabulary
+
+
+@dataclass(frozen=True)
+class VocabularyChoice:
+    """How the head reads the model's vocabulary: `subword` (the model's own tokenizer, a head that
+    suits any vocabulary) or bytes; `line` says which and why (None for a byte-level model)."""
+
+    subword: bool
+    line: str | None
+
+
+def vocabulary_choice(cfg: TrainConfig, info, init=None) -> VocabularyChoice:
+    """A byte-level model trains any head on bytes. A subword model trains a head whose
+    parameterisation suits its vocabulary (`tied`: the LM's own output layer, not copied) on its own
+    tokenizer's ids; with `--allow-non-byte-vocab` any head on ids 0..255 taken as bytes; otherwise
+    it is refused with the fix."""
+    parameterisation = init.parameterisation if init is not None else cfg.parameterisation
+    if info.byte_level:
+        return VocabularyChoice(False, None)
+    vocab = f"{info.vocab_size:,}-token vocabulary"
+    if cfg.allow_non_byte_vocab:
+        return VocabularyChoice(False, f"mtpc train: a {parameterisation} head over token ids 0..255 read as bytes "
+                                       f"(--allow-non-byte-vocab; {cfg.model} has a {vocab} that is not byte-level)")
+    if parameterisation in SUBWORD_PARAMETERISATIONS:
+        return VocabularyChoice(True, f"mtpc train: a {parameterisation} head for the {vocab} of {cfg.model} (not "
+                                      "byte-level), because a tied head reads the LM's own output layer (not copied) "
+                                      "behind small hidden-space adapters, so its size does not grow with the "
+                                      "vocabulary; --data is tokenized with the model's own tokenizer")
+    raise InputError(f"{cfg.model}: a {vocab} without {loading.TOKENIZER_FILE} is not byte-level, and a "
+                     f"{parameterisation} head copies an unembedding row per token; use --parameterisation tied "
+                     "(the LM's own output layer: any vocabulary), or pass --allow-non-byte-vocab to take token "
+                     "ids 0..255 as bytes")
+
+
 
 def check_lora_family(cfg: TrainConfig, info) -> None:
     """A LoRA draft path runs the split layer loop, which needs the family's adapter."""
@@ -200,8 +241,8 @@ def check_inputs(cfg: TrainConfig, init, world: int):
         raise InputError(f"--batch-size {cfg.batch_size} must be divisible by --grad-accum x world size = {per}")
     checks.output_folder(cfg.out)
     checks.data_source(cfg.data)
-    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
-                              trust_remote_code=cfg.trust_remote_code)
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    vocabulary_choice(cfg, info, init)  # a vocabulary the head's parameterisation does not suit is refused here
     check_lora_family(cfg, info)
     graph = None
     if cfg.circuit is not None:
