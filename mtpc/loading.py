@@ -10,10 +10,11 @@ the folder.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, first_line
+from .errors import InputError, MissingFolderError, first_line
 from .files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
@@ -31,9 +32,11 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 # ------------------------------------------------------------------ folders and JSON
 
 def readable_folder(path: str | Path, what: str) -> Path:
+    """`path` if it is a readable folder; a missing one is a `MissingFolderError` naming it, raised before
+    transformers or peft see the name (they would take it for a Hub id and fail to connect)."""
     folder = Path(path)
     if not folder.exists():
-        raise InputError(f"{what} {str(folder)!r} does not exist")
+        raise MissingFolderError(f"no such {what}: {folder}{missing_folder_hint(folder)}")
     if not folder.is_dir():
         raise InputError(f"{what} {str(folder)!r} is not a folder")
     try:
@@ -41,6 +44,36 @@ def readable_folder(path: str | Path, what: str) -> Path:
     except OSError as e:
         raise InputError(f"{what} {str(folder)!r} cannot be read: {e.strerror or e}") from None
     return folder
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `gpt2`, `org/name`: what the Hub calls a repo id
+
+
+def looks_like_hub_id(folder: Path) -> bool:
+    """A missing path that could be meant as a Hugging Face Hub id: one or two plain name parts, the
+    first of which is not a local folder (`runs/x` with a `runs/` here is a local path, mistyped)."""
+    text = str(folder)
+    return bool(HUB_ID.fullmatch(text)) and not text.startswith(".") and not Path(text.split("/")[0]).is_dir()
+
+
+def missing_folder_hint(folder: Path) -> str:
+    """What to say after "no such folder: PATH": for a Hub-id-shaped name, that mtpc did not look it up on the
+    Hub (it reads local folders only) and how to get it; for a local path whose parent exists, the
+    folders that parent holds (the likely typo)."""
+    if looks_like_hub_id(folder):
+        return (f" (mtpc reads local folders only and did not look {str(folder)!r} up on the Hugging Face Hub; "
+                f"to use a Hub model, download it first, e.g. `hf download {folder} --local-dir DIR`, and pass DIR)")
+    parent = folder.parent
+    if str(parent) in ("", ".") or not parent.is_dir():
+        return ""
+    try:
+        names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return ""
+    if not names:
+        return f" ({parent}/ holds no folders)"
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f" ({parent}/ holds: {shown})"
 
 
 def json_object(path: Path, what: str, folder: Path | None = None) -> dict:
@@ -375,7 +408,7 @@ def head_lora_folder(head: str | Path) -> Path | None:
 def lora_folder(path: str | Path, what: str = "--lora") -> Path:
     """A peft adapter folder named by the user: `adapter_config.json` and the weights as safetensors,
     both inside the folder (an adapter is only ever read from local files)."""
-    folder = Path(path)
+    folder = readable_folder(path, f"LoRA adapter folder ({what})")
     if not (folder / ADAPTER_CONFIG).is_file():
         raise InputError(f"{what} {folder}: no {ADAPTER_CONFIG}; expected a peft adapter folder "
                          f"(mtpc train writes one to OUT/{LORA_DIR})")
@@ -385,6 +418,7 @@ def lora_folder(path: str | Path, what: str = "--lora") -> Path:
 def adapter_files(folder: Path) -> Path:
     """`folder` if it holds a local adapter: a checked `adapter_config.json` and `adapter_model.safetensors`
     (never pickled `adapter_model.bin`, and no Hub lookup for what is missing)."""
+    folder = readable_folder(folder, "LoRA adapter folder")
     json_object(folder / ADAPTER_CONFIG, "the LoRA adapter's configuration", folder)
     weights = folder / ADAPTER_WEIGHTS
     if not weights.exists():
