@@ -9,6 +9,7 @@ the folder.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ def readable_folder(path: str | Path, what: str) -> Path:
     transformers or peft see the name (they would take it for a Hub id and fail to connect)."""
     folder = Path(path)
     if not folder.exists():
-        raise MissingFolderError(f"no such {what}: {folder}{missing_folder_hint(folder)}")
+        raise MissingFolderError(f"no such {what}: {path}{missing_folder_hint(path)}")
     if not folder.is_dir():
         raise InputError(f"{what} {str(folder)!r} is not a folder")
     try:
@@ -49,31 +50,39 @@ def readable_folder(path: str | Path, what: str) -> Path:
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `gpt2`, `org/name`: what the Hub calls a repo id
 
 
-def looks_like_hub_id(folder: Path) -> bool:
-    """A missing path that could be meant as a Hugging Face Hub id: one or two plain name parts, the
-    first of which is not a local folder (`runs/x` with a `runs/` here is a local path, mistyped)."""
-    text = str(folder)
-    return bool(HUB_ID.fullmatch(text)) and not text.startswith(".") and not Path(text.split("/")[0]).is_dir()
+def looks_like_hub_id(path: str | Path) -> bool:
+    """A missing path that could be meant as a Hugging Face Hub id: a string (a `Path` is a path) of one
+    or two plain name parts, the first of which is not a local folder (`runs/x` with a `runs/` here is
+    a local path, mistyped; `./x`, `/x`, `~/x` and `a/b/c` are paths by their shape)."""
+    return isinstance(path, str) and bool(HUB_ID.fullmatch(path)) and not Path(path.split("/")[0]).is_dir()
 
 
-def missing_folder_hint(folder: Path) -> str:
-    """What to say after "no such folder: PATH": for a Hub-id-shaped name, that mtpc did not look it up on the
-    Hub (it reads local folders only) and how to get it; for a local path whose parent exists, the
+def missing_folder_hint(path: str | Path) -> str:
+    """What to say after "no such folder: PATH": for a Hub-id-shaped name, that mtpc did not look it up on
+    the Hub (it reads local folders only) and how to get it; for a local path whose parent exists, the
     folders that parent holds (the likely typo)."""
-    if looks_like_hub_id(folder):
-        return (f" (mtpc reads local folders only and did not look {str(folder)!r} up on the Hugging Face Hub; "
-                f"to use a Hub model, download it first, e.g. `hf download {folder} --local-dir DIR`, and pass DIR)")
-    parent = folder.parent
-    if str(parent) in ("", ".") or not parent.is_dir():
-        return ""
+    if looks_like_hub_id(path):
+        return (f" (mtpc reads local folders only and did not look {path!r} up on the Hugging Face Hub; "
+                f"to use a Hub model, download it first, e.g. `hf download {path} --local-dir DIR`, and pass DIR)")
+    parent = Path(path).parent
+    if str(parent) in ("", ".", parent.anchor) or not parent.is_dir():
+        return ""  # the working folder or the root: too broad to be a hint
     try:
-        names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+        names = sorted(p.name for p in itertools.islice(parent.iterdir(), 200) if holds_files(p))
     except OSError:
         return ""
     if not names:
-        return f" ({parent}/ holds no folders)"
+        return ""
     shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
     return f" ({parent}/ holds: {shown})"
+
+
+def holds_files(path: Path) -> bool:
+    """A folder with something in it besides hidden files (not the empty output folder a failing
+    command has just made for itself, holding only its lock)."""
+    if path.name.startswith(".") or not path.is_dir():
+        return False
+    return any(not p.name.startswith(".") for p in itertools.islice(path.iterdir(), 50))
 
 
 def json_object(path: Path, what: str, folder: Path | None = None) -> dict:

@@ -27,9 +27,12 @@ HUB_HINT = "did not look"
 
 @pytest.fixture
 def here(tmp_path, monkeypatch):
-    """An empty working folder but for runs/tiny-lm10 (the quick start's old LM) and runs/heads/."""
+    """An empty working folder but for runs/tiny-lm10 (the quick start's old LM), runs/heads/ff4 and an
+    empty runs/o (as a command makes for its output: not listed)."""
     (tmp_path / "runs" / "tiny-lm10").mkdir(parents=True)
-    (tmp_path / "runs" / "heads").mkdir()
+    (tmp_path / "runs" / "tiny-lm10" / "config.json").write_text("{}")
+    (tmp_path / "runs" / "heads" / "ff4").mkdir(parents=True)
+    (tmp_path / "runs" / "o").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -72,7 +75,7 @@ def test_a_hub_shaped_name_says_it_was_not_looked_up_on_the_hub(path, here):
     ("./org/model", ""),  # local by its shape: no Hub hint
     ("a/b/c", ""),  # more than one slash: not a Hub id
     ("runs/x", " (runs/ holds: heads, tiny-lm10)"),  # its first part is a local folder
-    ("runs/heads/ff8", " (runs/heads/ holds no folders)"),
+    ("runs/heads/ff8", ""),  # runs/heads/ff4 is empty: nothing to suggest
 ])
 def test_a_local_shaped_path_gets_no_hub_hint(path, hint, here):
     with pytest.raises(MissingFolderError) as caught:
@@ -105,8 +108,8 @@ def cli_commands(lm: str) -> dict[str, tuple[list[str], str]]:
         "bench --model": ([*bench, "--model", "runs/missing", "--heads", "HEAD"], "model folder"),
         "bench --heads": ([*bench, "--model", lm, "--heads", "runs/missing"], "head folder"),
         "distill-data --model": (["distill-data", "--model", "runs/missing", "--out", "runs/d.jsonl"], "model folder"),
-        "distill-data --head": (["distill-data", "--model", lm, "--head", "runs/missing", "--out", "runs/d.jsonl"],
-                                "head folder"),
+        "distill-data --head": (["distill-data", "--model", lm, "--head", "runs/missing", "--out", "runs/d.jsonl",
+                                 "--prompt-len", "8", "--max-new-tokens", "8"], "head folder"),
     }
 
 

@@ -239,15 +239,15 @@ def trained_head(out_dir: str) -> set[str]:
 def test_train_your_own_lm_and_heads(workdir, capsys):
     """The quick start's "train your own" block, in order: the LM, its distillation data, a KL head."""
     lm, distill, head = readme_commands(TRAIN_YOUR_OWN)
-    train_tiny_lm(shrink(argv(lm), {"--minutes": "0.05"}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
+    train_tiny_lm(shrink(argv(lm), {"--minutes": None}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
     status, out, err = run(shrink(argv(distill), {"--num-prompts": "3", "--batch-size": "2"},
-                                  ("--max-new-tokens", "8", "--data", "corpus")), capsys)
+                                  ("--max-new-tokens", "8", "--prompt-len", "16", "--data", "corpus")), capsys)
     assert status == 0, err
     assert re.fullmatch(r"runs/distill-t1.jsonl: 3 records \(3 new, .*\)\n", out), out
     first = json.loads(Path("runs/distill-t1.jsonl").read_text().splitlines()[0])
     assert {"index", "prompt", "completion", "mode", "stop"} <= set(first) and first["index"] == 0
     assert Path("runs/distill-t1.jsonl.meta.json").is_file()
-    status, out, err = run(shrink(argv(head), {"--minutes": "1"}, TINY_TRAIN[2:]), capsys)
+    status, out, err = run(shrink(argv(head), {"--minutes": None}, ("--steps", "1", *TINY_TRAIN)), capsys)
     assert status == 0, err
     assert out.startswith("saved runs/heads/ff8: ")
     trained_head("runs/heads/ff8")
@@ -304,7 +304,7 @@ def test_head_training_commands_and_the_two_stage_example(workdir, capsys):
     assert train_head_copy(btree, small, capsys) == "runs/btree-n16-r32"
     train_head_copy(ff, small, capsys)
     assert TWO_STAGE in " ".join(_readme.README.read_text().replace("`", " ").split())
-    status, out, err = run(shrink(TWO_STAGE.split()[1:], {"--steps": "1"}, TINY_TRAIN), capsys)
+    status, out, err = run(shrink(TWO_STAGE.split()[1:], {"--steps": "1"}, ("--data", "corpus", *TINY_TRAIN)), capsys)
     assert status == 0, err
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in Path("runs/btree-lora/lora").iterdir()}
     [block] = [b for b in _readme.blocks(include_skipped=True) if b.language == "python" and "runs/btree-lora" in b.text]
@@ -328,7 +328,8 @@ def test_distillation_commands(workdir, capsys):
     assert status == 0, err
     trained_head("runs/ff8-kl")
     for command in (plain, drafted):
-        args = shrink(argv(command), {"--num-prompts": "3", "--max-new-tokens": "8"}, ("--data", "corpus"))
+        args = shrink(argv(command), {"--num-prompts": "3", "--max-new-tokens": "8"},
+                      ("--prompt-len", "16", "--data", "corpus"))
         status, out, err = run(args, capsys)
         assert status == 0, err
         target = args[args.index("--out") + 1]
@@ -338,7 +339,8 @@ def test_distillation_commands(workdir, capsys):
         assert [r["index"] for r in records] == [0, 1, 2]
         assert {"prompt", "completion", "mode", "stop"} <= set(records[0])
         assert Path(f"{target}.meta.json").is_file()
-    status, _, err = run([*args[:-2], "--data", "corpus", "--seed", "5"], capsys)  # other settings: refused
+    status, _, err = run([*args, "--seed", "5"], capsys)  # a rerun with other settings is refused
+
     assert status == 2 and "mtpc: error:" in err
 
 
