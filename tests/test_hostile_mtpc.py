@@ -415,14 +415,13 @@ def test_real_processes_print_one_line_and_the_exit_status(lm, tmp_path):
     missing = run("train", "--model", str(tmp_path / "missing"), "--circuit", BTREE, "--out", str(tmp_path / "o"),
                   "--steps", "1")
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [f"mtpc: error: model folder {str(tmp_path / 'missing')!r} does "
-                                                   "not exist"]
+    assert missing.stderr.strip().splitlines() == [f"mtpc: error: no such model folder: {tmp_path / 'missing'}"]
     nan = run("train", "--model", lm, "--circuit", BTREE, "--out", str(tmp_path / "o"), "--steps", "nan")
     assert nan.returncode == 2 and nan.stderr.startswith("mtpc: error: train: argument --steps")
     assert "Traceback" not in missing.stderr + nan.stderr
     debug = run("--debug", "train", "--model", str(tmp_path / "missing"), "--circuit", BTREE, "--out",
                 str(tmp_path / "o"), "--steps", "1")
-    assert debug.returncode == 2 and "Traceback" in debug.stderr and "mtpc: error: model folder" in debug.stderr
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "mtpc: error: no such model folder" in debug.stderr
     assert not (tmp_path / "o").exists()
 
 
