@@ -21,6 +21,12 @@ class InputError(MtpcError, ValueError):
     exit_status = 2
 
 
+class MissingFolderError(InputError):
+    """A model, head or LoRA adapter folder that is not there. mtpc reads local folders only (it never
+    downloads from the Hugging Face Hub), so the message names the path, and for a name shaped like a
+    Hub id (`org/name`) says that it was not looked up there."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its class name when it has none), for one-line errors."""
     text = str(e).strip().splitlines()

@@ -9,11 +9,13 @@ the folder.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, first_line
+from .errors import InputError, MissingFolderError, first_line
 from .files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
@@ -31,9 +33,11 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 # ------------------------------------------------------------------ folders and JSON
 
 def readable_folder(path: str | Path, what: str) -> Path:
+    """`path` if it is a readable folder; a missing one is a `MissingFolderError` naming it, raised before
+    transformers or peft see the name (they would take it for a Hub id and fail to connect)."""
     folder = Path(path)
     if not folder.exists():
-        raise InputError(f"{what} {str(folder)!r} does not exist")
+        raise MissingFolderError(f"no such {what}: {path}{missing_folder_hint(path)}")
     if not folder.is_dir():
         raise InputError(f"{what} {str(folder)!r} is not a folder")
     try:
@@ -41,6 +45,44 @@ def readable_folder(path: str | Path, what: str) -> Path:
     except OSError as e:
         raise InputError(f"{what} {str(folder)!r} cannot be read: {e.strerror or e}") from None
     return folder
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `gpt2`, `org/name`: what the Hub calls a repo id
+
+
+def looks_like_hub_id(path: str | Path) -> bool:
+    """A missing path that could be meant as a Hugging Face Hub id: a string (a `Path` is a path) of one
+    or two plain name parts, the first of which is not a local folder (`runs/x` with a `runs/` here is
+    a local path, mistyped; `./x`, `/x`, `~/x` and `a/b/c` are paths by their shape)."""
+    return isinstance(path, str) and bool(HUB_ID.fullmatch(path)) and not Path(path.split("/")[0]).is_dir()
+
+
+def missing_folder_hint(path: str | Path) -> str:
+    """What to say after "no such folder: PATH": for a Hub-id-shaped name, that mtpc did not look it up on
+    the Hub (it reads local folders only) and how to get it; for a local path whose parent exists, the
+    folders that parent holds (the likely typo)."""
+    if looks_like_hub_id(path):
+        return (f" (mtpc reads local folders only and did not look {path!r} up on the Hugging Face Hub; "
+                f"to use a Hub model, download it first, e.g. `hf download {path} --local-dir DIR`, and pass DIR)")
+    parent = Path(path).parent
+    if str(parent) in ("", ".", parent.anchor) or not parent.is_dir():
+        return ""  # the working folder or the root: too broad to be a hint
+    try:
+        names = sorted(p.name for p in itertools.islice(parent.iterdir(), 200) if holds_files(p))
+    except OSError:
+        return ""
+    if not names:
+        return ""
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f" ({parent}/ holds: {shown})"
+
+
+def holds_files(path: Path) -> bool:
+    """A folder with something in it besides hidden files (not the empty output folder a failing
+    command has just made for itself, holding only its lock)."""
+    if path.name.startswith(".") or not path.is_dir():
+        return False
+    return any(not p.name.startswith(".") for p in itertools.islice(path.iterdir(), 50))
 
 
 def json_object(path: Path, what: str, folder: Path | None = None) -> dict:
@@ -403,7 +445,7 @@ def head_lora_folder(head: str | Path) -> Path | None:
 def lora_folder(path: str | Path, what: str = "--lora") -> Path:
     """A peft adapter folder named by the user: `adapter_config.json` and the weights as safetensors,
     both inside the folder (an adapter is only ever read from local files)."""
-    folder = Path(path)
+    folder = readable_folder(path, f"LoRA adapter folder ({what})")
     if not (folder / ADAPTER_CONFIG).is_file():
         raise InputError(f"{what} {folder}: no {ADAPTER_CONFIG}; expected a peft adapter folder "
                          f"(mtpc train writes one to OUT/{LORA_DIR})")
@@ -413,6 +455,7 @@ def lora_folder(path: str | Path, what: str = "--lora") -> Path:
 def adapter_files(folder: Path) -> Path:
     """`folder` if it holds a local adapter: a checked `adapter_config.json` and `adapter_model.safetensors`
     (never pickled `adapter_model.bin`, and no Hub lookup for what is missing)."""
+    folder = readable_folder(folder, "LoRA adapter folder")
     json_object(folder / ADAPTER_CONFIG, "the LoRA adapter's configuration", folder)
     weights = folder / ADAPTER_WEIGHTS
     if not weights.exists():

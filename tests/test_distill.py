@@ -89,7 +89,7 @@ def test_a_rerun_with_other_settings_or_a_foreign_file_is_refused(tiny_lm, corpu
 @pytest.mark.parametrize("change, message", [
     ({"num_prompts": 0}, "--num-prompts"), ({"temperature": 0.0}, "--temperature"), ({"top_p": 1.5}, "--top-p"),
     ({"greedy_fraction": 2.0}, "--greedy-fraction"), ({"max_new_tokens": 60}, "context"),
-    ({"head": "/nonexistent"}, "--head"), ({"data": "/nonexistent/x"}, "--data"), ({"model": "/nonexistent"}, "--model"),
+    ({"head": "/nonexistent"}, "no such head folder: /nonexistent"), ({"data": "/nonexistent/x"}, "--data"), ({"model": "/nonexistent"}, "no such model folder: /nonexistent"),
     ({"data": "SHORT"}, "lower --prompt-len"),
 ])
 def test_bad_settings_are_input_errors_before_any_work(tiny_lm, corpus, tmp_path, change, message):

@@ -145,7 +145,7 @@ def test_prompt_from_a_file_and_from_stdin(folders, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "MISSING", "a"], "no such folder"),
+    (["--model", "MISSING", "a"], "no such model folder: "),
     (["--head", "MISSING", "a"], "no such head folder"),
     (["--head", "WRONG", "a"], "hidden size 16; the model's is 32"),
     (["a", "--compare"], "--compare compares a draft head"),

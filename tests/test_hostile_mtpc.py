@@ -195,7 +195,7 @@ def test_missing_circuit_and_malformed_or_unknown_defines(capsys, lm, corpus, tm
 
 def test_model_folder_mistakes(capsys, lm, corpus, tmp_path):
     out = tmp_path / "o"
-    fails(capsys, train_args(str(tmp_path / "missing"), corpus, out), 2, "model folder", "does not exist")
+    fails(capsys, train_args(str(tmp_path / "missing"), corpus, out), 2, "no such model folder")
     (tmp_path / "file").write_text("x")
     fails(capsys, train_args(str(tmp_path / "file"), corpus, out), 2, "is not a folder")
     (tmp_path / "empty").mkdir()
@@ -388,9 +388,9 @@ def test_bench_mistakes(capsys, lm, head, corpus, tmp_path):
     base = ["bench", "--model", lm, "--prompts", str(prompts), "--num-prompts", "1", "--repeats", "1",
             "--max-new-tokens", "4", "--no-progress"]
     fails(capsys, ["bench", "--model", str(tmp_path / "none"), "--heads", head, "--prompts", str(prompts)], 2,
-          "does not exist")
+          "no such model folder")
     fails(capsys, [*base, "--heads", corpus], 2, "is not a head folder")
-    fails(capsys, [*base, "--heads", str(tmp_path / "nohead")], 2, "head folder", "does not exist")
+    fails(capsys, [*base, "--heads", str(tmp_path / "nohead")], 2, "no such head folder")
     other = save_lm(tmp_path / "wide", hidden=48)
     fails(capsys, ["bench", "--model", other, "--heads", head, "--prompts", str(prompts)], 2, "hidden size 48")
     fails(capsys, ["bench", "--model", lm, "--heads", head, "--prompts", str(tmp_path / "none.txt")], 2,
@@ -415,14 +415,13 @@ def test_real_processes_print_one_line_and_the_exit_status(lm, tmp_path):
     missing = run("train", "--model", str(tmp_path / "missing"), "--circuit", BTREE, "--out", str(tmp_path / "o"),
                   "--steps", "1")
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [f"mtpc: error: model folder {str(tmp_path / 'missing')!r} does "
-                                                   "not exist"]
+    assert missing.stderr.strip().splitlines() == [f"mtpc: error: no such model folder: {tmp_path / 'missing'}"]
     nan = run("train", "--model", lm, "--circuit", BTREE, "--out", str(tmp_path / "o"), "--steps", "nan")
     assert nan.returncode == 2 and nan.stderr.startswith("mtpc: error: train: argument --steps")
     assert "Traceback" not in missing.stderr + nan.stderr
     debug = run("--debug", "train", "--model", str(tmp_path / "missing"), "--circuit", BTREE, "--out",
                 str(tmp_path / "o"), "--steps", "1")
-    assert debug.returncode == 2 and "Traceback" in debug.stderr and "mtpc: error: model folder" in debug.stderr
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "mtpc: error: no such model folder" in debug.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -7,6 +7,8 @@ is `<!-- readme-test: skip (reason) -->` (e.g. blocks that need a trained LM, ru
 - every `circuitc ...` line of a bash block: runs and exits 0;
 - every Python block: executed.
 
+The `mtpc` and other commands are run by tests/test_readme_commands.py (each one or its reason to skip).
+
 Everything runs in a copy of `examples/`, so outputs written beside a source stay out of the tree."""
 
 from __future__ import annotations
@@ -22,28 +24,14 @@ import pytest
 
 from circuitc.cli import main as circuitc
 
-ROOT = Path(__file__).resolve().parent.parent
-SKIP = re.compile(r"<!-- readme-test: skip\b.*-->")
+import _readme
+from _readme import ROOT
+
 
 
 def blocks() -> list[tuple[str, str, int]]:
     """(language, text, line number) of every fenced block of README.md not marked to skip."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    found, i = [], 0
-    while i < len(lines):
-        fence = re.match(r"\s*```(\w*)\s*$", lines[i])
-        if not fence:
-            i += 1
-            continue
-        start, indent = i, len(lines[i]) - len(lines[i].lstrip())
-        i += 1
-        while not lines[i].strip().startswith("```"):
-            i += 1
-        skipped = start > 0 and SKIP.search(lines[start - 1])
-        if not skipped:
-            found.append((fence.group(1), "\n".join(line[indent:] for line in lines[start + 1:i]), start + 1))
-        i += 1
-    return found
+    return [(b.language, b.text, b.line) for b in _readme.blocks()]
 
 
 def transcripts() -> list[tuple[str, str, int]]:

@@ -160,9 +160,7 @@ def check_config(cfg: GenerateConfig) -> None:
 
 def model_config(path: str) -> dict:
     """The model folder's checked config.json (`mtpc.loading.model_config`), or InputError."""
-    if not Path(path).is_dir():
-        raise InputError(f"--model {path}: no such folder (expected a Hugging Face checkpoint, e.g. from mtpc tiny-lm)")
-    return loading.model_config(path)
+    return loading.model_config(path)  # a missing folder: `loading.readable_folder`'s MissingFolderError
 
 
 def check_context(n_prompt: int, cfg: GenerateConfig, config: dict) -> None:

@@ -65,7 +65,7 @@ from torch import nn
 
 from ..errors import InputError, first_line
 from ..files import describe, field, inside, read_json
-from ..loading import MAX_HIDDEN, safetensors_header
+from ..loading import MAX_HIDDEN, readable_folder, safetensors_header
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "save_head", "load_head",
            "PARAMETERISATIONS", "HEAD_FORMAT"]
@@ -534,9 +534,7 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
     it implies against `head.safetensors`' header and the machine's memory, then build it and load its
     weights (exact, same dtype). A damaged folder raises `InputError` naming the file and what is wrong,
     before anything the size of the head is allocated."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise InputError(f"{directory}: no such head folder")
+    directory = readable_folder(directory, "head folder")
     config = _read_head_config(directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
     if not weights.exists() and not weights.is_symlink():

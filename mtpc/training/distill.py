@@ -146,18 +146,15 @@ def _check_config(cfg: DistillConfig) -> None:
         raise InputError(f"--top-p must be in (0, 1], got {cfg.top_p}")
     if not 0 <= cfg.greedy_fraction <= 1:
         raise InputError(f"--greedy-fraction must be in [0, 1], got {cfg.greedy_fraction}")
-    model = Path(cfg.model)
-    if not (model / "config.json").exists():
-        raise InputError(f"--model {cfg.model}: not a Hugging Face checkpoint folder (no config.json)")
-    config = loading.model_config(model)
+    config = loading.model_config(cfg.model)  # a missing folder, or one without config.json, is named
     # the whole folder, before any record: custom code (auto_map) only with --trust-remote-code
-    loading.model_info(model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     context = config.get("max_position_embeddings")
     if context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
         raise InputError(f"<bos> + --prompt-len {cfg.prompt_len} + --max-new-tokens {cfg.max_new_tokens} exceeds "
                          f"the model's context of {context} tokens")
-    if cfg.head is not None and not (Path(cfg.head) / "head.json").is_file():
-        raise InputError(f"--head {cfg.head}: not a head folder (no head.json; mtpc train writes one)")
+    if cfg.head is not None:
+        loading.head_folder(cfg.head)
     out = Path(cfg.out)
     if out.is_dir():
         raise InputError(f"--out {cfg.out} is a folder; give a .jsonl file")

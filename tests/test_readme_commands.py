@@ -1,0 +1,368 @@
+"""Every command of README.md is run by a test, or skipped here with its reason.
+
+`COVERAGE` names, for each command the README's bash blocks and `$ ...` transcripts hold, the test
+that runs it (or a checked copy of it) or why none does; `test_every_readme_command_is_covered` fails
+for a README command missing from it (and for an entry the README no longer has), so a new command
+cannot go untested unnoticed. `circuitc` commands are run generically by tests/test_readme.py.
+
+- The quick start runs as written on the shipped models/ (no training): the generated text equal to
+  the README's, the timing line matched by shape (its numbers free, `_readme.shape`).
+- The `$ mtpc ...` error transcripts: their one line on stderr, exactly.
+- The training commands (tiny-lm, distill-data, train, bench): slow tests run checked copies of them
+  with tiny budgets and sizes (`shrink` asserts that each flag it replaces is in the README's
+  command, so the copy cannot drift from it) and check what the README says they make: the output
+  folder's files and the shape of the `saved ...` line the README shows.
+
+Everything runs in a temporary folder holding copies of examples/ and models/, so `runs/...` paths
+are relative to it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpc.cli.commands import main as mtpc
+
+import _readme
+from _readme import ROOT, Command, argv, following_text, shape
+from _tiny import write_source_corpus
+
+QUICK = "test_quick_start_prints_what_the_readme_shows"
+QUICK_SLOW = "test_quick_start_compiled_prints_what_the_readme_shows"
+ERRORS = "test_error_transcripts_print_what_the_readme_shows"
+TRAIN_YOUR_OWN = "test_train_your_own_lm_and_heads"
+TINY_LM = "test_tiny_lm_commands"
+HEADS = "test_head_training_commands_and_the_two_stage_example"
+DISTILL = "test_distillation_commands"
+BENCH = "test_bench_command_and_its_tables"
+SKIP = "skip: "
+
+# README command -> the test of this module that runs it, or `skip: reason`.
+COVERAGE = {
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": SKIP + "installs (no network in tests); "
+        "test_install_line_takes_the_cpu_wheel_index checks the line",
+    'pip install -e ".[test]"': SKIP + "installs; tests/test_wheel.py builds and installs the wheel",
+    "python -m pytest -q": SKIP + "the test suite itself",
+    "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --max-new-tokens 128 \"$P\"":
+        QUICK,
+    "mtpc generate --model models/byte-lm --head models/heads/btree8-r8 --compare --threads 1 --temperature 1 "
+    "--seed 0 --max-new-tokens 128 \"$P\"": QUICK,
+    "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --lookup 10 --compile "
+    "--max-new-tokens 128 \"$P\"": QUICK_SLOW,
+    "mtpc tiny-lm --out runs/ref-lm --minutes 50": TRAIN_YOUR_OWN,
+    "mtpc distill-data --model runs/ref-lm --out runs/distill-t1.jsonl --num-prompts 1024 --batch-size 32":
+        TRAIN_YOUR_OWN,
+    "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data runs/distill-t1.jsonl --loss kl "
+    "--window-stride 2 --minutes 7 --out runs/heads/ff8": TRAIN_YOUR_OWN,
+    "OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_loss_memory.py": SKIP + "minutes and GiB at this size; "
+        "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
+    "OMP_WAIT_POLICY=PASSIVE mtpc tiny-lm --out runs/tiny-lm": TINY_LM,
+    "OMP_NUM_THREADS=1 mtpc tiny-lm --out runs/ref/mtp-lm --steps 450 --mtp-circuit examples/ff.pc -D n=8 "
+    "--mtp-weight 0.2 --mtp-parameterisation shared --no-progress": TINY_LM,
+    "mtpc train --model runs/tiny-lm --circuit examples/btree.pc -D n=16 -D r=32 --out runs/btree-n16-r32 "
+    "--seq-len 512 --batch-size 8 --window-stride 8 --steps 200 --val-every 50 --val-sequences 16 --val-windows 2048":
+        HEADS,
+    "mtpc train --model runs/tiny-lm --circuit examples/ff.pc -D n=16 --out runs/ff-n16 --seq-len 512 --batch-size 8 "
+    "--window-stride 8 --steps 200 --val-every 50 --val-sequences 16 --val-windows 2048": HEADS,
+    "mtpc train --model runs/missing --circuit examples/btree.pc --out runs/x --steps 10": ERRORS,
+    "mtpc train --model runs/tiny-lm --circuit examples/btree.pc --out runs/x --steps 10 --lr nan": ERRORS,
+    "mtpc train --model runs/tiny-lm --circuit examples/ff.pc -D n=8 --out runs/ff8-kl --loss kl --steps 600 "
+    "--seq-len 256 --batch-size 8 --window-stride 4 --val-every 200": DISTILL,
+    "python benchmarks/heldout_kl.py --model runs/tiny-lm --heads runs/ff8-nll runs/ff8-kl runs/ff8-nll+kl "
+    "runs/btree8-nll runs/btree8-kl": SKIP + "needs five trained heads; tests/test_benchmarks.py::test_heldout_kl "
+        "runs the script on two",
+    "mtpc distill-data --model runs/tiny-lm --out runs/distill.jsonl --num-prompts 16 --max-new-tokens 256": DISTILL,
+    "mtpc distill-data --model runs/tiny-lm --out runs/distill-ff8.jsonl --num-prompts 16 --max-new-tokens 256 "
+    "--head runs/ff8-kl": DISTILL,
+    "mtpc bench --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8 ... --corpus stdlib --prompt-len 128 "
+    "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --bonus both --threads 1 --out runs/bench/sample":
+        BENCH,
+    "mtpc tiny-lm --out runs/tiny-lm": TINY_LM,
+    "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
+        "parses every command it runs",
+    "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
+}
+
+
+def readme_commands(test: str | None = None) -> list[Command]:
+    """The README's non-circuitc commands (those `test` runs, when given)."""
+    found = [c for c in _readme.commands() if not c.text.startswith("circuitc ")]
+    return [c for c in found if test is None or COVERAGE.get(c.text) == test]
+
+
+def test_every_readme_command_is_covered():
+    texts = [c.text for c in readme_commands()]
+    missing = [t for t in texts if t not in COVERAGE]
+    assert not missing, ("README commands that no test runs: add each to COVERAGE in tests/test_readme_commands.py "
+                         f"with the test that runs it or `skip: reason`: {missing}")
+    stale = [t for t in COVERAGE if t not in texts]
+    assert not stale, f"COVERAGE entries the README no longer has: {stale}"
+    for how in COVERAGE.values():
+        assert how.startswith(SKIP) and len(how) > len(SKIP) + 10 or callable(globals().get(how)), how
+
+
+def test_install_line_takes_the_cpu_wheel_index():
+    text = _readme.README.read_text()
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "pip install torch==" not in text  # a bare pin brings the CUDA build on Linux
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A temporary folder with copies of examples/ and models/ and a small source corpus, as cwd."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copytree(ROOT / "models", tmp_path / "models")
+    (tmp_path / "corpus").mkdir()
+    write_source_corpus(tmp_path / "corpus", parts=12, length=900, overlap=400)
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    yield tmp_path
+    torch.set_num_threads(threads)  # --threads 1 sets it for the process
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    status = mtpc(args)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+# ------------------------------------------------------------------ the quick start, as written
+
+STATS = re.compile(r"^speculative .* tok/s vs plain .* tok/s")
+
+
+def quick_start_output(command: Command) -> list[str]:
+    """The lines the README shows for the quick-start command `command`: the text block after the
+    commands holds each command's output in turn, each ending with its speed-up line."""
+    segments, current = [], []
+    for line in following_text(command.block).splitlines():
+        current.append(line)
+        if STATS.match(line):
+            segments.append(current)
+            current = []
+    assert len(segments) == len(readme_commands(QUICK)) + len(readme_commands(QUICK_SLOW))
+    return segments[command.index]
+
+
+def check_quick_start(command: Command, capsys) -> None:
+    status, out, err = run(argv(command), capsys)
+    assert status == 0, err
+    printed, shown = (out + err).splitlines(), quick_start_output(command)
+    # the text is deterministic (greedy, or sampled with --seed on one thread): exactly the README's; the
+    # last line's tok/s and speed-up are timings, matched by shape only
+    assert [line.rstrip() for line in printed[:-1]] == [line.rstrip() for line in shown[:-1]], command.text
+    assert shape(shown[-1]).fullmatch(printed[-1]), (printed[-1], shown[-1])
+
+
+@pytest.mark.parametrize("command", readme_commands(QUICK), ids=lambda c: f"command {c.index}")
+def test_quick_start_prints_what_the_readme_shows(command, workdir, capsys):
+    check_quick_start(command, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", readme_commands(QUICK_SLOW), ids=lambda c: f"command {c.index}")
+def test_quick_start_compiled_prints_what_the_readme_shows(command, workdir, capsys):
+    check_quick_start(command, capsys)  # torch.compile of the verify step: tens of seconds
+
+
+# ------------------------------------------------------------------ error transcripts
+
+@pytest.mark.parametrize("command", readme_commands(ERRORS), ids=lambda c: f"transcript {c.index}")
+def test_error_transcripts_print_what_the_readme_shows(command, workdir, capsys):
+    status, out, err = run(argv(command), capsys)
+    assert status == 2 and out == ""
+    assert err.rstrip("\n") == command.shown, command.text
+
+
+# ------------------------------------------------------------------ training commands, checked tiny copies
+
+def shrink(args: list[str], replace: dict[str, str | None], add: tuple[str, ...] = ()) -> list[str]:
+    """`args` with each flag of `replace` given the new value (None: dropped, with all its values) and
+    `add` appended. Every replaced flag must be in `args`: the copy follows the README's command."""
+    out, seen, i = [], set(), 0
+    while i < len(args):
+        flag = args[i]
+        if flag not in replace:
+            out.append(flag)
+            i += 1
+            continue
+        seen.add(flag)
+        i += 1
+        while i < len(args) and not args[i].startswith("--"):
+            i += 1  # the flag's values (--heads takes several)
+        if replace[flag] is not None:
+            out += [flag, *replace[flag].split()]
+    assert seen == set(replace), f"the README's command lost {set(replace) - seen}: {args}"
+    return out + list(add)
+
+
+TINY_LM_SIZE = ("--data", "corpus", "--context", "64", "--d-model", "32", "--layers", "2", "--heads", "2",
+                "--ffn", "64", "--batch-size", "2", "--no-progress")
+TINY_TRAIN = ("--seq-len", "32", "--batch-size", "2", "--val-sequences", "1", "--val-windows", "8", "--no-progress")
+LM_FILES = {"config.json", "model.safetensors", "mtpc_tokenizer.json", "tokenizer.json", "tiny_lm.json",
+            "train_log.jsonl"}
+HEAD_FILES = {"head.safetensors", "head.json", "train_config.json", "train_log.jsonl", "checkpoint.pt"}
+
+
+def shown_line(command: Command, prefix: str) -> str:
+    """The line starting with `prefix` in the output the README shows after `command`'s block."""
+    lines = [line for line in following_text(command.block).splitlines() if line.startswith(prefix)]
+    assert lines, f"README.md line {command.block.line}: no line {prefix!r} shown"
+    return lines[0]
+
+
+def printed_like(out: str, line: str) -> None:
+    """`out` has a line of the README line's shape (the numbers of a tiny run differ)."""
+    assert any(shape(line).fullmatch(printed) for printed in out.splitlines()), (line, out)
+
+
+def train_tiny_lm(args: list[str], capsys) -> str:
+    status, out, err = run(args, capsys)
+    assert status == 0, err
+    out_dir = Path(args[args.index("--out") + 1])
+    assert LM_FILES <= {p.name for p in out_dir.iterdir()}, sorted(p.name for p in out_dir.iterdir())
+    return out
+
+
+def trained_head(out_dir: str) -> set[str]:
+    folder = Path(out_dir)
+    assert HEAD_FILES <= {p.name for p in folder.iterdir()}, sorted(p.name for p in folder.iterdir())
+    return {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.slow
+def test_train_your_own_lm_and_heads(workdir, capsys):
+    """The quick start's "train your own" block, in order: the LM, its distillation data, a KL head."""
+    lm, distill, head = readme_commands(TRAIN_YOUR_OWN)
+    train_tiny_lm(shrink(argv(lm), {"--minutes": None}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
+    status, out, err = run(shrink(argv(distill), {"--num-prompts": "3", "--batch-size": "2"},
+                                  ("--max-new-tokens", "8", "--prompt-len", "16", "--data", "corpus")), capsys)
+    assert status == 0, err
+    assert re.fullmatch(r"runs/distill-t1.jsonl: 3 records \(3 new, .*\)\n", out), out
+    first = json.loads(Path("runs/distill-t1.jsonl").read_text().splitlines()[0])
+    assert {"index", "prompt", "completion", "mode", "stop"} <= set(first) and first["index"] == 0
+    assert Path("runs/distill-t1.jsonl.meta.json").is_file()
+    status, out, err = run(shrink(argv(head), {"--minutes": None}, ("--steps", "1", *TINY_TRAIN)), capsys)
+    assert status == 0, err
+    assert out.startswith("saved runs/heads/ff8: ")
+    trained_head("runs/heads/ff8")
+    assert json.loads(Path("runs/heads/ff8/train_config.json").read_text())["loss"] == "kl"
+
+
+@pytest.mark.slow
+def test_tiny_lm_commands(workdir, capsys):
+    plain, mtp, regenerate = _tiny_lm_roles()
+    out = train_tiny_lm(shrink(argv(plain), {}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
+    printed_like(out, shown_line(plain, "saved runs/tiny-lm: "))
+    out = train_tiny_lm(shrink(argv(mtp), {"--steps": "2"}, TINY_LM_SIZE), capsys)
+    printed_like(out, shown_line(mtp, "saved runs/ref/mtp-lm: "))
+    printed_like(out, shown_line(mtp, "saved the jointly trained head in "))
+    assert {"head.json", "head.safetensors"} <= {p.name for p in Path("runs/ref/mtp-lm/mtp_head").iterdir()}
+    assert argv(regenerate) == argv(plain)  # the benchmarks section's LM is the training section's
+
+
+def _tiny_lm_roles() -> tuple[Command, Command, Command]:
+    commands = readme_commands(TINY_LM)
+    mtp = [c for c in commands if "--mtp-circuit" in c.text]
+    plain = [c for c in commands if c not in mtp]
+    assert len(mtp) == 1 and len(plain) == 2
+    return plain[0], mtp[0], plain[1]
+
+
+TWO_STAGE = "mtpc train --model runs/tiny-lm --init-head runs/btree-n16-r32 --lora-layers 2 --out runs/btree-lora --steps 200"
+
+
+def tiny_lm_for(command: Command, capsys) -> None:
+    """The LM `runs/tiny-lm` that `command` starts from, trained as the README's tiny-lm command, tiny."""
+    assert "--model runs/tiny-lm" in command.text
+    plain, _, _ = _tiny_lm_roles()
+    train_tiny_lm(shrink(argv(plain), {}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
+
+
+def train_head_copy(command: Command, replace: dict[str, str | None], capsys) -> str:
+    status, out, err = run(shrink(argv(command), replace, ("--data", "corpus", "--no-progress")), capsys)
+    assert status == 0, err
+    out_dir = argv(command)[argv(command).index("--out") + 1]
+    trained_head(out_dir)
+    printed_like(out, shown_line(command, f"saved {out_dir}: "))
+    return out_dir
+
+
+@pytest.mark.slow
+def test_head_training_commands_and_the_two_stage_example(workdir, capsys):
+    """The two `mtpc train` commands of "Training a head", then the two-stage command that continues the
+    BTree head with LoRA adapters (prose in the README) and the Python block that decodes with it."""
+    btree, ff = readme_commands(HEADS)
+    tiny_lm_for(btree, capsys)
+    small = {"--seq-len": "32", "--batch-size": "2", "--steps": "1", "--val-every": "1", "--val-sequences": "1",
+             "--val-windows": "8"}
+    assert train_head_copy(btree, small, capsys) == "runs/btree-n16-r32"
+    train_head_copy(ff, small, capsys)
+    assert TWO_STAGE in " ".join(_readme.README.read_text().replace("`", " ").split())
+    status, out, err = run(shrink(TWO_STAGE.split()[1:], {"--steps": "1"}, ("--data", "corpus", *TINY_TRAIN)), capsys)
+    assert status == 0, err
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in Path("runs/btree-lora/lora").iterdir()}
+    [block] = [b for b in _readme.blocks(include_skipped=True) if b.language == "python" and "runs/btree-lora" in b.text]
+    assert block.skip and "runs/btree-lora" in block.skip  # the generic Python-block test leaves it to this one
+    names = {"__name__": "readme"}
+    exec(compile(block.text, f"README.md:{block.line}", "exec"), names)
+    decoder, prompt = names["decoder"], torch.tensor([[1, *b"def f("]])
+    from mtpc import generate_autoregressive
+    from mtpc.loading import load_model
+    plain = generate_autoregressive(load_model("runs/tiny-lm"), prompt, 8).sequences
+    assert torch.equal(decoder.generate(prompt, 8).sequences, plain)  # the LoRA draft path stays lossless
+
+
+@pytest.mark.slow
+def test_distillation_commands(workdir, capsys):
+    """The KL head of "Distillation", then distill-data plainly and with that head as the drafter."""
+    head, plain, drafted = readme_commands(DISTILL)
+    tiny_lm_for(head, capsys)
+    small = {"--steps": "1", "--seq-len": "32", "--batch-size": "2", "--val-every": "1"}
+    status, out, err = run(shrink(argv(head), small, ("--data", "corpus", *TINY_TRAIN[4:])), capsys)
+    assert status == 0, err
+    trained_head("runs/ff8-kl")
+    for command in (plain, drafted):
+        args = shrink(argv(command), {"--num-prompts": "3", "--max-new-tokens": "8"},
+                      ("--prompt-len", "16", "--data", "corpus"))
+        status, out, err = run(args, capsys)
+        assert status == 0, err
+        target = args[args.index("--out") + 1]
+        [line] = out.splitlines()
+        shown = shown_line(command, f"{target}: ")
+        if "bytes/s" not in line:  # a tiny run can take under the clock's resolution: no rate printed
+            shown = re.sub(r", [\d,]+ bytes/s", "", shown)
+        printed_like(line, shown)
+        records = [json.loads(r) for r in Path(target).read_text().splitlines()]
+        assert [r["index"] for r in records] == [0, 1, 2]
+        assert {"prompt", "completion", "mode", "stop"} <= set(records[0])
+        assert Path(f"{target}.meta.json").is_file()
+    status, _, err = run([*args, "--seed", "5"], capsys)  # a rerun with other settings is refused
+
+    assert status == 2 and "mtpc: error:" in err
+
+
+@pytest.mark.slow
+def test_bench_command_and_its_tables(workdir, capsys):
+    """The bench command on the shipped LM and heads (its `...` filled in), tiny; then study_tables on
+    its bench.json, as the "Regenerate everything" block runs it."""
+    [bench] = [c for c in readme_commands(BENCH) if c.text.startswith("mtpc bench")]
+    [tables] = [c for c in readme_commands(BENCH) if "study_tables" in c.text]
+    args = shrink(argv(bench), {"--model": "models/byte-lm", "--heads": "models/heads/ff8 models/heads/btree8-r8",
+                                "--prompt-len": "16", "--num-prompts": "1", "--repeats": "2", "--max-new-tokens": "8"},
+                  ("--no-progress",))
+    status, out, err = run(args, capsys)
+    assert status == 0, err
+    assert "wrote runs/bench/sample/bench.json, bench.md, tradeoff.png" in out
+    assert {"bench.json", "bench.md", "tradeoff.png"} <= {p.name for p in Path("runs/bench/sample").iterdir()}
+    from test_benchmarks import script
+    table_args = argv(tables)
+    assert table_args[0] == "benchmarks/study_tables.py"
+    script("study_tables").main(table_args[1:])
+    printed = capsys.readouterr().out
+    assert "| ff8 |" in printed and "| btree8-r8 |" in printed
