@@ -109,8 +109,9 @@ def from_leaves(circ, leaf_log_probs, sum_logits, rows: int | None = None) -> Te
         raise ValueError(f"leaf_log_probs must be [B, {q}], got {list(leaves.shape)}")
     if sums.dim() not in (1, 2) or sums.shape[-1] != p:
         raise ValueError(f"sum_logits must be [B, {p}] or [{p}], got {list(sums.shape)}")
-    if sums.dim() == 2 and sums.shape[0] not in (1, leaves.shape[0]):
-        raise ValueError(f"sum_logits has batch {sums.shape[0]} but leaf_log_probs has {leaves.shape[0]}")
+    if sums.dim() == 2 and (sums.shape[0] == 0 or leaves.shape[0] % sums.shape[0]):
+        raise ValueError(f"sum_logits has batch {sums.shape[0]} but leaf_log_probs has {leaves.shape[0]} "
+                         "(a multiple of it: copies that share the sum logits)")
     if leaves.shape[0] == 0:
         dtype = torch.float64 if torch.float64 in (leaves.dtype, sums.dtype) else torch.float32
         return leaves.new_empty((0,) if rows is None else (0, rows), dtype=dtype)

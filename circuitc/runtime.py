@@ -244,14 +244,19 @@ class CompiledCircuit(nn.Module):
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     @_fusable(lambda self, leaf_log_probs, sum_logits: arguments.from_leaves(self, leaf_log_probs, sum_logits))
     def log_prob_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
-        """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits."""
+        """`[B]` from leaf values `[B, Q]` (0 at a leaf sums its variable out) and sum logits `[P_sum]`
+        or `[Bs, P_sum]` with `B` a multiple of `Bs`: row `i` of the leaves uses sum row `i % Bs`, so
+        `c` copies of a batch (e.g. under different evidence) share their weights, normalised once
+        and mixed by one `[U, K] @ [K, c]` product per example and fold (the same values as
+        `sum_logits.repeat(c, 1)`)."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "full")[:, 0]
 
     @single_threaded_when_small(lambda self, *args, **kwargs: self._work(1, *args, *kwargs.values()))
     @_fusable(lambda self, leaf_log_probs, sum_logits: arguments.from_leaves(self, leaf_log_probs, sum_logits, rows=self.num_vars))
     def prefix_log_marginals_from_leaves(self, leaf_log_probs: Tensor, sum_logits: Tensor) -> Tensor:
-        """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits."""
+        """`[B, n]` prefix marginals from leaf values `[B, Q]` and sum logits (`[Bs, P_sum]` shared by
+        copies as in `log_prob_from_leaves`)."""
         leaves, sum_logits = self._leaves_and_sums(leaf_log_probs, sum_logits)
         return self._upward(leaves, self._sum_weights(sum_logits), "prefix")
 
@@ -417,7 +422,7 @@ class CompiledCircuit(nn.Module):
         if sum_logits.shape[-1] != self.num_sum_params:
             raise ValueError(f"sum_logits must be [B, {self.num_sum_params}] or [{self.num_sum_params}], "
                              f"got {list(sum_logits.shape)}")
-        if sum_logits.shape[0] not in (1, leaves.shape[0]):
+        if sum_logits.shape[0] == 0 or leaves.shape[0] % sum_logits.shape[0]:
             raise ValueError(f"sum_logits has batch {sum_logits.shape[0]} but the leaves have {leaves.shape[0]}")
         dtype = torch.float64 if torch.float64 in (leaves.dtype, sum_logits.dtype) else torch.float32
         return leaves.to(dtype).t().contiguous(), sum_logits.to(dtype)
@@ -746,10 +751,11 @@ def _log_matmul_exp(inputs: Tensor, weights: Tensor, rows: int, batch: int) -> T
     scaled = _exp_shifted(inputs, shift)
     if weights.dim() == 3:  # shared weights: [F, U, K] @ [F, K, R*B]
         mixed = torch.bmm(weights, scaled)
-    else:  # per-example weights: batch the matmul over (B, F)
+    else:  # per-example weights: batch the matmul over (Bp, F); batch = c copies of Bp examples
         f, k, _ = scaled.shape
-        per_example = scaled.view(f, k, rows, batch).permute(3, 0, 1, 2)  # [B, F, K, R]
-        mixed = torch.matmul(weights, per_example)  # [B, F, U, R]
+        bp = weights.shape[0]
+        per_example = scaled.view(f, k, rows * (batch // bp), bp).permute(3, 0, 1, 2)  # [Bp, F, K, R*c]
+        mixed = torch.matmul(weights, per_example)  # [Bp, F, U, R*c]
         mixed = mixed.permute(1, 2, 3, 0).reshape(f, -1, rows * batch)  # batch last again
     # floored at the smallest normal number: a sum whose every term underflows stays finite, and
     # the clamp (not an added constant) stops the gradient there (1/tiny would overflow into NaN)

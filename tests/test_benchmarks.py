@@ -205,3 +205,31 @@ def test_study_sh_dry_run_commands_parse(tmp_path):
     scripts = {c[1] for c in commands if c[0] == "python" and c[1].startswith("benchmarks/")}
     assert scripts == {"benchmarks/study_figure.py"} and all((ROOT / s).is_file() for s in scripts)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_train_step_times_the_trainers_step_and_its_phases(tmp_path, capsys):
+    out = tmp_path / "train_step.json"
+    script("bench_train_step").main(["--tiny", "--configs", "ff8", "btree8-r8-shared", "--steps", "1",
+                                     "--warmup", "0", "--out", str(out)])
+    printed = capsys.readouterr().out
+    rows = {(r["config"], r["loss"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(c, loss) for c in ("ff8", "btree8-r8-shared") for loss in ("nll", "kl")}
+    for (config, loss), row in rows.items():
+        phases = row["phases_s"]
+        assert row["tokens_per_step"] == 64 and row["tokens_per_s"] > 0 and row["step_s"] > 0
+        assert phases["lm"]["forward"] > 0 and phases["backward"]["backward"] > 0
+        assert phases["head"]["forward"] > 0 and phases["circuit"]["forward"] > 0
+        assert phases["optimizer"]["forward"] > 0 and phases["loss"]["forward"] >= phases["circuit"]["forward"]
+        assert (phases["teacher"]["forward"] > 0) == (loss == "kl")
+        assert re.search(rf"^{config} +{loss} +64 ", printed, re.M)
+    assert f"wrote {out}" in printed
+
+
+@pytest.mark.slow
+def test_bench_train_step_compare_interleaves_two_checkouts(tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    script("bench_train_step").main(["--tiny", "--configs", "ff8", "--losses", "nll", "--warmup", "0",
+                                     "--compare", str(ROOT), "--repeats", "2", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert len(row["old_all"]) == len(row["new_all"]) == 2 and row["speedup"] > 0
+    assert re.search(r"^ff8 +nll .*x$", capsys.readouterr().out, re.M)

@@ -8,7 +8,7 @@ import torch
 from circuitc import builders
 from circuitc import compile as compile_circuit
 from mtpc.heads.head import MTPHead
-from mtpc.heads.kl_loss import kl_loss, lm_teacher, logits_teacher
+from mtpc.heads.kl_loss import kl_loss, lm_teacher, logits_teacher, window_elements
 from mtpc.heads.nll_loss import mtp_loss, valid_counts, window_validity
 
 GRAPHS = {"btree": builders.btree_graph(3, 2, 4), "hmm": builders.hmm_graph(3, 2, 4), "ff": builders.ff_graph(3, 4),
@@ -158,7 +158,7 @@ def test_chunking_bounds_the_block_size():
     head = make_head(builders.btree_graph(4, 3, 4), d=6)
     tokens, doc_ids, mask, logits = batch()
     hidden = torch.randn(2, 9, 6, dtype=torch.float64)
-    budget = 4 * (12 * 4 + 4 * 4 + 2 * 4 * (12 + head.circ.num_sum_params))  # four windows per block
+    budget = 4 * window_elements(head)  # four windows per block
     a = kl_loss(Recording(head), hidden, logits_teacher(logits), tokens, doc_ids, mask, chunk_elements=budget)
     b = kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask, fused=False)
     windows = int(window_validity(tokens, doc_ids, mask, 4, 4).any(-1).sum())

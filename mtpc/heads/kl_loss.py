@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.profiler import record_function
 
 from .windows import window_targets
 from .nll_loss import DEFAULT_CHUNK_ELEMENTS, LossOutput, at_least_float32, gamma_weights, window_validity
@@ -95,7 +96,7 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
 def _teacher_log_probs(teacher: Teacher, positions: torch.Tensor, v: int) -> torch.Tensor:
     """`[N, n, v]` the teacher's log-probabilities renormalised over the circuit's `v` states."""
     N, n = positions.shape
-    with torch.autocast(positions.device.type, enabled=False):  # the teacher in its own (full) precision
+    with torch.autocast(positions.device.type, enabled=False), record_function("mtpc.teacher_logits"):
         logits = at_least_float32(teacher(positions.flatten()))[:, :v]  # [N*n, v]
     return logits.log_softmax(-1).view(N, n, v)
 
@@ -128,9 +129,10 @@ def _naive_kl(head, h, x, valid, teacher_log_p) -> torch.Tensor:
 def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: int) -> torch.Tensor:
     circ = head.circ
     n, v, Q, S = head.num_variables, head.num_states, head.num_leaves, circ.num_sum_params
-    per_window = Q * v + n * v + 2 * n * (Q + S)  # leaf logits, teacher, the n-copy marginal pass
-    size = max(1, chunk_elements // per_window)
+    size = max(1, chunk_elements // window_elements(head))
     own = [torch.nonzero(circ.leaf_variable == j).flatten() for j in range(n)]  # each variable's leaves
+    if Q % n == 0 and torch.equal(circ.leaf_variable, torch.arange(n, device=h.device).repeat_interleave(Q // n)):
+        own = None  # variable-major, r leaves each (FF, CP, HMM, BTree): all positions in one op
     out = []
     for t0 in range(0, h.shape[0], size):
         t1 = min(h.shape[0], t0 + size)
@@ -139,6 +141,22 @@ def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: 
         out.append(_Recomputed.apply(_KLBlock(head, own), h[t0:t1], x[t0:t1], valid[t0:t1], teacher_log_p,
                                      *params))
     return torch.cat(out, 0)
+
+
+def window_elements(head) -> int:
+    """Values the fused path holds per window: leaf logits, teacher, and the n-copy marginal pass (n
+    copies of the leaves and of the activations, each with its gradient; one of the sum weights,
+    which the copies share)."""
+    n, v, Q = head.num_variables, head.num_states, head.num_leaves
+    return Q * v + n * v + 2 * n * (Q + _activations(head.circ)) + 2 * head.circ.num_sum_params
+
+
+def _activations(circ) -> int:
+    """Values one marginal pass stores per example: every sum fold's inputs and outputs."""
+    folds = getattr(getattr(circ, "plan", None), "sum_folds", None)
+    if folds is None:
+        return circ.num_sum_params
+    return sum(fold.size * (fold.inputs + fold.units) for fold in folds)
 
 
 class _Recomputed(torch.autograd.Function):
@@ -172,28 +190,41 @@ class _Recomputed(torch.autograd.Function):
 class _KLBlock:
     """`[Nb, n]` KLs of a block of windows, keeping nothing larger than `[Nb, Q, v]`."""
 
-    def __init__(self, head, own: list[torch.Tensor]):
-        self.head, self.own = head, own
+    def __init__(self, head, own: list[torch.Tensor] | None):
+        self.head, self.own = head, own  # each variable's leaves, or None: variable-major, r leaves each
 
     def __call__(self, h, x, valid, teacher_log_p):
         head, circ = self.head, self.head.circ
         n, Nb = head.num_variables, h.shape[0]
         with torch.autocast(h.device.type, enabled=False):
-            h = at_least_float32(h)
-            log_p = at_least_float32(head.input_logits(h)).log_softmax(-1)  # [Nb, Q, v]
-            var = circ.leaf_variable  # [Q]
-            observed = log_p.gather(-1, x.index_select(1, var).unsqueeze(-1)).squeeze(-1)  # [Nb, Q]
-            observed = observed.masked_fill(~valid.index_select(1, var), 0.0)
-            sum_logits = at_least_float32(head.sum_logits(h))  # [Nb, S]
-            posterior = self._posteriors(observed, sum_logits)  # [n, Nb, Q]
-            kls = []
-            for j in range(n):
-                d = posterior[j].index_select(1, self.own[j])  # [Nb, Qv]
-                log_d = d.clamp_min(torch.finfo(d.dtype).tiny).log()  # (a 0 posterior stays finite in the backward)
-                log_q = torch.logsumexp(log_d.unsqueeze(-1) + log_p.index_select(1, self.own[j]), 1)  # [Nb, v]
-                kls.append(_kl(teacher_log_p[:, j].to(log_q.dtype), log_q))
-            kl = torch.stack(kls, 1)  # [Nb, n]
+            with record_function("mtpc.head_forward"):  # phase labels: benchmarks/bench_train_step.py
+                h = at_least_float32(h)
+                log_p = at_least_float32(head.input_logits(h)).log_softmax(-1)  # [Nb, Q, v]
+                var = circ.leaf_variable  # [Q]
+                observed = log_p.gather(-1, x.index_select(1, var).unsqueeze(-1)).squeeze(-1)  # [Nb, Q]
+                observed = observed.masked_fill(~valid.index_select(1, var), 0.0)
+                sum_logits = at_least_float32(head.sum_logits(h))  # [Nb, S]
+            with record_function("mtpc.circuit"):
+                posterior = self._posteriors(observed, sum_logits)  # [n, Nb, Q]
+            kl = self._kls(posterior, log_p, teacher_log_p)  # [Nb, n]
         return torch.where(valid, kl, torch.zeros_like(kl))
+
+    def _kls(self, posterior: torch.Tensor, log_p: torch.Tensor, teacher_log_p: torch.Tensor) -> torch.Tensor:
+        """`[Nb, n]`: KL(teacher_j || q_j) with `q_j(s) = sum_l d_l p_l(s)` over variable `j`'s leaves,
+        `d` = copy `j`'s posterior `[n, Nb, Q]`, `log p` `[Nb, Q, v]`."""
+        n, (Nb, Q, v) = self.head.num_variables, log_p.shape
+        tiny = torch.finfo(posterior.dtype).tiny  # a 0 posterior stays finite in the backward
+        if self.own is None:  # one op over all positions: per-position slices of log_p would each
+            # cost a zero-filled [Nb, Q, v] gradient in the backward (and the double backward)
+            d = torch.diagonal(posterior.view(n, Nb, n, Q // n), dim1=0, dim2=2).permute(0, 2, 1)  # [Nb, n, r]
+            log_q = torch.logsumexp(d.clamp_min(tiny).log().unsqueeze(-1) + log_p.view(Nb, n, Q // n, v), 2)
+            return _kl(teacher_log_p.to(log_q.dtype), log_q)  # [Nb, n]
+        kls = []
+        for j in range(n):
+            d = posterior[j].index_select(1, self.own[j])  # [Nb, Qv]
+            log_q = torch.logsumexp(d.clamp_min(tiny).log().unsqueeze(-1) + log_p.index_select(1, self.own[j]), 1)
+            kls.append(_kl(teacher_log_p[:, j].to(log_q.dtype), log_q))  # [Nb]
+        return torch.stack(kls, 1)
 
     def _posteriors(self, observed: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tensor:
         """`[n, Nb, Q]`: copy `j` is d log q(x_{<j}) / d (log value of each leaf) at the leaves of
@@ -207,6 +238,7 @@ class _KLBlock:
             at_zero = torch.zeros(n * Nb, Q, dtype=observed.dtype, device=observed.device, requires_grad=True)
             if not differentiable:
                 leaves, sum_logits = leaves.detach(), sum_logits.detach()
-            log_q = circ.log_prob_from_leaves(leaves.reshape(n * Nb, Q) + at_zero, sum_logits.repeat(n, 1))
+            # copy j of window b is row j * Nb + b: the n copies share the window's sum logits (row b)
+            log_q = circ.log_prob_from_leaves(leaves.reshape(n * Nb, Q) + at_zero, sum_logits)
             (grad,) = torch.autograd.grad(log_q.sum(), at_zero, create_graph=differentiable)  # [n*Nb, Q]
         return grad.view(n, Nb, Q)

@@ -29,6 +29,7 @@ from functools import partial
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from .windows import target_validity, window_targets
@@ -116,6 +117,11 @@ class _LeafBlock:
         self.head, self.leaves = head, leaves
 
     def __call__(self, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        # phase labels (benchmarks/bench_train_step.py), also when recomputed in the backward pass
+        with record_function("mtpc.head_forward"):
+            return self._picked(h, states)
+
+    def _picked(self, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         logits = at_least_float32(self.head.input_logits(h, leaves=self.leaves))  # [Nb, Qb, v]
         picked = logits.gather(-1, states.unsqueeze(-1)).squeeze(-1)  # [Nb, Qb]
         return picked - torch.logsumexp(logits, -1)
@@ -131,7 +137,7 @@ class _FlatHeadLeaves(torch.autograd.Function):
     def forward(ctx, h, weight, bias, states, v: int, block: int, mm_dtype):
         N, Q = states.shape
         out = torch.empty(N, Q, dtype=_acc_dtype(h, weight), device=h.device)  # [N, Q]
-        with torch.autocast(h.device.type, enabled=False):
+        with torch.autocast(h.device.type, enabled=False), record_function("mtpc.head_forward"):
             for q0 in range(0, Q, block):
                 q1 = min(Q, q0 + block)
                 logits = _block_logits(h, weight, bias, q0, q1, v, mm_dtype, out.dtype)  # [N, Qb, v]
@@ -150,7 +156,7 @@ class _FlatHeadLeaves(torch.autograd.Function):
         grad_h = torch.zeros(h.shape, dtype=grad_out.dtype, device=h.device) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b else None
-        with torch.autocast(h.device.type, enabled=False):
+        with torch.autocast(h.device.type, enabled=False), record_function("mtpc.head_forward"):
             for q0 in range(0, Q, block):
                 q1 = min(Q, q0 + block)
                 g = grad_out[:, q0:q1]  # [N, Qb]
@@ -229,7 +235,8 @@ def blocked_prefix_log_marginals(head, h: torch.Tensor, leaves: torch.Tensor,
         per_token, extra = h, (weight, bias)  # blocks compute their sum logits from h [N, d]
     else:
         block_fn = partial(_prefix, head.circ)
-        per_token, extra = head.sum_logits(h), ()  # [N, S]: a generic head's sum logits, computed once
+        with record_function("mtpc.head_forward"):
+            per_token, extra = head.sum_logits(h), ()  # [N, S]: a generic head's sum logits, computed once
     blocks = [checkpoint(block_fn, leaves[t0:t0 + tokens_per_block], per_token[t0:t0 + tokens_per_block], *extra,
                          use_reentrant=False) for t0 in range(0, N, tokens_per_block)]
     return torch.cat(blocks, 0)
@@ -237,12 +244,14 @@ def blocked_prefix_log_marginals(head, h: torch.Tensor, leaves: torch.Tensor,
 
 def _flat_block_prefix(circ, leaves: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
                        bias: torch.Tensor) -> torch.Tensor:
-    return _prefix(circ, leaves, torch.nn.functional.linear(h, weight, bias))
+    with record_function("mtpc.head_forward"):
+        sum_logits = torch.nn.functional.linear(h, weight, bias)  # [Nb, S]
+    return _prefix(circ, leaves, sum_logits)
 
 
 def _prefix(circ, leaves: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tensor:
     """Prefix marginals in float32 (or float64) whatever autocast is active."""
-    with torch.autocast(leaves.device.type, enabled=False):
+    with torch.autocast(leaves.device.type, enabled=False), record_function("mtpc.circuit"):
         return circ.prefix_log_marginals_from_leaves(leaves, at_least_float32(sum_logits))  # [N, n]
 
 

@@ -42,6 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from .. import loading
 from ..errors import MtpcError
@@ -129,15 +130,18 @@ class Trainer:
             with self._no_sync(not sync):
                 loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
                                       part["window_mask"])
-                (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
+                with record_function("mtpc.backward"):  # phase labels: benchmarks/bench_train_step.py
+                    (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
             loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        with record_function("mtpc.optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         total = all_sum(loss_sum, d).item()  # the same on every rank, so all ranks stop together
         if not (math.isfinite(total) and math.isfinite(float(grad_norm))):
             what = f"loss {total}" if not math.isfinite(total) else f"gradient norm {float(grad_norm)}"
             raise MtpcError(f"non-finite {what} at step {self.step + 1}; training stopped before the update. "
                             f"{self._kept()} (lower --lr, or check the model's weights and the data)")
-        self.opt.step()
+        with record_function("mtpc.optimizer"):
+            self.opt.step()
         self.step += 1
         self.tokens += int(batch["tokens"].numel())
         return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"]}

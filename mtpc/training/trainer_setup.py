@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from .. import checks, loading
 from ..errors import InputError
@@ -98,7 +99,8 @@ class DraftModel(nn.Module):
         if not hasattr(self.lm, "disable_adapter"):
             return draft.detach()
         base = self.lm.get_base_model()
-        with torch.no_grad(), self.lm.disable_adapter(), autocast(tokens.device, self.amp):
+        with torch.no_grad(), self.lm.disable_adapter(), autocast(tokens.device, self.amp), \
+                record_function("mtpc.teacher_lm_forward"):
             return base.get_decoder()(input_ids=tokens).last_hidden_state
 
     def teacher(self, tokens: torch.Tensor, draft: torch.Tensor):
@@ -110,10 +112,11 @@ class DraftModel(nn.Module):
         return lm_teacher(OutputLayer(base), self.teacher_hidden(tokens, draft))
 
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
-        h = self.hidden(tokens)  # [B, T, d]
+        with record_function("mtpc.lm_forward"):  # phase labels: benchmarks/bench_train_step.py
+            h = self.hidden(tokens)  # [B, T, d]
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
                       chunk_elements=self.chunk_elements)
-        with autocast(tokens.device, self.amp):
+        with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
             nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss:
                 kl = kl_loss(self.head, h, self.teacher(tokens, h), tokens, doc_ids, loss_mask, **kwargs)
