@@ -61,6 +61,9 @@ COVERAGE = {
     "--window-stride 2 --minutes 7 --out runs/heads/ff8": TRAIN_YOUR_OWN,
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_loss_memory.py": SKIP + "minutes and GiB at this size; "
         "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
+    "python benchmarks/bench_loss_memory.py --parameterisation tied --structure btree --n 4 --r 4 --d 256 --tokens 64 "
+    "--batch 2 --device cpu --v 152064 --loss kl": SKIP + "GiB for the naive loss at v = 152,064; "
+        "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
     "OMP_WAIT_POLICY=PASSIVE mtpc tiny-lm --out runs/tiny-lm": TINY_LM,
     "OMP_NUM_THREADS=1 mtpc tiny-lm --out runs/ref/mtp-lm --steps 450 --mtp-circuit examples/ff.pc -D n=8 "
     "--mtp-weight 0.2 --mtp-parameterisation shared --no-progress": TINY_LM,
