@@ -88,7 +88,9 @@ def test_kl_with_lora_uses_the_verifier_as_teacher(peaky_lm, corpus, tmp_path):
         assert main(train_args(peaky_lm, corpus, tmp_path / name, "kl", steps=3) + extra) == 0
     first = {name: json.loads((tmp_path / name / "train_log.jsonl").read_text().splitlines()[0])["val_loss"]
              for name in ("plain", "lora")}
-    assert first["lora"] == pytest.approx(first["plain"], rel=1e-6)
+    # float32 rounding only: the KL (~0.08) is a difference of log terms of size ~5, and the split loop and
+    # the whole-model path add in different orders (measured 2.5e-6 relative after the fused KL terms)
+    assert first["lora"] == pytest.approx(first["plain"], rel=1e-5)
     from circuitc import load_graph
     from mtpc.training.trainer import DraftModel, TrainConfig, build_head, load_lm
 
