@@ -62,7 +62,12 @@ class Verifier:
         self.backbone.crop(self.state, length)
 
     def _compile_widths(self, prompt: torch.Tensor) -> None:
-        """Run every verify width once (the compiler traces it now, not inside a timed cycle)."""
+        """Run every verify width once (the compiler traces it now, not inside a timed cycle). transformers'
+        cache layers allocate lazily on their first write, and a compiled call specialises on whether
+        they have: one eager write first, so the traced variant is the one every cycle runs (else the
+        first cycle after a new allocation compiled again, seconds inside a timed generation)."""
+        self.backbone.crop(self.state, 0)
+        self.backbone(prompt[:, :1], self.state)
         for width in self.widths:
             self.backbone.crop(self.state, 0)
             self.verify(prompt.new_zeros(width))
