@@ -362,8 +362,8 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
 
     def decode(ids, budget, generator, streamer):
         cuda = ids.device.type == "cuda"
-        if compile:
-            clock = PhaseClock(decoder.head, None, [], cuda=cuda)
+        if compile:  # no hooks inside compiled steps (the head runs in the draft's graph): the decoder stamps
+            clock = PhaseClock(None, None, [], cuda=cuda)
             extra = {"phase_clock": clock}
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=cuda), {}
