@@ -1,6 +1,7 @@
 """Builders shared by the trainer tests: a tiny byte-level Llama saved as `mtpc tiny-lm` saves one,
 and a corpus of slices of this repository's own source."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -98,3 +99,16 @@ def random_lora(model, k, seed=1):
             if "lora_B" in name:
                 p.normal_(0, 0.3)
     return peft_model.eval()
+
+
+def planted_remote_model(tmp_path) -> tuple[str, Path]:
+    """A byte-level model folder whose config names its own modelling code; the code writes a marker
+    file the moment it is imported. Returns (folder, marker)."""
+    folder = Path(tmp_path) / "remote"
+    save_family_lm(folder, "llama")
+    marker = Path(tmp_path) / "the_code_ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder), marker

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from _tiny import FAMILY_CONFIGS, family_lm, random_lora, save_family_lm, write_source_corpus
+from _tiny import (FAMILY_CONFIGS, family_lm, planted_remote_model, random_lora, save_family_lm,
+                   write_source_corpus)
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
@@ -166,16 +167,10 @@ def test_remote_code_never_runs_without_the_flag(tmp_path, capsys):
     from mtpc import loading
     from mtpc.errors import InputError
 
-    folder = tmp_path / "remote"
-    save_family_lm(folder, "llama")
-    ran = tmp_path / "the_code_ran"
-    (folder / "modeling_evil.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
-    config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
-    (folder / "config.json").write_text(json.dumps(config))
+    folder, ran = planted_remote_model(tmp_path)
     with pytest.raises(InputError, match="custom modelling code.*--trust-remote-code"):
         loading.open_model(folder)
-    assert main(["train", "--model", str(folder), "--circuit", "examples/ff.pc", "-D", "n=2", "--steps", "1",
+    assert main(["train", "--model", folder, "--circuit", "examples/ff.pc", "-D", "n=2", "--steps", "1",
                  "--out", str(tmp_path / "out")]) == 2
     assert "--trust-remote-code" in capsys.readouterr().err
     assert not ran.exists()

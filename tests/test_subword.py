@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from _tiny import family_lm, save_family_lm, write_source_corpus
+from _tiny import family_lm, planted_remote_model, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
@@ -153,19 +153,6 @@ def test_sampling_with_a_tied_head_is_exact_and_a_wrong_rule_is_caught():
 
 
 # --------------------------------------------------------------------------- remote code on request
-
-def planted_remote_model(tmp_path):
-    """A byte-level model folder whose config names its own modelling code; the code writes a marker
-    file the moment it is imported."""
-    folder = tmp_path / "remote"
-    save_family_lm(folder, "llama")
-    marker = tmp_path / "the_code_ran"
-    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-    config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder), marker
-
 
 @pytest.mark.parametrize("command", ["train", "generate", "bench", "distill-data"])
 def test_every_command_refuses_remote_code_without_the_flag(command, tmp_path, capsys):
