@@ -1,6 +1,6 @@
 """The fixed-shape cycle: one host read per cycle (counted at the decoder's one door, `HostReads`), static
-caches reused across generations, the device acceptance against a loop over positions, and the compiled
-verify call giving the eager output."""
+caches reused across generations, the device acceptance against a loop over positions, windows shorter
+than the circuit, and the compiled cycle step giving the eager output."""
 
 import pytest
 import torch
@@ -33,7 +33,10 @@ def test_one_host_read_per_cycle(structure, sample):
         for ids in prompts(vocab, 2, seed=4):
             reads, out = reads_per_generation(decoder, ids, 17, **kwargs)
             assert out.stats.new_tokens == 17 and max(out.stats.accepted_per_cycle) > 1
-            assert reads == out.stats.cycles + prefill, (bonus, lookup_)  # the prefill reads the first token
+            # the prefill reads the first token; a bonus token that is the budget's last needs no backbone call
+            # and no read (its cycle commits the token the previous read brought)
+            last_unverified = bonus and sum(out.stats.accepted_per_cycle[:-1]) == 17 - 1
+            assert reads == out.stats.cycles + prefill - last_unverified, (bonus, lookup_)
     decoder = SpeculativeDecoder(model, head, bonus=False, lookup=lookup)  # lookup matches on x_0: one more read
     reads, out = reads_per_generation(decoder, prompts(vocab, 1, seed=4)[0], 17, **kwargs)
     assert out.stats.cycles <= reads <= 2 * out.stats.cycles
@@ -95,14 +98,54 @@ def test_device_acceptance_equals_the_loop_over_positions(sample):
         assert torch.allclose(verdict.carried, expected), seed
 
 
+@pytest.mark.parametrize("structure", ["ff", "btree"])
+def test_a_shorter_window_is_lossless_and_verifies_fewer_tokens(structure):
+    vocab, n = 12, 5
+    model = cyclic_lm(vocab)
+    head = random_head(structure, n, vocab, seed=2, std=0.3, init_from=oracle_tables(model, n))  # mostly right
+    lookup = PromptLookup(tokens=3, min_ngram=1, max_ngram=2, prefer="lookup")
+    for window in (2, 3):
+        for bonus, lookup_ in ((True, None), (False, None), (True, lookup)):
+            decoder = SpeculativeDecoder(model, head, window=window, bonus=bonus, lookup=lookup_)
+            longest = []
+            for ids in prompts(vocab, 2, seed=5):
+                out = decoder.generate(ids, 17)
+                assert torch.equal(out.sequences, generate_autoregressive(model, ids, 17).sequences)
+                longest.append(max(out.stats.accepted_per_cycle))
+            assert max(longest) == (max(window, 1 + 3) if lookup_ else window), (window, bonus, lookup_, longest)
+
+
+@pytest.mark.parametrize("bonus", [True, False])
+def test_sampling_with_a_shorter_window_is_exact_and_a_wrong_rule_is_caught(bonus):
+    from test_decode import PROMPT, ResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
+
+    model, head = sampling_setup(3, 5)
+    joint = exact_joint(model, PROMPT, Target(True))
+    right = SpeculativeDecoder(model, head, window=2, bonus=bonus)
+    assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=1), joint) > 1e-3
+    wrong = SpeculativeDecoder(model, head, window=2, bonus=bonus, acceptance=ResidualIsTarget())
+    assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
+
+
+def test_a_window_outside_the_circuit_is_refused():
+    vocab = 12
+    model = cyclic_lm(vocab)
+    head = random_head("ff", 4, vocab, seed=1)
+    for window in (1, 5, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="window must be an integer from 2 to the circuit's 4"):
+            SpeculativeDecoder(model, head, window=window)
+    assert SpeculativeDecoder(model, head, window=4).width == 4 == SpeculativeDecoder(model, head).width
+
+
 @pytest.mark.slow
-def test_compiled_verify_equals_eager():
+@pytest.mark.parametrize("window", [None, 2])
+def test_compiled_verify_equals_eager(window):
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2)
-    compiled = SpeculativeDecoder(model, head, lookup=lookup, compile=True)
-    eager = SpeculativeDecoder(model, head, lookup=lookup)
+    compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, compile=True)
+    eager = SpeculativeDecoder(model, head, lookup=lookup, window=window)
     for i, ids in enumerate(prompts(vocab, 3, seed=9)):
         plain = generate_autoregressive(model, ids, 19).sequences
         assert torch.equal(compiled.generate(ids, 19).sequences, plain)
@@ -113,8 +156,8 @@ def test_compiled_verify_equals_eager():
 
 @pytest.mark.slow
 def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
-    """The compiled cycle (one graph for the circuit window, one for the acceptance) against exact
-    enumeration, with the wrong residual that must fail on the same compiled path."""
+    """The compiled cycle (one graph: the circuit window, the verify call and the acceptance) against
+    exact enumeration, with the wrong residual that must fail on the same compiled path."""
     from test_decode import PROMPT, ResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
     model, head = sampling_setup(3, 5)

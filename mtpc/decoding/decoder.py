@@ -128,21 +128,25 @@ class SpeculativeDecoder:
     (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
     rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
     inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
-    `mtpc.decoding.proposals`). `compile`: run the three steps of a cycle through `torch.compile` (the
-    circuit window, see `mtpc.decoding.drafting`; the verify call, see `mtpc.decoding.verify`; the
-    acceptance), compiled before the first cycle and kept for every later generation.
+    `mtpc.decoding.proposals`). `window`: the verify width of a circuit window, `x_0` and `window - 1`
+    drafted tokens (2 .. n; default n): every verified position costs backbone time, so on hardware
+    where a verify call grows with its width a shorter window can decode faster (`mtpc bench
+    --window`). `compile`: run each cycle step through `torch.compile` as one graph, compiled before the
+    first cycle and kept for every later generation.
 
-    A cycle is three seams: `Drafter.draft` (head -> circuit -> a fixed-width window with its proposal
-    rows), `Verifier.verify` (one backbone call at explicit positions into static caches) and
-    `accept_window` (every position decided at once on the device). The host reads one small tensor per
-    cycle through `host_reads` (its `count` is what the sync tests check); without bonus-conditioned
-    drafting, a cycle that consults prompt lookup reads the first token once more (the lookup matches
-    on it).
+    A cycle is three seams: `Drafter` (head -> circuit -> a fixed-width window with its proposal rows),
+    `Verifier.forward` (one backbone call at explicit positions into static caches) and `accept_window`
+    (every position decided at once on the device). Once the window is chosen on the host (lookup or
+    the circuit, from past acceptance), the rest is `cycle_step`, a pure function of fixed-shape
+    tensors: for the common window, the circuit's after `x_0`, the draft runs inside it too. The host
+    reads one small tensor per cycle through `host_reads` (its `count` is what the sync tests check);
+    without bonus-conditioned drafting, a cycle that consults prompt lookup reads the first token once
+    more (the lookup matches on it).
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
                  bonus: bool = True, acceptance: AcceptanceRule | None = None, lookup: int | PromptLookup | None = None,
-                 family=None, compile: bool = False):
+                 family=None, window: int | None = None, compile: bool = False):
         if draft not in DRAFT_STRATEGIES:
             raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
         self.backbone = SplitBackbone(model, lora_layers, family=family)
@@ -156,15 +160,15 @@ class SpeculativeDecoder:
         self.draft, self.bonus = draft, bonus
         self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or AcceptanceRule()
-        self.width = max(head.num_variables, 2)  # the verify width of a circuit window (>= 2: one token to test)
+        self.width = window_width(window, head.num_variables)  # the verify width of a circuit window
         lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
-        self.drafter = Drafter(head, draft, bonus, self.acceptance, self.width, lookup_width,
-                               self.backbone.vocab_size, compile=compile)
+        self.drafter = Drafter(head, draft, bonus, self.acceptance, self.width, lookup_width, self.backbone.vocab_size)
         self.circuit = self.drafter.circuit
-        self.verifier = Verifier(self.backbone, (self.width, lookup_width), compile=compile)
+        self.verifier = Verifier(self.backbone, (self.width, lookup_width))
+        self.compile = compile
         cuda = self.backbone.parts.lm_head.weight.is_cuda
-        self._decide = compile_step(decide, cuda) if compile else decide
-        self._warmed: set[tuple] = set()  # (target, EOS count) whose steps are compiled
+        self._compiled_step = compile_step(self.cycle_step, cuda) if compile else None
+        self._compiled: set[tuple] = set()  # step variants compiled in a warm-up (see `_variant`)
         self.host_reads = HostReads()
 
     # ----------------------------------------------------------------- public API
@@ -177,9 +181,10 @@ class SpeculativeDecoder:
         """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
         first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
 
-        `phase_clock`: a `PhaseClock` without hooks into compiled steps (a hook inside a compiled call
-        would be traced by the compiler): the decoder stamps the start of every draft and the start and
-        end of every backbone call itself.
+        `phase_clock`: a `PhaseClock`; for a compiled decoder one without hooks (a hook inside a compiled
+        call would be traced by the compiler). The decoder stamps the start of every draft, and the start
+        (`backbone_start`) and end (`step_end`) of every cycle step: compiled, the step's draft and
+        acceptance run in one graph with the backbone call and are timed as its part.
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
@@ -206,7 +211,7 @@ class SpeculativeDecoder:
         first = _pick(target, carried, generator)[None] if self.bonus else None  # [1] x_0 on the device
         x0 = self.host_reads(first)[0] if self.bonus else None
         eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
-        if self.verifier.compile:
+        if self.compile:
             self._warm(h, logits, target, eos_ids)
         lookup = None
         if self.lookup is not None:
@@ -237,53 +242,98 @@ class SpeculativeDecoder:
     def _cycle(self, h, carried, x0: int | None, first: torch.Tensor | None, left: int, target: Target, eos: set[int],
                eos_ids, generator, lookup: LookupState | None, stamp):
         """`x0` / `first` `[1]`: the committed first token on the host and on the device (bonus-conditioned
-        drafting; else None). `stamp(kind)` marks the draft and the backbone call for a phase clock.
+        drafting; else None). `stamp(kind)` marks the draft and the cycle step for a phase clock.
         Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
         carried target `[V]`, the next first token on the host and on the device, or None and None)."""
         n = self.circuit.n
         uniforms = window_uniforms(n + self.drafter.lookup_width, generator, h.device) if target.do_sample else None
-        stamp("head_start")  # a compiled draft has no head hooks: the whole draft step counts as the head's
-        draft = self.drafter.draft(h, carried, x0, target, generator, lookup, self._read_first,
-                                   None if uniforms is None else uniforms[:n], first)
+        stamp("head_start")  # choosing the window, and drafting the windows drafted outside the step
+        if self.bonus and (left == 1 or x0 in eos):  # the committed x_0 ends the generation: nothing to draft
+            return [x0], 0, "circuit", h, carried, None, None
+        draft = self.drafter.draft(h, carried, x0, target, generator, lookup, self._read_first)  # None: the circuit's
         if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
             token, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
             return [token], own, draft.source, h, carried, None, None
+        width = self.width if draft is None else draft.window.shape[0]
+        length = self.drafter.length if draft is None else draft.length
         base = self.verifier.length
-        stamp("backbone_start")
-        logits, hidden = self.verifier.verify(draft.window)  # [W, V], [W, d]
-        stamp("backbone_end")
-        limit = torch.tensor(min(draft.length, left), device=logits.device)
-        window_randomness = None if uniforms is None else uniforms[n:n + draft.window.shape[0]]
-        packet, next_hidden, next_carried = self._decide(target, self.acceptance, draft.window, logits, hidden, limit,
-                                                         eos_ids, draft.rows, window_randomness, draft.own)
+        positions = self.verifier.positions(width)
+        limit = torch.tensor(min(length, left), device=h.device)
+        given = (None, None, None) if draft is None else (draft.window, draft.rows, draft.own)
+        step = self._step_for(target, eos_ids, draft is None, width)
+        stamp("backbone_start")  # a compiled step is one graph: its draft and acceptance count as the backbone's
+        packet, next_hidden, next_carried = step(target, h, first, *given, positions, limit, eos_ids, uniforms)
+        stamp("step_end")
+        self.verifier.written(width)
         accepted, own, next_first, *window = self.host_reads(packet)
         self.verifier.commit(base + accepted)
         committed = window[:accepted]
+        source = "circuit" if draft is None else draft.source
         if lookup is not None:
-            if draft.source == "circuit":
+            if source == "circuit":
                 lookup.record_circuit(accepted - 1)
             lookup.extend(committed[1:])  # x_0 was added when drafting
-        return (committed, own + accepted - 1, draft.source, next_hidden, next_carried,
+        return (committed, own + accepted - 1, source, next_hidden, next_carried,
                 *((next_first, packet[2:3]) if self.bonus else (None, None)))
+
+    def cycle_step(self, target: Target, h, first, window, rows, own, positions, limit, eos_ids, uniforms):
+        """A cycle once its window is chosen, as one function of fixed-shape tensors (with `compile=True`
+        one graph): the window, the verify call at `positions` `[1, W]` and `decide`.
+
+        `window` `[W]` long with its proposal `rows` `[W, V]` (sampling) and `own` `[]` bool, or all
+        three None: then it is the circuit window after `first` `[1]`, drafted here from `h` `[d]`
+        (`Drafter.circuit_window`). `limit` `[]`: the tokens that may be committed; `uniforms` `[n +
+        lookup width]` float64 (sampling): the first `n` draw the circuit window, the next `W` decide the
+        window. Returns `decide`'s (packet, next draft hidden state, next carried target)."""
+        n = self.circuit.n
+        if window is None:
+            window, rows = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:n],
+                                                       target.do_sample)
+            own = h.new_zeros((), dtype=torch.bool)
+        logits, hidden = self.verifier.forward(window, positions)  # [W, V], [W, d]
+        tests = None if uniforms is None else uniforms[n:n + window.shape[0]]
+        return decide(target, self.acceptance, window, logits, hidden, limit, eos_ids, rows, tests, own)
+
+    def _step_for(self, target: Target, eos_ids: torch.Tensor, circuit_window: bool, width: int):
+        """The compiled step if this variant was compiled in a warm-up, else the eager one: a cycle never
+        compiles (a rare variant, such as a bonus token the circuit cannot observe, runs eagerly)."""
+        return self._compiled_step if self._variant(target, eos_ids, circuit_window, width) in self._compiled \
+            else self.cycle_step
+
+    def _variant(self, target: Target, eos_ids: torch.Tensor, circuit_window: bool, width: int) -> tuple:
+        # a compiled step specialises on the target, the EOS count, the window's kind and width, and the
+        # cache tensors it writes (new ones after every allocation)
+        return target, eos_ids.numel(), self.verifier.allocations, circuit_window, width
 
     def _read_first(self, token: torch.Tensor) -> int:
         return self.host_reads(token[None])[0]
 
     def _warm(self, h: torch.Tensor, logits: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
-        """Compile the draft and accept steps for this target and EOS set now, on inputs of the cycle's
-        shapes (the verify call was compiled when its caches were allocated), so that no cycle compiles."""
-        key = (target, eos_ids.numel())
-        if key in self._warmed:
-            return
-        self.drafter.warm(h, target)
-        for width in self.verifier.widths:
-            window = torch.zeros(width, dtype=torch.long, device=h.device)
-            rows = logits.new_zeros(width, logits.shape[-1], dtype=torch.float64) if target.do_sample else None
-            uniforms = h.new_zeros(width, dtype=torch.float64) if target.do_sample else None
-            self._decide(target, self.acceptance, window, logits.new_zeros(width, logits.shape[-1]),
-                         h.new_zeros(width, h.shape[-1]), torch.tensor(width, device=h.device), eos_ids, rows,
-                         uniforms, h.new_zeros((), dtype=torch.bool))
-        self._warmed.add(key)
+        """Compile now, on this generation's caches and on inputs of the cycles' shapes, the step variants
+        this target's cycles run: the circuit window after `x_0` (bonus-conditioned drafting) or else an
+        eager window of the circuit's width, and with lookup a lookup window. The rows written here are
+        overwritten by the first cycle."""
+        fused = self.drafter.is_fused(0, target)
+        variants = {(fused, self.width)}
+        if self.lookup is not None:
+            variants.add((False, self.drafter.lookup_width))
+        n, vocab = self.circuit.n, logits.shape[-1]
+        uniforms = h.new_zeros(n + self.drafter.lookup_width, dtype=torch.float64) if target.do_sample else None
+        first = torch.zeros(1, dtype=torch.long, device=h.device)
+        for circuit_window, width in sorted(variants):
+            key = self._variant(target, eos_ids, circuit_window, width)
+            if key in self._compiled:
+                continue
+            given = (None, None, None) if circuit_window else (
+                torch.zeros(width, dtype=torch.long, device=h.device),
+                logits.new_zeros(width, vocab, dtype=torch.float64) if target.do_sample else None,
+                h.new_zeros((), dtype=torch.bool))
+            base = self.verifier.length
+            self._compiled_step(target, h, first, *given, self.verifier.positions(width),
+                                torch.tensor(width, device=h.device), eos_ids, uniforms)
+            self.verifier.written(width)
+            self.verifier.commit(base)
+            self._compiled.add(key)
 
     # ----------------------------------------------------------------- transformers integration
 
@@ -369,6 +419,17 @@ def decide(target: Target, rule: AcceptanceRule, window, logits, hidden, limit, 
     verdict = accept_window(target, rule, window, logits, hidden, limit, eos_ids, rows, uniforms)
     packet = torch.cat([torch.stack([verdict.accepted, own.long(), verdict.next_first]), window])
     return packet, verdict.hidden, verdict.carried
+
+
+def window_width(window: int | None, n: int) -> int:
+    """The verify width of a circuit window: `x_0` and `window - 1` drafted tokens, from 2 (one token to
+    test) to the circuit's `n` (None: `n`, or 2 for `n = 1`)."""
+    widest = max(n, 2)
+    if window is None:
+        return widest
+    if not isinstance(window, int) or isinstance(window, bool) or not 2 <= window <= widest:
+        raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions, got {window!r}")
+    return window
 
 
 def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:

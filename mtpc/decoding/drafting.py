@@ -1,18 +1,20 @@
 """The draft seam of a cycle: circuit parameters (and the carried target) -> one fixed-width window.
 
-A window is `[x_0, d_1 .. d_{n-1}]` padded to the verify width of its source (`n` for the circuit,
-`1 + K` for prompt lookup of `K` tokens, at least 2), so the verifier is called with one shape per
-source whatever is drafted. Everything stays on the device: the tokens, the proposal rows the
-acceptance needs (`Draft.rows`, sampling only) and, without bonus-conditioned drafting, the decision
-whether `x_0` is the circuit's own first token. The only host values read here are the ones that
-choose *what* to draft (the committed `x_0` for bonus-conditioned drafting and lookup), and those
-come from the previous cycle's one read.
+A window is `[x_0, d_1 .. d_{W-1}]` fitted to the verify width of its source (`W` for the circuit, at
+most its `n`: a shorter window verifies fewer drafted tokens per cycle; `1 + K` for prompt lookup of `K`
+tokens; at least 2), so the verifier is called with one shape per source whatever is drafted.
+Everything stays on the device: the tokens, the proposal rows the acceptance needs (`Draft.rows`,
+sampling only) and, without bonus-conditioned drafting, the decision whether `x_0` is the circuit's
+own first token. The only host values read here are the ones that choose *what* to draft (the
+committed `x_0` for bonus-conditioned drafting and lookup), and those come from the previous cycle's
+one read.
 
 The common window, the circuit's after a committed `x_0` (bonus-conditioned drafting, a head that keeps
 its region graph), is one fixed-shape function, `Drafter.circuit_window`: hidden state -> head ->
 `circuitc.draft.DraftProgram` (a sample from given uniforms, or the conditional / marginal argmax) ->
-the padded window and its proposal rows. With `compile=True` it runs through `torch.compile` as one
-graph; the other windows (lookup, the circuit's own first token, heads without a graph) stay eager.
+the fitted window and its proposal rows. `Drafter.draft` returns None for it: the decoder runs it
+inside its cycle step, so that with `compile=True` draft, verify and accept are one graph. The other
+windows (lookup, the circuit's own first token, heads without a graph) are drafted here, eagerly.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import torch
 
 from ..heads import MTPHead
 from .acceptance import AcceptanceRule, Target, first_token
-from .compiling import compile_step
 from .proposals import CircuitDrafter, Draft, LookupState
 
 __all__ = ["Drafter"]
@@ -31,26 +32,25 @@ __all__ = ["Drafter"]
 
 class Drafter:
     """Windows of one head. `strategy`: the greedy draft strategy; `bonus`: bonus-conditioned drafting
-    (`x_0` is given, the circuit drafts after it); `width` / `lookup_width`: the verify widths;
-    `vocab`: the verifier's vocabulary size (proposal rows are `[W, vocab]`); `compile`: run
-    `circuit_window` through `torch.compile`."""
+    (`x_0` is given, the circuit drafts after it); `width` / `lookup_width`: the verify widths of a
+    circuit window (at most the circuit's `n`, or 2 for `n = 1`) and of a lookup window; `vocab`: the
+    verifier's vocabulary size (proposal rows are `[W, vocab]`)."""
 
     def __init__(self, head: MTPHead, strategy: str, bonus: bool, rule: AcceptanceRule, width: int,
-                 lookup_width: int, vocab: int, compile: bool = False):
+                 lookup_width: int, vocab: int):
         self.head, self.circuit = head, CircuitDrafter(head)
         self.strategy, self.bonus, self.rule = strategy, bonus, rule
         self.width, self.lookup_width, self.vocab = width, lookup_width, vocab
-        cuda = any(p.is_cuda for p in head.parameters())
-        self._circuit_window = compile_step(self.circuit_window, cuda) if compile else self.circuit_window
+        self.length = min(self.circuit.n, width)  # real tokens in a circuit window
+
 
     def draft(self, h, carried, x0: int | None, target: Target, generator, lookup: LookupState | None,
-              read_first: Callable[[torch.Tensor], int], uniforms: torch.Tensor | None = None,
-              first: torch.Tensor | None = None) -> Draft:
-        """The cycle's window. `h` `[d]` the draft hidden state at the last committed token; `carried`
-        `[V]` the target of position 0; `x0` the committed first token when bonus-conditioned (else None:
-        decided here against `carried`). `read_first` reads a device token to the host (only lookup
-        without bonus needs it). `uniforms` `[n]` (sampling): the circuit window's randomness. `first`
-        `[1]` long: `x0` on the device, if there already (it is not copied there again)."""
+              read_first: Callable[[torch.Tensor], int]) -> Draft | None:
+        """The cycle's window, or None when it is `circuit_window`'s (the decoder's cycle step drafts
+        it). `h` `[d]` the draft hidden state at the last committed token; `carried` `[V]` the target of
+        position 0; `x0` the committed first token when bonus-conditioned (else None: decided here
+        against `carried`). `read_first` reads a device token to the host (only lookup without bonus
+        needs it)."""
         theta = None if self.bonus else self.theta(h)
         own = None if self.bonus else self._own_window(theta, carried, target, generator)
         if lookup is not None:
@@ -58,24 +58,15 @@ class Drafter:
             lookup.extend([committed_first])
             proposal = lookup.propose()
             if proposal is not None and lookup.use(proposal):
-                tokens = proposal.tokens[:lookup.length(proposal, self.circuit.n)]
+                tokens = proposal.tokens[:lookup.length(proposal, self.length)]
                 is_own = own.own if own is not None else h.new_zeros((), dtype=torch.bool)
                 theta = theta if theta is not None else self.theta(h)
                 return self._lookup_window(theta, committed_first, tokens, target, generator, is_own)
         if own is not None:
             return own
         if self.is_fused(x0, target):
-            if first is None:
-                first = torch.tensor([x0], dtype=torch.long, device=h.device)
-            window, rows = self._circuit_window(h, first, uniforms, target.do_sample)
-            return Draft(window, self.circuit.n, h.new_zeros((), dtype=torch.bool), rows)
+            return None
         return self._bonus_window(self.theta(h), x0, target, generator)
-
-    def warm(self, h: torch.Tensor, target: Target) -> None:
-        """Run `circuit_window` once for `target` (compiled: it is traced now, not inside a cycle)."""
-        if self.is_fused(0, target):
-            uniforms = h.new_zeros(self.circuit.n, dtype=torch.float64) if target.do_sample else None
-            self._circuit_window(h, torch.zeros(1, dtype=torch.long, device=h.device), uniforms, target.do_sample)
 
     def theta(self, h: torch.Tensor) -> torch.Tensor:
         """`[1, P]` the circuit's parameters at draft hidden state `h` `[d]`."""
@@ -90,29 +81,33 @@ class Drafter:
     def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
                        do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One fixed-shape draft: `h` `[d]`, `first` `[1]` long (`x_0 < v`), `uniforms` `[n]` float64
-        (sampling) -> the window `[W]` long (`x_0`, then `d_1 .. d_{n-1}` from `q(. | x_0)`) and, when
+        (sampling) -> the window `[W]` long (`x_0`, then `d_1 .. d_{W-1}` from `q(. | x_0)`) and, when
         sampling, its proposal rows `[W, V]` float64 (None when greedy)."""
         theta = self.head(h.to(self.head.dtype))  # [P]
         program = self.circuit.program
         if do_sample:
             d, rows = program.sample(theta, None, first, uniforms)  # [n], [n, v]
-            window = self._padded(d, self.width)
+            window = self._fitted(d, self.width)
             return window, self._rows(window, rows, 0)
         run = program.greedy if self.strategy == "conditional" else program.marginal_argmax
-        return self._padded(run(theta, first), self.width), None
+        return self._fitted(run(theta, first), self.width), None
 
     # ----------------------------------------------------------------- padding and proposal rows
 
-    def _padded(self, tokens: torch.Tensor, width: int) -> torch.Tensor:
-        """`[m]` -> `[width]` long (zeros after the tokens: verified, never accepted)."""
-        return torch.cat([tokens, tokens.new_zeros(width - tokens.shape[0])]) if tokens.shape[0] < width else tokens
+    def _fitted(self, tokens: torch.Tensor, width: int) -> torch.Tensor:
+        """`[m]` -> `[width]` long: the first `width` tokens, or zeros after them (verified, never accepted)."""
+        if tokens.shape[0] >= width:
+            return tokens[:width]
+        return torch.cat([tokens, tokens.new_zeros(width - tokens.shape[0])])
 
     def _rows(self, window: torch.Tensor, circuit_rows: torch.Tensor | None, point_mass: int) -> torch.Tensor:
-        """`[W, V]` float64: the circuit's rows `[n, v]` (zero beyond `v`), point masses at positions
-        `1 .. point_mass` (a lookup token `c` is proposed with probability 1)."""
-        rows = torch.zeros(window.shape[0], self.vocab, dtype=torch.float64, device=window.device)
+        """`[W, V]` float64: the circuit's rows `[n, v]` (the first `W`; zero beyond `v`), point masses at
+        positions `1 .. point_mass` (a lookup token `c` is proposed with probability 1)."""
+        W = window.shape[0]
+        rows = torch.zeros(W, self.vocab, dtype=torch.float64, device=window.device)
         if circuit_rows is not None:
-            rows[:circuit_rows.shape[0], :circuit_rows.shape[1]] = circuit_rows
+            kept = circuit_rows[:W]
+            rows[:kept.shape[0], :kept.shape[1]] = kept
         if point_mass:
             rows[1:point_mass + 1] = 0
             rows[1:point_mass + 1].scatter_(1, window[1:point_mass + 1, None], 1.0)
@@ -131,12 +126,12 @@ class Drafter:
         true = theta.new_ones((), dtype=torch.bool)
         if not target.do_sample:
             d = c.greedy(theta, self.strategy, generator, given)
-            return Draft(self._padded(torch.cat([first, d[1:]]), W), c.n, ~true)
+            return Draft(self._fitted(torch.cat([first, d[1:]]), W), self.length, ~true)
         d = c.sample(theta, generator, given)
         window = torch.cat([first, d[1:]])
         rows = c.rows(theta, window if keep0 else d, keep0)
-        window = self._padded(window, W)
-        return Draft(window, c.n, ~true, self._rows(window, rows, 0))
+        window = self._fitted(window, W)
+        return Draft(window, self.length, ~true, self._rows(window, rows, 0))
 
     def _own_window(self, theta, carried, target: Target, generator) -> Draft:
         """The circuit's own window; `x_0` is its first token if the verifier accepts it (greedy: equal
@@ -145,15 +140,15 @@ class Drafter:
         if not target.do_sample:
             d = c.greedy(theta, self.strategy, generator, [])
             x0, own = first_token(target, self.rule, carried, d[0], None, generator)
-            return Draft(self._padded(torch.cat([x0[None], d[1:]]), W), c.n, own)
+            return Draft(self._fitted(torch.cat([x0[None], d[1:]]), W), self.length, own)
         if c.program is not None:
             d, rows = c.program.sample(theta[0], generator)
         else:
             d = c.sample(theta, generator, [])
             rows = c.rows(theta, d, True)
-        full = self._rows(self._padded(d, W), rows, 0)  # [W, V]
+        full = self._rows(self._fitted(d, W), rows, 0)  # [W, V]
         x0, own = first_token(target, self.rule, carried, d[0], full[0], generator)
-        return Draft(self._padded(torch.cat([x0[None], d[1:]]), W), c.n, own, full)
+        return Draft(self._fitted(torch.cat([x0[None], d[1:]]), W), self.length, own, full)
 
     def _lookup_window(self, theta, x0: int, tokens: list[int], target: Target, generator, own) -> Draft:
         """`[x_0, lookup tokens]` (point-mass proposals), then, when that is shorter than the circuit's
@@ -163,16 +158,16 @@ class Drafter:
         prefix = torch.tensor(given, dtype=torch.long, device=theta.device)
         sample = target.do_sample
         if len(given) >= c.n or max(given) >= c.v:  # no room for the circuit, or a token it cannot observe
-            window = self._padded(prefix, W)
+            window = self._fitted(prefix, W)
             return Draft(window, len(given), own, self._rows(window, None, len(tokens)) if sample else None,
                          len(tokens), "lookup")
         if not sample:
             d = c.greedy(theta, self.strategy, generator, given)
-            return Draft(self._padded(d, W), c.n, own, None, len(tokens), "lookup")
+            return Draft(self._fitted(d, W), min(c.n, W), own, None, len(tokens), "lookup")
         if c.program is not None:
             d, rows = c.program.sample(theta[0], generator, prefix)
         else:
             d = c.sample(theta, generator, given)
             rows = c.rows(theta, d, True)
-        window = self._padded(d, W)
-        return Draft(window, c.n, own, self._rows(window, rows, len(tokens)), len(tokens), "lookup")
+        window = self._fitted(d, W)
+        return Draft(window, min(c.n, W), own, self._rows(window, rows, len(tokens)), len(tokens), "lookup")

@@ -1,14 +1,15 @@
 """The verify seam of a cycle: one fixed-width backbone call at explicit positions into preallocated caches.
 
 `Verifier` holds one generation's `BackboneState` with static caches (reused from generation to
-generation while they are large enough). `verify(window)` runs the backbone on `window` `[W]` at
-positions `length .. length + W - 1`; `commit(accepted)` moves the write position to the committed
-tokens, so the rejected rows are overwritten by the next call (no crop of tensors, no new shapes).
+generation while they are large enough). `forward(window, positions)` runs the backbone on `window`
+`[W]` at `positions` (`positions(W)`: `length .. length + W - 1`) and touches no host state, so the
+decoder traces it inside its compiled cycle step; `written(W)` then advances the host's count of
+cached rows and `commit(accepted)` moves the write position back to the committed tokens, so the
+rejected rows are overwritten by the next call (no crop of tensors, no new shapes). `verify(window)`
+is the three together, for callers outside a compiled step.
 
-`compile=True` runs the call through `torch.compile` (fixed shapes: one graph per width, the position
-an input tensor; CUDA: `mode="reduce-overhead"`, CUDA graphs). The compiled call is cached on the
-verifier, so every generation of one decoder reuses it; every width is compiled when the caches are
-allocated (the first generation, or one that needs longer caches), never in the middle of a generation.
+`allocations` counts cache allocations: a compiled step specialises on the cache tensors it writes, so
+the decoder compiles again (before its first cycle) when they change.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from .backbone import BackboneState, SplitBackbone
-from .compiling import compile_step
 
 __all__ = ["Verifier", "CACHE_ROUNDING"]
 
@@ -24,13 +24,12 @@ CACHE_ROUNDING = 256  # cache lengths are rounded up to this: nearby prompt leng
 
 
 class Verifier:
-    def __init__(self, backbone: SplitBackbone, widths: tuple[int, ...], compile: bool = False):
+    def __init__(self, backbone: SplitBackbone, widths: tuple[int, ...]):
         self.backbone = backbone
         self.widths = tuple(sorted(set(widths)))
-        self.compile = compile
         self.state: BackboneState | None = None
         self.max_len = 0
-        self._call = self._compiled() if compile else self._eager
+        self.allocations = 0
 
     def start(self, prompt: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill `prompt` `[1, T]` (eager: its length varies) into caches with room for `budget` more
@@ -39,8 +38,7 @@ class Verifier:
         if self.state is None or need > self.max_len:
             self.max_len = -(-need // CACHE_ROUNDING) * CACHE_ROUNDING
             self.state = self.backbone.new_state(max_len=self.max_len)
-            if self.compile:
-                self._compile_widths(prompt)
+            self.allocations += 1
         self.backbone.crop(self.state, 0)
         out = self.backbone(prompt, self.state, keep=1)
         return out.logits[0, -1], out.hidden[0, -1]
@@ -49,36 +47,29 @@ class Verifier:
     def length(self) -> int:
         return self.state.length
 
-    def verify(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`window` `[W]` at positions `length ..` -> verifier logits `[W, V]`, draft hidden `[W, d]`."""
+    def positions(self, width: int) -> torch.Tensor:
+        """`[1, width]` long: the positions of the next `width` rows."""
+        start = self.state.length
+        return torch.arange(start, start + width, device=self.backbone.parts.lm_head.weight.device)[None]
+
+    def forward(self, window: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`window` `[W]` at `positions` `[1, W]` -> verifier logits `[W, V]`, draft hidden `[W, d]`."""
+        # a view of the same caches whose host length is a constant: the caller advances the real one, so
+        # a compiled step never reads (and never specialises on) the position as a Python int
         state = self.state
-        positions = torch.arange(state.length, state.length + window.shape[0], device=window.device)[None]  # [1, W]
-        logits, hidden = self._call(window[None], positions)
-        state.length += window.shape[0]
-        return logits[0], hidden[0]
+        out = self.backbone(window[None], BackboneState(state.verifier, state.draft, 0, True), position_ids=positions)
+        return out.logits[0], out.hidden[0]
+
+    def written(self, width: int) -> None:
+        """`forward` wrote `width` rows after the cached ones."""
+        self.state.length += width
+
+    def verify(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` of `window` `[W]` at the next positions, then `written`."""
+        out = self.forward(window, self.positions(window.shape[0]))
+        self.written(window.shape[0])
+        return out
 
     def commit(self, length: int) -> None:
         """Keep the first `length` cached tokens; later rows are overwritten by the next call."""
         self.backbone.crop(self.state, length)
-
-    def _compile_widths(self, prompt: torch.Tensor) -> None:
-        """Run every verify width once (the compiler traces it now, not inside a timed cycle). transformers'
-        cache layers allocate lazily on their first write, and a compiled call specialises on whether
-        they have: one eager write first, so the traced variant is the one every cycle runs (else the
-        first cycle after a new allocation compiled again, seconds inside a timed generation)."""
-        self.backbone.crop(self.state, 0)
-        self.backbone(prompt[:, :1], self.state)
-        for width in self.widths:
-            self.backbone.crop(self.state, 0)
-            self.verify(prompt.new_zeros(width))
-        self.backbone.crop(self.state, 0)
-
-    def _eager(self, ids: torch.Tensor, positions: torch.Tensor):
-        # a view of the same caches whose host length is a constant: `verify` advances the real one, so a
-        # compiled call never reads (and never specialises on) the position as a Python int
-        state = self.state
-        out = self.backbone(ids, BackboneState(state.verifier, state.draft, 0, True), position_ids=positions)
-        return out.logits, out.hidden
-
-    def _compiled(self):
-        return compile_step(self._eager, self.backbone.parts.lm_head.weight.is_cuda)
