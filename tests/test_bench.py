@@ -16,6 +16,7 @@ from mtpc.bench.report import format_table
 from mtpc.bench.prompts import load_prompts
 from mtpc.bench.run import run_bench
 from mtpc.decoding.clock import split_phases
+from mtpc.errors import InputError
 from mtpc.cli.commands import main
 from mtpc.tokenizer import ByteTokenizer
 
@@ -136,13 +137,24 @@ def test_greedy_check_flags_a_decoder_that_commits_a_wrong_token(setup):
 def test_sampling_mode_and_decoder_variants(setup):
     report = run_bench(config(setup, mode="sample", bonus=(False, True), temperature=0.8, top_p=0.95))
     labels = [r["label"] for r in report["heads"]]
-    assert labels == ["ff4", "ff4/bonus", "cp4", "cp4/bonus"]
+    assert labels == ["ff4/no-bonus", "ff4", "cp4/no-bonus", "cp4"]
     assert report["greedy_identical"] is None and all("greedy_check" not in r for r in report["heads"])
-    assert {r["ff_reference"] for r in report["heads"]} == {"ff4", "ff4/bonus"}
+    assert {r["ff_reference"] for r in report["heads"]} == {"ff4/no-bonus", "ff4"}
     greedy = run_bench(config(setup, heads=[setup["heads"]["cp"]], drafts=("conditional", "marginal", "map")))
     assert [r["label"] for r in greedy["heads"]] == ["cp4/conditional", "cp4/marginal", "cp4/map"]
     assert greedy["greedy_identical"] is True
     assert all(r["ff_reference"] is None and "speedup_ff" not in r for r in greedy["heads"])
+
+
+def test_windows_are_compared_side_by_side_and_a_wider_one_is_refused(setup):
+    report = run_bench(config(setup, heads=[setup["heads"]["ff"]], windows=(None, 2)))
+    rows = {r["label"]: r for r in report["heads"]}
+    assert list(rows) == ["ff4", "ff4/w2"] and report["greedy_identical"] is True
+    assert (rows["ff4"]["width"], rows["ff4/w2"]["width"]) == (N, 2)
+    assert rows["ff4/w2"]["mu_acc"]["mean"] <= 2 and rows["ff4/w2"]["max_tok_s"] > 0
+    assert rows["ff4/w2"]["ff_reference"] == "ff4/w2"  # FF is compared with FF at the same settings
+    with pytest.raises(InputError, match="--window 5: the head ff4 verifies windows of 2 to 4 tokens"):
+        run_bench(config(setup, windows=(5,)))
 
 
 def test_split_phases_attributes_intervals_and_skips_the_prefill():

@@ -29,12 +29,13 @@ class BenchConfig:
     top_k: int | None = None
     top_p: float | None = None
     drafts: Sequence[str] = ("conditional",)  # greedy draft strategies to compare
-    bonus: Sequence[bool] = (False,)  # plain and/or bonus-conditioned drafting
+    bonus: Sequence[bool] = (True,)  # bonus-conditioned (the decoder's default) and/or plain drafting
     lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
     lookup_tokens: int = 10  # tokens a lookup match proposes
+    windows: Sequence[int | None] = (None,)  # verify widths of the circuit window to compare (None: the head's n)
     peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
     compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd, and every
-    # speculative variant again with its verify call compiled
+    # speculative variant again with its cycle step compiled
     max_repetition: float | None = None  # leave out prompts whose plain continuation repeats more
     dtype: str = "fp32"  # the LM's dtype
     head_dtype: str | None = None  # cast heads for inference (None: as saved)
@@ -58,4 +59,5 @@ class Variant:
     lookup: bool
     window: int  # the most tokens one cycle can commit
     decoder: SpeculativeDecoder
-    compiled: bool = False  # the verify call runs through torch.compile
+    compiled: bool = False  # the cycle step runs through torch.compile
+    width: int | None = None  # the requested verify width of the circuit window (None: the head's n)

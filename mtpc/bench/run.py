@@ -2,11 +2,11 @@
 
     mtpc bench --model DIR --heads HEAD_DIR... (--prompts FILE | --corpus PATH) [--num-prompts N]
                [--max-new-tokens N] [--mode greedy|sample] [--repeats K] [--out DIR]
-               [--lookup off|on|both] [--peers prompt-lookup[:K] assisted:DIR] [--compile]
-               [--max-repetition R]
+               [--bonus on|off|both] [--lookup off|on|both] [--window K ...]
+               [--peers prompt-lookup[:K] assisted:DIR static] [--compile] [--max-repetition R]
 
 What is measured (the paper's metrics, Section 4.2), per head and decoder variant (draft strategy,
-bonus-conditioned drafting), over `K` disjoint prompt sets of `N` prompts each:
+bonus-conditioned drafting, prompt lookup, the circuit window's verify width, eager or compiled), over `K` disjoint prompt sets of `N` prompts each:
 
 - `mu_acc`: tokens committed per cycle (the accepted length; plain decoding: 1),
 - `mu_lat`: seconds per cycle, prefill excluded,
@@ -22,7 +22,10 @@ bonus-conditioned drafting), over `K` disjoint prompt sets of `N` prompts each:
   API, nothing patched): `head` (the head's matmul), `circuit` (from the head's output to the
   backbone call: the circuit's draft, its marginals/conditionals, the first token's decision),
   `backbone` (the one backbone call: verifier + draft path), `accept` (after the backbone call until
-  the next cycle: acceptance, residuals after a rejection, cache crop, bookkeeping).
+  the next cycle: acceptance, residuals after a rejection, cache crop, bookkeeping). A compiled
+  variant runs its draft, verify call and acceptance as one graph (`SpeculativeDecoder.cycle_step`): its
+  `backbone` phase is that whole step, `head` only the eager choice of the window, `accept` the host
+  read and bookkeeping after it (`benchmarks/bench_cycle.py` times the steps one by one).
 
 Peers (`mtpc.bench.peers`): transformers' prompt lookup and assisted generation, and with `--compile`
 plain decoding with a static KV cache, eager and `torch.compile`d (speed-ups are then also reported
@@ -41,6 +44,7 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -64,25 +68,27 @@ __all__ = ["run_bench", "build_variants", "measure"]
 
 def build_variants(entries: Sequence[HeadEntry], drafts: Sequence[str], bonus: Sequence[bool], mode: str,
                    decoder_cls: Callable[..., SpeculativeDecoder], lookup: Sequence[bool] = (False,),
-                   lookup_tokens: int = 10, compiled: Sequence[bool] = (False,)) -> list[Variant]:
-    """One decoder per head x draft strategy x bonus setting x lookup x eager/compiled (sampling ignores
-    the strategy)."""
+                   lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
+                   windows: Sequence[int | None] = (None,)) -> list[Variant]:
+    """One decoder per head x draft strategy x bonus setting x lookup x window x eager/compiled (sampling
+    ignores the strategy). A window wider than a head's circuit is an input error."""
     drafts = list(dict.fromkeys(drafts)) if mode == "greedy" else ["sample"]
-    bonus, lookup = list(dict.fromkeys(bonus)), list(dict.fromkeys(lookup))
-    variants = []
+    bonus, lookup, windows = list(dict.fromkeys(bonus)), list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
     for entry in entries:
-        for draft in drafts:
-            for b in bonus:
-                for use in lookup:
-                    for c in compiled:
-                        label = (entry.label + (f"/{draft}" if len(drafts) > 1 else "") + ("/bonus" if b else "")
-                                 + ("/lookup" if use else "") + ("/compile" if c else ""))
-                        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, draft="conditional"
-                                              if mode == "sample" else draft, bonus=b,
-                                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
-                                              **({"compile": True} if c else {}))
-                        window = max(entry.info["n"], 1 + lookup_tokens) if use else entry.info["n"]
-                        variants.append(Variant(label, entry, draft, b, use, window, decoder, compiled=c))
+        widest = max(entry.info["n"], 2)
+        wrong = [w for w in windows if w is not None and not 2 <= w <= widest]
+        if wrong:
+            raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
+    variants = []
+    for entry, draft, b, use, width, c in itertools.product(entries, drafts, bonus, lookup, windows, compiled):
+        label = (entry.label + (f"/{draft}" if len(drafts) > 1 else "") + ("/no-bonus" if not b else "") + ("/lookup" if use else "")
+                 + (f"/w{width}" if width is not None else "") + ("/compile" if c else ""))
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, draft="conditional"
+                              if mode == "sample" else draft, bonus=b,
+                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                              **({"window": width} if width is not None else {}), **({"compile": True} if c else {}))
+        window = decoder.drafter.lookup_width if use else decoder.drafter.length
+        variants.append(Variant(label, entry, draft, b, use, window, decoder, compiled=c, width=width))
     return variants
 
 # --------------------------------------------------------------------------- the bench
@@ -106,7 +112,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
     variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens,
-                              compiled=(False, True) if cfg.compile else (False,))
+                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
