@@ -203,3 +203,18 @@ def test_lookup_drafting_stays_lossless_and_needs_a_head(folders, capsys):
     assert summary["text"] == EXPECTED and "lookup_cycles" in summary["stats"]
     refused(["generate", "--model", str(folders / "lm"), "a", "--lookup", "4"], capsys, "give --head")
     refused(["generate", "--model", str(folders / "lm"), "a", "--lookup", "0"], capsys, "--lookup")
+
+
+def test_a_shorter_window_stays_lossless_and_is_checked(folders, capsys):
+    """`--window K` verifies K tokens per cycle: the text is still plain greedy decoding's, no cycle commits
+    more than K, and a window the head cannot fill (or without a head) is one clean error."""
+    summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="a",
+                                          max_new_tokens=20, window=2), out=io.StringIO(), err=io.StringIO())
+    assert summary["text"] == EXPECTED and max(summary["stats"]["accepted_per_cycle"]) == 2
+    assert generate(folders, "a", "--max-new-tokens", "20", "--window", "2", "--compare") == 0
+    assert "greedy outputs identical: yes" in capsys.readouterr().err
+    refused(["generate", "--model", str(folders / "lm"), "a", "--window", "2"], capsys, "give --head")
+    refused(["generate", "--model", str(folders / "lm"), "--head", str(folders / "head"), "a", "--window", "1"],
+            capsys, "--window")
+    refused(["generate", "--model", str(folders / "lm"), "--head", str(folders / "head"), "a", "--window", "99"],
+            capsys, "--window 99: the head")

@@ -255,18 +255,21 @@ def add_bench(sub) -> None:
     p.add_argument("--top-p", type=probability, default=None, help="sample: nucleus mass in (0, 1]")
     p.add_argument("--draft", nargs="+", default=["conditional"], metavar="STRATEGY",
                    help="greedy draft strategies to compare: conditional, marginal, map, sample")
-    p.add_argument("--bonus", choices=("off", "on", "both"), default="off",
-                   help="bonus-conditioned drafting: off, on, or both side by side")
+    p.add_argument("--bonus", choices=("off", "on", "both"), default="on",
+                   help="bonus-conditioned drafting (the decoder's default): on, off, or both side by side")
     p.add_argument("--lookup", choices=("off", "on", "both"), default="off",
                    help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
     p.add_argument("--lookup-tokens", type=int_in(1, 1024), default=10, help="tokens a lookup match proposes")
+    p.add_argument("--window", nargs="+", type=int_in(2, 1024), default=None, metavar="K",
+                   help="verify widths of the circuit window to compare side by side, 2 .. each head's n "
+                        "(default: n only)")
     p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR "
                         "(a small draft LM folder) and/or static (generate with cache_implementation=\"static\")")
     p.add_argument("--compile", action="store_true",
                    help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
-                        "variant again with its draft, verify and accept steps compiled (all compiled in the warm-up); speed-ups are "
-                        "then reported against the compiled baseline too")
+                        "variant again with its cycle (draft, verify, accept) compiled as one graph (compiled in "
+                        "the warm-up); speed-ups are then reported against the compiled baseline too")
     p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
                    help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "
                         "(degenerate loops; reported)")
@@ -290,7 +293,8 @@ def run_bench(args) -> int:
                       top_k=args.top_k, top_p=args.top_p, drafts=args.draft,
                       bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus],
                       lookup={"off": (False,), "on": (True,), "both": (False, True)}[args.lookup],
-                      lookup_tokens=args.lookup_tokens, peers=args.peers, compile=args.compile,
+                      lookup_tokens=args.lookup_tokens, windows=tuple(args.window) if args.window else (None,),
+                      peers=args.peers, compile=args.compile,
                       max_repetition=args.max_repetition, dtype=args.dtype,
                       head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
                       out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab,
@@ -381,9 +385,12 @@ def add_generate(sub) -> None:
     p.add_argument("--lookup", type=int_in(1, 1024), default=None, metavar="K",
                    help="with --head: also draft n-gram continuations of the prompt and the text so far (K tokens "
                         "a match proposes), chosen per cycle by past acceptance; still lossless")
+    p.add_argument("--window", type=int_in(2, 1024), default=None, metavar="K",
+                   help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n "
+                        "(default n); fewer can be faster where a verify call grows with its width")
     p.add_argument("--compile", action="store_true",
-                   help="with --head: torch.compile the decoder's verify call (static caches, one shape per window; "
-                        "compiled in the untimed warm-up)")
+                   help="with --head: torch.compile each decoding cycle (draft, verify, accept) as one graph "
+                        "(static caches, one shape per window; compiled before the first cycle)")
     p.set_defaults(func=run_generate)
 
 
@@ -398,7 +405,7 @@ def run_generate(args) -> int:
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
                          compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup,
-                         compile=args.compile, trust_remote_code=args.trust_remote_code)
+                         window=args.window, compile=args.compile, trust_remote_code=args.trust_remote_code)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 

@@ -66,7 +66,8 @@ class GenerateConfig:
     device: str = "cpu"
     threads: int | None = None
     lookup: int | None = None  # prompt-lookup drafting inside the speculative decoder (tokens per match)
-    compile: bool = False  # torch.compile the speculative decoder's verify call (compiled in the warm-up)
+    window: int | None = None  # verify width of the circuit window, 2 .. the head's n (None: n)
+    compile: bool = False  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
     trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
@@ -144,7 +145,11 @@ def check_config(cfg: GenerateConfig) -> None:
     if cfg.lookup is not None and (isinstance(cfg.lookup, bool) or not isinstance(cfg.lookup, int) or cfg.lookup < 1):
         raise InputError(f"--lookup must be a positive integer (tokens a match proposes), got {cfg.lookup!r}")
     if cfg.compile and cfg.head is None:
-        raise InputError("--compile compiles the speculative decoder's verify call: give --head too")
+        raise InputError("--compile compiles the speculative decoder's cycle step: give --head too")
+    if cfg.window is not None and cfg.head is None:
+        raise InputError("--window is the draft head's verify width: give --head too")
+    if cfg.window is not None and (isinstance(cfg.window, bool) or not isinstance(cfg.window, int) or cfg.window < 2):
+        raise InputError(f"--window must be an integer >= 2 (x_0 and at least one drafted token), got {cfg.window!r}")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.threads is not None and not 1 <= cfg.threads <= MAX_THREADS:
@@ -252,6 +257,9 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     if cfg.head is not None:
         head = load_head(cfg.head)
         check_head_fits(head, config, cfg.head)
+        if cfg.window is not None and cfg.window > max(head.num_variables, 2):
+            raise InputError(f"--window {cfg.window}: the head {cfg.head} verifies windows of 2 to "
+                             f"{max(head.num_variables, 2)} tokens")
     lora = lora_folder(cfg) if head is not None else None
     k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
     if cfg.threads is not None:
@@ -264,7 +272,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         decode = _plain(base, sampling, eos)
         if head is not None:
             decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup,
-                                  cfg.compile, cfg.trust_remote_code)
+                                  cfg.window, cfg.compile, cfg.trust_remote_code)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     streamer = None if not cfg.stream else Utf8Streamer(out) if isinstance(tok, ByteTokenizer) else \
@@ -347,9 +355,10 @@ def _plain(base, sampling: dict, eos: set[int]):
 
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
-                 lookup: int | None = None, compile: bool = False, trust_remote_code: bool = False):
+                 lookup: int | None = None, window: int | None = None, compile: bool = False,
+                 trust_remote_code: bool = False):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it). `compile`: its
-    verify call through torch.compile; the decoder then stamps its backbone calls (no hooks in a compiled call)."""
+    cycle step through torch.compile; the decoder then stamps its steps (no hooks in a compiled call)."""
     from ..decoding import PhaseClock, SpeculativeDecoder
 
     model = loading.load_model(model_path, torch.float32, device, trust_remote_code=trust_remote_code)
@@ -357,7 +366,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
         head.tie_to(model.get_output_embeddings())
     if lora is not None:
         model = loading.load_lora(model, lora)
-    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, compile=compile)
+    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer):
