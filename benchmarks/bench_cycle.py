@@ -1,14 +1,15 @@
-"""The three steps of one speculative cycle at batch 1, eager and compiled: draft, verify, accept.
+"""The three steps of one speculative cycle at batch 1, eager and compiled: draft, verify, accept, and the
+decoder's whole cycle step.
 
 For each head (default: the shipped `models/heads/ff8` and `models/heads/btree8-r8` on `models/byte-lm`)
-and each target (greedy, sampling at T=1): a `SpeculativeDecoder` is built eager and with
-`compile=True`, one short generation compiles and warms it, and then each step is timed on its own,
-on the real hidden state of a prompt:
+and each target (greedy, sampling at T=1), on the real hidden state of a prompt, each step is timed on
+its own, eagerly and through `mtpc.decoding.compiling.compile_step` (as the decoder compiles):
 
-- `draft`: `decoder.drafter.draft` (head -> circuit window -> proposal rows; compiled: one graph),
-- `verify`: `decoder.verifier.verify` of one window (the write position is put back afterwards),
-- `accept`: `mtpc.decoding.decoder.decide` (the whole window's acceptance and the host packet; compiled
-  through `mtpc.decoding.compiling.compile_step`, as the decoder does).
+- `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows),
+- `verify`: `decoder.verifier.forward` of one window (the write position is put back afterwards),
+- `accept`: `mtpc.decoding.decoder.decide` (the whole window's acceptance and the host packet),
+- `cycle`: `decoder.cycle_step`, the three in one function; compiled, one graph (what
+  `SpeculativeDecoder(compile=True)` runs per cycle). `sum` - `cycle` is what one graph saves.
 
 Medians over `--repeats` calls, milliseconds, at `--threads` torch threads (say it with every number).
 
@@ -55,42 +56,54 @@ def median_ms(fn, repeats: int, warmup: int = 10) -> float:
 
 
 @torch.no_grad()
-def step_times(decoder: SpeculativeDecoder, accept, target: Target, repeats: int) -> dict[str, float]:
-    """Milliseconds of the draft, verify and accept steps of one cycle after `PROMPT`."""
+def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compiled: bool) -> dict[str, float]:
+    """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
+    and of the decoder's whole cycle step (the three in one function: one graph when compiled)."""
     ids = torch.tensor([list(PROMPT)])
-    decoder.generate(ids, 2 * decoder.width, do_sample=target.do_sample)  # compiles every step for this target
     logits, h = decoder.verifier.start(ids, 4 * decoder.width)
-    carried = target.probs(logits) if target.do_sample else logits
-    x0 = int(carried.argmax())
-    n = decoder.circuit.n
+    first = (target.probs(logits) if target.do_sample else logits).argmax()[None]  # [1]
+    n, W = decoder.circuit.n, decoder.width
     eos = torch.tensor([-1])
+    uniforms = window_uniforms(n + decoder.drafter.lookup_width, None, h.device) if target.do_sample else None
+    base, positions = decoder.verifier.length, decoder.verifier.positions(W)
+    limit = torch.tensor(decoder.drafter.length)
 
-    def uniforms():
-        return window_uniforms(n + decoder.width, None, h.device) if target.do_sample else None
+    def compiled_or_eager(step):
+        return compile_step(step, False) if compiled else step
+
+    circuit_window = compiled_or_eager(decoder.drafter.circuit_window)
+    verify_call = compiled_or_eager(decoder.verifier.forward)
+    accept = compiled_or_eager(decide)
+    cycle_step = compiled_or_eager(decoder.cycle_step)
+
+    def rewind():  # the verify call wrote W rows after the prompt: forget them
+        decoder.verifier.written(W)
+        decoder.verifier.commit(base)
 
     def draft():
-        u = uniforms()
-        return decoder.drafter.draft(h, carried, x0, target, None, None, None, None if u is None else u[:n])
+        return circuit_window(h, first, None if uniforms is None else uniforms[:n], target.do_sample)
 
-    window = draft()
-    base = decoder.verifier.length
+    window, rows = draft()
 
     def verify():
-        out = decoder.verifier.verify(window.window)
-        decoder.verifier.commit(base)
+        out = verify_call(window, positions)
+        rewind()
         return out
 
     verified_logits, hidden = verify()
-    limit = torch.tensor(decoder.width)
-    randomness = uniforms()
+    own = h.new_zeros((), dtype=torch.bool)
 
     def accept_step():
-        u = None if randomness is None else randomness[n:]
-        return accept(target, decoder.acceptance, window.window, verified_logits, hidden, limit, eos, window.rows, u,
-                      window.own)
+        tests = None if uniforms is None else uniforms[n:n + W]
+        return accept(target, decoder.acceptance, window, verified_logits, hidden, limit, eos, rows, tests, own)
+
+    def cycle():
+        out = cycle_step(target, h, first, None, None, None, positions, limit, eos, uniforms)
+        rewind()
+        return out
 
     return {"draft_ms": median_ms(draft, repeats), "verify_ms": median_ms(verify, repeats),
-            "accept_ms": median_ms(accept_step, repeats)}
+            "accept_ms": median_ms(accept_step, repeats), "cycle_ms": median_ms(cycle, repeats)}
 
 
 def main(argv=None) -> dict:
@@ -107,17 +120,18 @@ def main(argv=None) -> dict:
     records = []
     for head_dir in args.heads:
         head = load_head(head_dir).eval()
+        decoder = SpeculativeDecoder(model, head)
         for compiled in (False,) if args.eager_only else (False, True):
-            decoder = SpeculativeDecoder(model, head, compile=compiled)
-            accept = compile_step(decide, False) if compiled else decide
             for mode, target in TARGETS.items():
-                times = step_times(decoder, accept, target, args.repeats)
+                times = step_times(decoder, target, args.repeats, compiled)
                 records.append({"head": Path(head_dir).name, "mode": mode, "compiled": compiled, **times})
     print(f"one cycle's steps at batch 1, threads={args.threads}, median ms over {args.repeats} calls")
-    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}")
+    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}")
     for r in records:
         kind = "compiled" if r["compiled"] else "eager"
-        print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_ms']:>8.3f}{r['verify_ms']:>8.3f}{r['accept_ms']:>8.3f}")
+        total = r["draft_ms"] + r["verify_ms"] + r["accept_ms"]
+        print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_ms']:>8.3f}{r['verify_ms']:>8.3f}{r['accept_ms']:>8.3f}"
+              f"{total:>8.3f}{r['cycle_ms']:>8.3f}")
     result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name, "records": records}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

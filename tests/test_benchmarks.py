@@ -103,7 +103,7 @@ def run_bench_cycle(lab, tmp_path, *flags):
     script("bench_cycle").main(["--model", lab["model"], "--heads", lab["heads"]["btree4"], "--threads", "1",
                                 "--repeats", "3", "--out", str(out), *flags])
     records = json.loads(out.read_text())["records"]
-    assert all(r[k] > 0 for r in records for k in ("draft_ms", "verify_ms", "accept_ms"))
+    assert all(r[k] > 0 for r in records for k in ("draft_ms", "verify_ms", "accept_ms", "cycle_ms"))
     return {(r["mode"], r["compiled"]) for r in records}
 
 
