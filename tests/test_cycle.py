@@ -50,7 +50,7 @@ def test_static_caches_are_reused_and_grown_only_when_needed():
     first = decoder.generate(ids, 10).sequences
     state = decoder.verifier.state
     assert torch.equal(decoder.generate(ids, 10).sequences, first) and decoder.verifier.state is state
-    long = decoder.generate(ids, 300)  # past the first allocation (rounded up to 256 positions)
+    long = decoder.generate(ids, 300)  # past the first allocation (rounded up to CACHE_ROUNDING = 64 positions)
     assert decoder.verifier.state is not state and decoder.verifier.max_len >= 3 + 300
     assert long.stats.new_tokens == 300
 

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from ..decoding import PHASES, DecodeStats, GenerateOutput, PhaseClock, Target, backbone_marks, split_phases
+from ..decoding.compiling import compile_step
 from ..decoding.inputs import eos_set
 from ..errors import InputError
 from .timing import Run, synchronized
@@ -82,7 +83,7 @@ def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, d
         compiled = StaticCacheDecoder(base, max_len, compile=True)
         peers.append(Peer("plain (static cache)", "plain-static", "StaticCache, eager step",
                           _static_task(cfg, eager, eos)))
-        peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step",
+        peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step (compile_step, as the heads' cycle)",
                           _static_task(cfg, compiled, eos)))
     for spec in specs:
         if spec.kind == "static":
@@ -160,7 +161,8 @@ class StaticCacheDecoder:
         self.model = model
         self.max_len = max_len
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
-        self.step = torch.compile(self._step, dynamic=False) if compile else self._step
+        # compiled as the speculative decoder's cycle step is (mtpc.decoding.compiling): the same compile mode
+        self.step = compile_step(self._step, next(model.parameters()).is_cuda) if compile else self._step
 
     def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """`[1, 1]` token at `[1]` position -> `[1, 1, V]` logits (cache updated in place)."""
