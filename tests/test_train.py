@@ -1,6 +1,7 @@
 """mtpc train: exact resume, DDP equivalence (real torchrun, gloo), accumulation, bad data, two stages."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -139,7 +140,11 @@ def test_cli_train_parses_defines_and_runs(tiny_lm, corpus, tmp_path, capsys):
     assert main(["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=2", "--data", corpus,
                  "--out", str(tmp_path / "cli"), "--steps", "2", "--seq-len", "32", "--batch-size", "2",
                  "--precision", "fp32", "--no-progress"]) == 0
-    assert "mean accepted length" in capsys.readouterr().out
+    line = capsys.readouterr().out.splitlines()[-1]
+    config = json.loads((tmp_path / "cli" / "train_config.json").read_text())
+    assert config["tokens_per_second"] > 0
+    assert re.fullmatch(rf"saved .*: 2 steps, 128 tokens in \d+ s \({config['tokens_per_second']:,} tok/s\); held-out loss .* "
+                        r"mean accepted length .*", line), line
     assert json.loads((tmp_path / "cli" / "head.json").read_text())["graph"]["variables"] == 4
 
 

@@ -221,10 +221,12 @@ def run_train(args) -> int:
                       stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab,
                       trust_remote_code=args.trust_remote_code)
     s = train(cfg, announce=print)  # a subword model: which head reads its vocabulary, first
+    rate = f" ({s['tokens_per_second']:,} tok/s)" if s.get("tokens_per_second") else ""
+    line = f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s{rate}"
     if s.get("val_accepted") is not None:
-        print(f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s; "
-              f"held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
-              f"over {s['val_windows']} windows")
+        line += (f"; held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
+                 f"over {s['val_windows']} windows")
+    print(line)
     return 0
 
 

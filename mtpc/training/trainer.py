@@ -261,8 +261,9 @@ class Trainer:
         bar.close()
         final = (last_val if last_val is not None else self.validate()) if d.main else {}
         stats = self.data_stats
+        rate = round(self.tokens / self.elapsed) if self.elapsed > 0 else None  # of the whole run, resumes included
         summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
-                   "data": {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
+                   "tokens_per_second": rate, "data": {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
                             "skipped_corrupt": stats.skipped_corrupt, "skipped_binary": stats.skipped_binary},
                    **final}
         self.save_outputs(summary)
