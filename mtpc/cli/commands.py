@@ -221,6 +221,8 @@ def run_train(args) -> int:
                       stop_after=args.stop_after, allow_non_byte_vocab=args.allow_non_byte_vocab,
                       trust_remote_code=args.trust_remote_code)
     s = train(cfg, announce=print)  # a subword model: which head reads its vocabulary, first
+    if "steps" not in s:  # --stop-after: stopped before the end, the checkpoint is kept (nothing saved yet)
+        return 0
     rate = f" ({s['tokens_per_second']:,} tok/s)" if s.get("tokens_per_second") else ""
     line = f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s{rate}"
     if s.get("val_accepted") is not None:
