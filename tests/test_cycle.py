@@ -167,3 +167,28 @@ def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
     assert chi_square_pvalue(speculative_samples(decoder, PROMPT, 600, seed=1), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, compile=True, acceptance=ResidualIsTarget())
     assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
+
+
+class ScaledStep:
+    """A step whose variants share one code object (the guard on `self.k` tells them apart), like the
+    `cycle_step` of many decoders in one process."""
+
+    def __init__(self, k: int):
+        self.k, self.eager_calls = k, 0
+
+    def __call__(self, x):
+        if not torch.compiler.is_compiling():  # the body runs in Python only when dynamo fell back to eager
+            self.eager_calls += 1
+        return x * self.k
+
+
+@pytest.mark.slow
+def test_every_compiled_step_keeps_its_own_variants():
+    from mtpc.decoding.compiling import compile_step
+
+    steps = [ScaledStep(k) for k in range(12)]  # past dynamo's default limit of 8 variants per code object
+    x = torch.ones(3)
+    for step in steps:
+        compiled = compile_step(step.__call__, False)
+        assert torch.equal(compiled(x), x * step.k) and torch.equal(compiled(x), x * step.k)
+    assert [s.eager_calls for s in steps] == [0] * 12

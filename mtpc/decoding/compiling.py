@@ -15,11 +15,18 @@ import torch
 __all__ = ["compile_step"]
 
 
+# Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
+# a code object in one list, checks their guards in turn on every call and stops compiling at 8, so the
+# decoders of a bench (one `cycle_step` code object, a few variants each) would fall back to eager.
+ISOLATED = {"dynamic": False, "isolate_recompiles": True, "recompile_limit": 64}
+
+
 def compile_step(step: Callable, cuda: bool) -> Callable:
-    """`step` compiled for fixed shapes (`dynamic=False`); on CUDA its tensor outputs are cloned."""
+    """`step` compiled for fixed shapes (`dynamic=False`), with its own cache of compiled variants; on CUDA
+    its tensor outputs are cloned."""
     if not cuda:  # a C++ wrapper around the kernels: measured 0.14-0.20 ms a call where the Python one took 0.21-0.31
-        return torch.compile(step, dynamic=False, options={"cpp_wrapper": True})
-    compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
+        return torch.compile(step, options={"cpp_wrapper": True}, **ISOLATED)
+    compiled = torch.compile(step, mode="reduce-overhead", **ISOLATED)
 
     def call(*args):
         return copied(compiled(*args))

@@ -328,11 +328,14 @@ class SpeculativeDecoder:
                 torch.zeros(width, dtype=torch.long, device=h.device),
                 logits.new_zeros(width, vocab, dtype=torch.float64) if target.do_sample else None,
                 h.new_zeros((), dtype=torch.bool))
-            base = self.verifier.length
-            self._compiled_step(target, h, first, *given, self.verifier.positions(width),
-                                torch.tensor(width, device=h.device), eos_ids, uniforms)
-            self.verifier.written(width)
-            self.verifier.commit(base)
+            # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
+            # them built would be recompiled on the next call
+            for step in (self.cycle_step, self._compiled_step):
+                base = self.verifier.length
+                step(target, h, first, *given, self.verifier.positions(width), torch.tensor(width, device=h.device),
+                     eos_ids, uniforms)
+                self.verifier.written(width)
+                self.verifier.commit(base)
             self._compiled.add(key)
 
     # ----------------------------------------------------------------- transformers integration
