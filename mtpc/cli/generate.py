@@ -385,10 +385,13 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
 
 
 def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dict:
-    """One generation (after an untimed 4-token warm-up), with its stats and per-cycle breakdown."""
+    """One generation (after an untimed warm-up: 4 tokens, or with --compile the whole budget, so that the
+    caches the compiled cycle is specialised on are allocated, and compiled for, once), with its stats and
+    per-cycle breakdown."""
     from ..decoding import split_phases
 
-    decode(prompt, min(4, cfg.max_new_tokens), torch.Generator(prompt.device).manual_seed(cfg.seed), None)
+    warm = cfg.max_new_tokens if cfg.compile else min(4, cfg.max_new_tokens)
+    decode(prompt, warm, torch.Generator(prompt.device).manual_seed(cfg.seed), None)
     out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer)
     phases, _ = split_phases(clock.times())
     stats = out.stats
