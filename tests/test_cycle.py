@@ -138,14 +138,14 @@ def test_a_window_outside_the_circuit_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [None, 2])
-def test_compiled_verify_equals_eager(window):
+@pytest.mark.parametrize("window, bonus", [(None, True), (2, True), (None, False)])
+def test_compiled_verify_equals_eager(window, bonus):
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2)
-    compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, compile=True)
-    eager = SpeculativeDecoder(model, head, lookup=lookup, window=window)
+    compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, bonus=bonus, compile=True)
+    eager = SpeculativeDecoder(model, head, lookup=lookup, window=window, bonus=bonus)
     for i, ids in enumerate(prompts(vocab, 3, seed=9)):
         plain = generate_autoregressive(model, ids, 19).sequences
         assert torch.equal(compiled.generate(ids, 19).sequences, plain)

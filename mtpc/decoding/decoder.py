@@ -313,13 +313,13 @@ class SpeculativeDecoder:
         this target's cycles run: the circuit window after `x_0` (bonus-conditioned drafting) or else an
         eager window of the circuit's width, and with lookup a lookup window. The rows written here are
         overwritten by the first cycle."""
-        fused = self.drafter.is_fused(0, target)
+        fused = self.bonus and self.drafter.is_fused(0, target)  # without bonus every window is drafted eagerly
         variants = {(fused, self.width)}
         if self.lookup is not None:
             variants.add((False, self.drafter.lookup_width))
         n, vocab = self.circuit.n, logits.shape[-1]
         uniforms = h.new_zeros(n + self.drafter.lookup_width, dtype=torch.float64) if target.do_sample else None
-        first = torch.zeros(1, dtype=torch.long, device=h.device)
+        first = torch.zeros(1, dtype=torch.long, device=h.device) if self.bonus else None  # as the cycles pass it
         for circuit_window, width in sorted(variants):
             key = self._variant(target, eos_ids, circuit_window, width)
             if key in self._compiled:
