@@ -26,8 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other proce
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -39,20 +38,13 @@ from mtpc.decoding.compiling import compile_step  # noqa: E402
 from mtpc.decoding.decoder import decide  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from bench_draft import median_ms  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n"
 TARGETS = {"greedy": Target(), "sample": Target(do_sample=True)}
-
-
-def median_ms(fn, repeats: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+WARMUP = 10  # untimed calls before each step is timed
 
 
 @torch.no_grad()
@@ -102,8 +94,8 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
         rewind()
         return out
 
-    return {"draft_ms": median_ms(draft, repeats), "verify_ms": median_ms(verify, repeats),
-            "accept_ms": median_ms(accept_step, repeats), "cycle_ms": median_ms(cycle, repeats)}
+    return {"draft_ms": median_ms(draft, repeats, WARMUP), "verify_ms": median_ms(verify, repeats, WARMUP),
+            "accept_ms": median_ms(accept_step, repeats, WARMUP), "cycle_ms": median_ms(cycle, repeats, WARMUP)}
 
 
 def main(argv=None) -> dict:

@@ -164,7 +164,7 @@ class SpeculativeDecoder:
         lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
         self.drafter = Drafter(head, draft, bonus, self.acceptance, self.width, lookup_width, self.backbone.vocab_size)
         self.circuit = self.drafter.circuit
-        self.verifier = Verifier(self.backbone, (self.width, lookup_width))
+        self.verifier = Verifier(self.backbone)
         self.compile = compile
         cuda = self.backbone.parts.lm_head.weight.is_cuda
         self._compiled_step = compile_step(self.cycle_step, cuda) if compile else None

@@ -25,9 +25,8 @@ CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengt
 
 
 class Verifier:
-    def __init__(self, backbone: SplitBackbone, widths: tuple[int, ...]):
+    def __init__(self, backbone: SplitBackbone):
         self.backbone = backbone
-        self.widths = tuple(sorted(set(widths)))
         self.state: BackboneState | None = None
         self.max_len = 0
         self.allocations = 0
