@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The expressiveness-latency study of docs/results.md: train draft heads on the tiny byte LM, then
-# measure them with `mtpc bench` (greedy and sampling, plain vs bonus-conditioned drafting, greedy
-# draft strategies), and draw the figure.
+# The reference LM of models/, its draft heads and the study of docs/results.md, on a 2-core CPU.
 #
-#   benchmarks/study.sh train    # heads into $HEADS (skips heads already trained; resumes cut runs)
-#   benchmarks/study.sh bench    # bench reports into $BENCH, figure into docs/
-#   benchmarks/study.sh extra    # only the second-pass runs (greedy-64, sample-bf16) and the figure
-#   benchmarks/study.sh distilled  # heads trained on the LM's own continuations, and their benches
-#   benchmarks/study.sh shared   # BTree heads with the shared (cheap) parameterisation, and their benches
-#   benchmarks/study.sh          # everything
+#   benchmarks/study.sh compare   # two LM sizes side by side: one thread each, the first 10 minutes
+#                                 # of a 45-minute schedule (their held-out curves: study_tables --lm)
+#   benchmarks/study.sh lm        # the chosen size ($SIZE) resumed from its checkpoint on both cores
+#   benchmarks/study.sh heads     # the LM's own T = 1 continuations, then nine heads, 15 minutes each,
+#                                 # two at a time (one thread and one core each)
+#   benchmarks/study.sh bench     # the benches of docs/results.md, one at a time, one thread
+#   benchmarks/study.sh tables    # the size comparison, the heads' and the bench tables, the figure
+#   benchmarks/study.sh           # all of them, in this order (about 3 hours)
 #   benchmarks/study.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
 #   benchmarks/study.sh --help
 #
-# Needs the LM first:  mtpc tiny-lm --out runs/tiny-lm
-# Every head gets the same wall-clock training budget ($MINUTES) on this machine's CPUs.
+# Everything goes under $RUNS (default runs/study). The heads and benches use $MODEL (default: the LM
+# that `lm` trains); to ship, copy the LM folder without checkpoint.pt to models/byte-lm and the heads'
+# folders to models/heads/. Run it on a machine with nothing else running: the budgets are wall clock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
@@ -21,15 +22,18 @@ case ${1:-} in
     -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     --dry-run) DRY_RUN=1; shift ;;
 esac
-export OMP_WAIT_POLICY=PASSIVE  # other processes share the cores: no busy-waiting threads
+export OMP_WAIT_POLICY=PASSIVE  # two jobs share the two cores: no busy-waiting threads
 
-MODEL=${MODEL:-runs/tiny-lm}
-HEADS=${HEADS:-runs/heads}
-BENCH=${BENCH:-runs/bench}
-MINUTES=${MINUTES:-3}
-TRAIN_ARGS=${TRAIN_ARGS:-"--window-stride 8"}  # score every 8th window: more text per step in a short budget
-THREADS=${THREADS:-1}  # batch-1 decoding of a 3M-parameter LM: one thread, immune to other load
-PROMPTS=(--corpus stdlib --prompt-len 128 --num-prompts 4 --repeats 3 --max-new-tokens 256)
+RUNS=${RUNS:-runs/study}
+SIZE=${SIZE:-d192}  # the size `compare` chose in the recorded run
+declare -A SIZES=([d256]="--d-model 256 --heads 4 --ffn 704" [d192]="--d-model 192 --heads 4 --ffn 512")
+LM_MINUTES=${LM_MINUTES:-45}
+COMPARE_SECONDS=${COMPARE_SECONDS:-600}
+MODEL=${MODEL:-$RUNS/lm-$SIZE}
+HEADS=${HEADS:-$RUNS/heads}
+BENCH=${BENCH:-$RUNS/bench}
+DATA=$RUNS/distill-t1.jsonl
+MINUTES=${MINUTES:-15}
 STAGE=${1:-all}
 
 run() {  # a command of the study: run it, or with --dry-run print it (shell-quoted, one line)
@@ -41,152 +45,137 @@ run() {  # a command of the study: run it, or with --dry-run print it (shell-quo
     fi
 }
 
-train_head() {  # name, then mtpc train arguments
-    local name=$1
-    shift
-    if (( ! DRY_RUN )) && [[ -f $HEADS/$name/train_config.json ]]; then
-        echo "== $name: already trained"
-        return
+lm_command() {  # size: the tiny-lm command of that size on the shared 45-minute schedule, into LM_COMMAND
+    # shellcheck disable=SC2206
+    LM_COMMAND=(python -m mtpc.cli tiny-lm --out "$RUNS/lm-$1" --minutes "$LM_MINUTES" --save-every 10 --seed 0
+                --no-progress ${SIZES[$1]})
+}
+
+compare() {  # both sizes at once, one core each; `timeout` ends them, their checkpoints kept
+    run mkdir -p "$RUNS"
+    local cpu=0 pids=() size
+    for size in d256 d192; do
+        lm_command "$size"
+        if (( DRY_RUN )); then
+            run "${LM_COMMAND[@]}"
+        else
+            OMP_NUM_THREADS=1 taskset -c $cpu timeout "$COMPARE_SECONDS" "${LM_COMMAND[@]}" \
+                > "$RUNS/lm-$size.log" 2>&1 &
+            pids+=($!)
+        fi
+        cpu=$((cpu + 1))
+    done
+    (( DRY_RUN )) || wait "${pids[@]}" || true  # timeout's exit status 124 is the plan
+    run python benchmarks/study_tables.py --lm "$RUNS/lm-d256" "$RUNS/lm-d192"
+}
+
+lm() {  # the chosen size goes on from where `compare` stopped it, with both cores
+    lm_command "$SIZE"
+    if (( DRY_RUN )); then
+        run "${LM_COMMAND[@]}"
+    else
+        OMP_NUM_THREADS=2 "${LM_COMMAND[@]}" > "$RUNS/lm-$SIZE-resumed.log" 2>&1
     fi
-    local budget=(--minutes "$MINUTES")
-    [[ " $* " == *" --steps "* ]] && budget=()  # a head given a fixed number of steps
-    # shellcheck disable=SC2086
-    local command=(python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" "${budget[@]}" $TRAIN_ARGS
-                   --no-progress "$@")
+}
+
+train_head() {  # core, name, then mtpc train arguments
+    local cpu=$1 name=$2
+    shift 2
+    local command=(python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES"
+                   --window-stride 2 --no-progress "$@")
     if (( DRY_RUN )); then
         run "${command[@]}"
         return
     fi
-    echo "== $name: training (${budget[*]:-fixed steps}) $(date +%T)"
-    "${command[@]}" >"$HEADS/$name.log" 2>&1 || { echo "!! $name failed, see $HEADS/$name.log"; return; }
+    echo "== $name: training $(date +%T)"
+    OMP_NUM_THREADS=1 taskset -c "$cpu" "${command[@]}" > "$HEADS/$name.log" 2>&1 \
+        || { echo "!! $name failed, see $HEADS/$name.log"; return; }
     tail -n 1 "$HEADS/$name.log"
 }
 
-# In priority order: n=8 structures, n=16 FF/BTree, the rest of n=16, the r sweep, then LoRA.
-HEAD_PLAN=(
-    "ff8       --circuit examples/ff.pc    -D n=8"
-    "cp8-r8    --circuit examples/cp.pc    -D n=8  -D r=8"
-    "hmm8-r8   --circuit examples/hmm.pc   -D n=8  -D r=8"
-    "btree8-r8 --circuit examples/btree.pc -D n=8  -D r=8"
-    "ff16      --circuit examples/ff.pc    -D n=16"
-    "btree16-r8 --circuit examples/btree.pc -D n=16 -D r=8"
-    "cp16-r8   --circuit examples/cp.pc    -D n=16 -D r=8"
-    "hmm16-r8  --circuit examples/hmm.pc   -D n=16 -D r=8"
-    "cp8-r1    --circuit examples/cp.pc    -D n=8  -D r=1"
-    "cp8-r32   --circuit examples/cp.pc    -D n=8  -D r=32"
-)
-LORA_STRUCTURE=${LORA_STRUCTURE:-"btree8-r8 --circuit examples/btree.pc -D n=8 -D r=8"}
+FF=(--circuit examples/ff.pc -D n=8)
+BTREE8=(--circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared)
+ON_POLICY=(--data "$DATA" --loss kl)
 
-train_all() {
-    run mkdir -p "$HEADS"
-    for entry in "${HEAD_PLAN[@]}"; do
-        # shellcheck disable=SC2086
-        train_head $entry
+queue_a() {  # core 0: the on-policy data first (the other queue starts with corpus-trained heads)
+    local distill=(python -m mtpc.cli distill-data --model "$MODEL" --out "$DATA" --num-prompts 1024 --batch-size 32
+                   --temperature 1 --no-progress)
+    if (( DRY_RUN )); then
+        run "${distill[@]}"
+    else
+        OMP_NUM_THREADS=1 taskset -c 0 "${distill[@]}" > "$RUNS/distill-t1.log" 2>&1
+    fi
+    train_head 0 ff8-kl-onpolicy "${FF[@]}" "${ON_POLICY[@]}"
+    train_head 0 cp8-r8-kl-onpolicy --circuit examples/cp.pc -D n=8 -D r=8 --parameterisation shared "${ON_POLICY[@]}"
+    train_head 0 btree8-r16-kl-onpolicy --circuit examples/btree.pc -D n=8 -D r=16 --parameterisation shared \
+        "${ON_POLICY[@]}"
+    train_head 0 btree8-r8-kl-corpus "${BTREE8[@]}" --loss kl
+}
+
+queue_b() {  # core 1: corpus NLL heads while the data is written, then the rest
+    train_head 1 ff8-nll "${FF[@]}"
+    train_head 1 btree8-r8-nll "${BTREE8[@]}"
+    (( DRY_RUN )) || while [[ ! -f $DATA.meta.json ]] || pgrep -f "distill-data --model $MODEL" > /dev/null; do
+        sleep 10
     done
-    local base=${LORA_STRUCTURE%% *} args=${LORA_STRUCTURE#* }
-    # shellcheck disable=SC2086
-    train_head "$base-lora1" $args --lora-layers 1
-    # The time budget becomes a step count after 2 steps, which under other load gave LoRA-2 half of
-    # LoRA-1's steps; LoRA-2 gets LoRA-1's step count instead (357 in the recorded study).
-    # shellcheck disable=SC2086
-    train_head "$base-lora2" $args --lora-layers 2 --steps "${LORA2_STEPS:-357}"
+    train_head 1 btree8-r8-kl-onpolicy "${BTREE8[@]}" "${ON_POLICY[@]}"
+    train_head 1 hmm8-r8-kl-onpolicy --circuit examples/hmm.pc -D n=8 -D r=8 --parameterisation shared \
+        "${ON_POLICY[@]}"
+    train_head 1 ff8-kl-corpus "${FF[@]}" --loss kl
 }
 
-distill_data() {  # the LM's continuations of 1024 training prompts (resumes an interrupted file)
-    run python -m mtpc.cli distill-data --model "$MODEL" --out runs/lm-samples.jsonl --num-prompts 1024 \
-        --prompt-len 64 --max-new-tokens 448 --greedy-fraction 0.5 --no-progress
-}
-
-train_distilled() {  # heads trained on the LM's own continuations (self-distillation)
+heads() {
     run mkdir -p "$HEADS"
-    distill_data
-    train_head ff8-sd --circuit examples/ff.pc -D n=8 --data runs/lm-samples.jsonl
-    train_head btree8-r8-sd --circuit examples/btree.pc -D n=8 -D r=8 --data runs/lm-samples.jsonl
+    if (( DRY_RUN )); then
+        queue_a
+        queue_b
+        return
+    fi
+    queue_a > "$HEADS/queue_a.log" 2>&1 &
+    local a=$!
+    queue_b > "$HEADS/queue_b.log" 2>&1 &
+    wait $a $!
 }
 
-existing() {  # the trained head folders among the arguments
-    for name in "$@"; do
-        if (( DRY_RUN )) || [[ -f $HEADS/$name/train_config.json ]]; then echo "$HEADS/$name"; fi
-    done
-}
+STUDY_HEADS=(ff8-nll ff8-kl-corpus ff8-kl-onpolicy cp8-r8-kl-onpolicy hmm8-r8-kl-onpolicy btree8-r8-nll
+             btree8-r8-kl-corpus btree8-r8-kl-onpolicy btree8-r16-kl-onpolicy)
+SHIPPED=(ff8-kl-onpolicy btree8-r8-kl-onpolicy)
 
-bench_run() {  # report name, then mtpc bench arguments (heads, mode, options)
+bench_run() {  # report name, then mtpc bench arguments
     local name=$1
     shift
-    local command=(python -m mtpc.cli bench --model "$MODEL" "${PROMPTS[@]}" --threads "$THREADS" --no-progress
-                   --out "$BENCH/$name" "$@")
+    local command=(python -m mtpc.cli bench --model "$MODEL" --corpus stdlib --num-prompts 6 --repeats 2
+                   --max-new-tokens 256 --threads 1 --compile --no-progress --out "$BENCH/$name" "$@")
     if (( DRY_RUN )); then
         run "${command[@]}"
         return
     fi
     echo "== bench $name $(date +%T)"
-    "${command[@]}" | tee "$BENCH/$name.txt" \
-        || echo "!! mtpc bench exited with $? (1 means a greedy output differed from plain greedy: see bench.json)"
+    OMP_NUM_THREADS=1 "${command[@]}" > "$BENCH/$name.log" 2>&1 \
+        || echo "!! mtpc bench $name exited with $? (1: a greedy output differed from plain greedy; see bench.json)"
 }
 
-bench_all() {
+bench() {
     run mkdir -p "$BENCH"
-    local all n8
-    mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
-                                ff16 cp16-r8 hmm16-r8 btree16-r8)
-    mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
-    bench_run greedy --heads "${all[@]}" --mode greedy --bonus both
-    bench_run sample --heads "${all[@]}" --mode sample --bonus both
-    bench_run drafts --heads "${n8[@]}" --mode greedy --draft conditional marginal map
-    bench_run greedy-bf16 --heads "${n8[@]}" --mode greedy --bonus both --head-dtype bf16
-    bench_extra
+    bench_run t1 --heads "${STUDY_HEADS[@]/#/$HEADS/}" --mode sample --temperature 1 --peers prompt-lookup static
+    bench_run t07 --heads "${SHIPPED[@]/#/$HEADS/}" --window 4 8 --mode sample --temperature 0.7 --top-p 0.95 \
+        --peers prompt-lookup
+    bench_run greedy --heads "${SHIPPED[@]/#/$HEADS/}" --mode greedy --lookup both --peers prompt-lookup
 }
 
-bench_extra() {  # added after the first pass: greedy before the LM's output degenerates; bf16 in sampling
-    run mkdir -p "$BENCH"
-    local all n8
-    mapfile -t all < <(existing ff8 cp8-r1 cp8-r8 cp8-r32 hmm8-r8 btree8-r8 btree8-r8-lora1 btree8-r8-lora2 \
-                                ff16 cp16-r8 hmm16-r8 btree16-r8)
-    mapfile -t n8 < <(existing ff8 cp8-r8 hmm8-r8 btree8-r8)
-    bench_run greedy-64 --heads "${all[@]}" --mode greedy --bonus both --max-new-tokens 64
-    bench_run sample-bf16 --heads "${n8[@]}" --mode sample --bonus both --head-dtype bf16
-    figure
-}
-
-bench_distilled() {  # corpus-trained vs self-distilled heads, greedy (256 and 64 new tokens) and sampling
-    local heads
-    mapfile -t heads < <(existing ff8 ff8-sd btree8-r8 btree8-r8-sd btree8-r8-lora1 btree8-r8-lora2)
-    bench_run distilled-greedy --heads "${heads[@]}" --mode greedy
-    bench_run distilled-greedy-64 --heads "${heads[@]}" --mode greedy --max-new-tokens 64
-    bench_run distilled-sample --heads "${heads[@]}" --mode sample
-}
-
-figure() {
-    run python benchmarks/study_figure.py "$BENCH/greedy/bench.json" "$BENCH/sample/bench.json" \
+tables() {
+    run python benchmarks/study_tables.py --lm "$RUNS/lm-d256" "$RUNS/lm-d192"
+    run python benchmarks/study_tables.py "$BENCH/t1/bench.json" --heads
+    run python benchmarks/study_figure.py "$BENCH/t1/bench.json" "$BENCH/t07/bench.json" "$BENCH/greedy/bench.json" \
         --out docs/results_tradeoff.png
-    if (( DRY_RUN )) || [[ -f $BENCH/distilled-greedy/bench.json && -f $BENCH/distilled-sample/bench.json ]]; then
-        run python benchmarks/study_figure.py "$BENCH/distilled-greedy/bench.json" "$BENCH/distilled-sample/bench.json" \
-            --out docs/results_tradeoff_distilled.png --title "corpus-trained vs self-distilled heads (-sd)"
-    fi
-}
-
-train_shared() {  # issue 7's cheap head: per-position unembedding + low-rank per-unit adapters
-    run mkdir -p "$HEADS"
-    train_head btree8-r8-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared
-    distill_data
-    train_head btree8-r8-sd-shared --circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared \
-        --data runs/lm-samples.jsonl
-}
-
-bench_shared() {
-    local heads
-    mapfile -t heads < <(existing ff8 ff8-sd btree8-r8 btree8-r8-shared btree8-r8-sd btree8-r8-sd-shared)
-    bench_run shared-greedy --heads "${heads[@]}" --mode greedy --bonus both
-    bench_run shared-sample --heads "${heads[@]}" --mode sample --bonus both
 }
 
 case $STAGE in
-    train) train_all ;;
-    bench) bench_all ;;
-    extra) bench_extra ;;
-    distilled) train_distilled && bench_distilled && figure ;;
-    shared) train_shared && bench_shared ;;
-    figure) figure ;;
-    all) train_all && bench_all && train_distilled && bench_distilled && figure && train_shared && bench_shared ;;
-    *) echo "usage: $0 [train|bench|extra|distilled|shared|figure|all]" >&2; exit 2 ;;
+    compare) compare ;;
+    lm) lm ;;
+    heads) heads ;;
+    bench) bench ;;
+    tables) tables ;;
+    all) compare && lm && heads && bench && tables ;;
+    *) echo "usage: $0 [--dry-run] [compare|lm|heads|bench|tables|all]" >&2; exit 2 ;;
 esac

@@ -1,7 +1,10 @@
 """Compact markdown tables for docs/results.md from `mtpc bench` reports (bench.json).
 
 Usage: python benchmarks/study_tables.py runs/bench/sample/bench.json [--bonus off|on|all] [--heads]
+       python benchmarks/study_tables.py --lm runs/study/lm-d256 runs/study/lm-d192 [--until 600]
   --heads  also print the table of the heads themselves (training budget, size, teacher-forced acceptance)
+  --lm     the LM size comparison instead: each `mtpc tiny-lm` run's held-out bits/byte at its evaluations
+           in its first --until seconds (the runs trained side by side, one core each)
 """
 
 from __future__ import annotations
@@ -48,12 +51,45 @@ def heads_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def lm_parameters(folder: Path) -> int:
+    """Weights of a tiny-lm run, finished (its summary) or cut short (its checkpoint's model)."""
+    summary = folder / "tiny_lm.json"
+    if summary.exists():
+        return json.loads(summary.read_text())["parameters"]
+    import torch
+
+    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+    return sum(t.numel() for t in state["model"].values())
+
+
+def lm_table(folders: list[Path], until: float) -> str:
+    rows = []
+    for folder in folders:
+        records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line]
+        timed = [r for r in records if "time_s" in r and r["time_s"] <= until]
+        evals = [r for r in timed if "val_bpb" in r]
+        steps = timed[-1]["step"] if timed else 0
+        curve = ", ".join(f"{r['val_bpb']:.3f} ({r['time_s'] / 60:.1f} min)" for r in evals)
+        rows.append(f"| {folder.name} | {lm_parameters(folder) / 1e6:.2f}M | {steps} | "
+                    f"{timed[-1]['tokens'] / timed[-1]['time_s']:,.0f} | {curve} |" if timed else
+                    f"| {folder.name} | {lm_parameters(folder) / 1e6:.2f}M | 0 | - | - |")
+    return "\n".join([f"| LM | weights | steps in {until:.0f} s | tok/s | held-out bits/byte (at minute) |",
+                      "|---|---|---|---|---|", *rows])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report")
+    parser.add_argument("report", nargs="?")
     parser.add_argument("--bonus", choices=("off", "on", "all"), default="all")
     parser.add_argument("--heads", action="store_true")
+    parser.add_argument("--lm", nargs="+", type=Path, metavar="RUN")
+    parser.add_argument("--until", type=float, default=600.0)
     args = parser.parse_args(argv)
+    if args.lm:
+        print(lm_table(args.lm, args.until))
+        return
+    if args.report is None:
+        parser.error("a bench.json report, or --lm RUN ...")
     report = json.loads(Path(args.report).read_text())
     if args.heads:
         print(heads_table(report) + "\n")

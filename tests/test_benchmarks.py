@@ -8,6 +8,7 @@ tiny byte LM and two heads that `mtpc train` trains for one step, and its output
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -192,19 +193,40 @@ def test_study_sh_help_and_bad_stage():
 def test_study_sh_dry_run_commands_parse(tmp_path):
     """Every command the whole study would run is printed, and each `mtpc` one parses with today's
     flags (parsing runs nothing); the scripts it calls exist. Nothing is written."""
-    run = study("--dry-run", "all", MODEL=str(tmp_path / "lm"), HEADS=str(tmp_path / "heads"),
-                BENCH=str(tmp_path / "bench"))
+    run = study("--dry-run", "all", RUNS=str(tmp_path / "runs"))
     assert run.returncode == 0, run.stderr
     commands = [shlex.split(line) for line in run.stdout.splitlines()]
     mtpc_commands = [c[3:] for c in commands if c[:3] == ["python", "-m", "mtpc.cli"]]
-    assert {c[0] for c in mtpc_commands} == {"train", "bench", "distill-data"}
-    assert sum(c[0] == "train" for c in mtpc_commands) == 16
+    counts = {name: sum(c[0] == name for c in mtpc_commands) for name in {c[0] for c in mtpc_commands}}
+    assert counts == {"tiny-lm": 3, "distill-data": 1, "train": 9, "bench": 3}
     parser = build_parser()
     for argv in mtpc_commands:
         parser.parse_args(argv)  # an unknown or malformed flag raises InputError
+    heads = [argv[argv.index("--out") + 1] for argv in mtpc_commands if argv[0] == "train"]
+    benched = {h for argv in mtpc_commands if argv[0] == "bench"
+               for h in itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--heads") + 1:])}
+    assert len(set(heads)) == 9 and benched <= set(heads)  # every benched head is one the study trains
     scripts = {c[1] for c in commands if c[0] == "python" and c[1].startswith("benchmarks/")}
-    assert scripts == {"benchmarks/study_figure.py"} and all((ROOT / s).is_file() for s in scripts)
+    assert scripts == {"benchmarks/study_tables.py", "benchmarks/study_figure.py"}
+    assert all((ROOT / s).is_file() for s in scripts)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_study_tables_compares_lm_runs_in_their_first_seconds(tmp_path, capsys):
+    """`--lm`: each run's held-out curve up to --until, from its log, weights from its summary."""
+    for name, params, rows in (("small", 1_000_000, [(10, 100.0, 4.0), (20, 200.0, 3.5), (30, 700.0, 3.0)]),
+                               ("large", 3_000_000, [(5, 110.0, 4.5), (10, 220.0, 4.0)])):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "tiny_lm.json").write_text(json.dumps({"parameters": params}))
+        log = [{"step": 0, "tokens": 0, "val_bpb": 8.0}]
+        log += [{"step": s, "tokens": s * 4096, "time_s": t, "val_bpb": v} for s, t, v in rows]
+        (run / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    script("study_tables").main(["--lm", str(tmp_path / "small"), str(tmp_path / "large"), "--until", "600"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| LM | weights | steps in 600 s |")
+    assert lines[2] == "| small | 1.00M | 20 | 410 | 4.000 (1.7 min), 3.500 (3.3 min) |"  # step 30 is past 600 s
+    assert lines[3] == "| large | 3.00M | 10 | 186 | 4.500 (1.8 min), 4.000 (3.7 min) |"
 
 
 def test_bench_train_step_times_the_trainers_step_and_its_phases(tmp_path, capsys):
