@@ -5,6 +5,7 @@ import re
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 
 from _tiny import save_tiny_lm, write_source_corpus
 from mtpc.cli.commands import main
-from mtpc.training.trainer import CHECKPOINT, TrainConfig, train
+from mtpc.training.trainer import CHECKPOINT, TrainConfig, Trainer, train
 
 ROOT = Path(__file__).resolve().parent.parent
 BTREE = str(ROOT / "examples" / "btree.pc")
@@ -134,6 +135,22 @@ def test_time_budget_is_turned_into_a_step_count(tiny_lm, corpus, tmp_path):
     assert state["total_steps"] == s["steps"]
     lrs = log_losses(tmp_path / "budget", "lr")
     assert lrs[0] < lrs[1]  # still warming up, not already at the end of the schedule
+
+
+def test_time_budget_is_wall_clock_even_when_the_first_steps_are_slow(tiny_lm, corpus, tmp_path, monkeypatch):
+    """The first steps of a run are slower than the rest (allocations, page faults); a step count sized
+    on them alone ended a 15-minute run in 12. Here the first two steps take 0.5 s each and the rest a
+    few ms: the run still fills its 3 s."""
+    original = Trainer.train_step
+
+    def first_two_slow(self):
+        if self.step < 2:
+            time.sleep(0.5)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", first_two_slow)
+    s = train(config(tiny_lm, corpus, tmp_path / "budget", steps=None, minutes=0.05))
+    assert s["train_seconds"] >= 2.7 and s["steps"] > 6  # sized after step 2 alone: 6 steps in about 1 s
 
 
 def test_cli_train_parses_defines_and_runs(tiny_lm, corpus, tmp_path, capsys):

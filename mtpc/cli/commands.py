@@ -154,7 +154,7 @@ def add_train(sub) -> None:
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=positive_int, help="optimizer steps")
     budget.add_argument("--minutes", type=positive_float,
-                        help="time budget (turned into a step count after 2 steps)")
+                        help="wall-clock budget (a step count, re-sized after every step from the mean step time)")
     p.add_argument("--seq-len", type=positive_int, default=512, help="tokens per training sequence")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step over all ranks")
     p.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per step")

@@ -236,9 +236,9 @@ class Trainer:
         while self.total_steps is None or self.step < self.total_steps:
             record = self.train_step()
             self.elapsed = time.perf_counter() - start
-            if self.total_steps is None and self.step == 2:
+            if cfg.steps is None and self.step >= 2:  # a time budget: sized from the mean step so far
                 self.total_steps = self._steps_for_budget()
-                bar.reset(total=self.total_steps)
+                bar.total = self.total_steps
                 advance(bar, self.step)
             record.update(tokens=self.tokens, time_s=round(self.elapsed, 2))
             if self.step % cfg.val_every == 0 or self.step == self.total_steps:
@@ -271,6 +271,9 @@ class Trainer:
         return summary
 
     def _steps_for_budget(self) -> int:
+        """Steps a `--minutes` budget allows at the mean time per step so far, re-sized after every step:
+        the first steps (allocations, page faults) are slower than the rest, and a count fixed after them
+        ended a 15-minute run in 12."""
         per_step = broadcast_from_main(torch.tensor([self.elapsed / self.step], dtype=torch.float64,
                                                   device=self.d.device), self.d)  # NCCL: on the GPU
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
