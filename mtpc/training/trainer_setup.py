@@ -41,7 +41,7 @@ class TrainConfig:
     batch_size: int = 8  # sequences per optimizer step, over all ranks and micro-batches
     grad_accum: int = 1
     steps: int | None = None
-    minutes: float | None = None  # alternatively: a time budget, turned into steps after 2 steps
+    minutes: float | None = None  # alternatively: a wall-clock budget (steps re-sized after every step)
     lr: float = 2e-3
     lora_lr: float = 2e-4
     min_lr_ratio: float = 0.1
