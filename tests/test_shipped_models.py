@@ -28,7 +28,7 @@ def test_the_model_card_numbers_are_the_shipped_run():
         config = json.loads((head / "train_config.json").read_text())
         assert f"| {config['steps']} |" in card and "runs/" not in config.get("model", "")
     info = model_info(LM)
-    assert info.byte_level and info.hidden_size == 256
+    assert info.byte_level and info.hidden_size == 192
 
 
 @pytest.mark.parametrize("head_dir", HEADS, ids=lambda p: p.name)
