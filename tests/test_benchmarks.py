@@ -198,14 +198,14 @@ def test_study_sh_dry_run_commands_parse(tmp_path):
     commands = [shlex.split(line) for line in run.stdout.splitlines()]
     mtpc_commands = [c[3:] for c in commands if c[:3] == ["python", "-m", "mtpc.cli"]]
     counts = {name: sum(c[0] == name for c in mtpc_commands) for name in {c[0] for c in mtpc_commands}}
-    assert counts == {"tiny-lm": 3, "distill-data": 1, "train": 9, "bench": 3}
+    assert counts == {"tiny-lm": 3, "distill-data": 1, "train": 7, "bench": 3}
     parser = build_parser()
     for argv in mtpc_commands:
         parser.parse_args(argv)  # an unknown or malformed flag raises InputError
     heads = [argv[argv.index("--out") + 1] for argv in mtpc_commands if argv[0] == "train"]
     benched = {h for argv in mtpc_commands if argv[0] == "bench"
                for h in itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--heads") + 1:])}
-    assert len(set(heads)) == 9 and benched <= set(heads)  # every benched head is one the study trains
+    assert len(set(heads)) == 7 and benched == set(heads)  # every benched head is one the study trains
     scripts = {c[1] for c in commands if c[0] == "python" and c[1].startswith("benchmarks/")}
     assert scripts == {"benchmarks/study_tables.py", "benchmarks/study_figure.py"}
     assert all((ROOT / s).is_file() for s in scripts)

@@ -54,7 +54,7 @@ COVERAGE = {
     "--seed 0 --max-new-tokens 128 \"$P\"": QUICK,
     "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --lookup 10 --compile "
     "--max-new-tokens 128 \"$P\"": QUICK_SLOW,
-    "mtpc tiny-lm --out runs/ref-lm --minutes 50": TRAIN_YOUR_OWN,
+    "mtpc tiny-lm --out runs/ref-lm --minutes 45 --d-model 192 --ffn 512": TRAIN_YOUR_OWN,
     "mtpc distill-data --model runs/ref-lm --out runs/distill-t1.jsonl --num-prompts 1024 --batch-size 32":
         TRAIN_YOUR_OWN,
     "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data runs/distill-t1.jsonl --loss kl "
@@ -85,7 +85,6 @@ COVERAGE = {
     "mtpc bench --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8 ... --corpus stdlib --prompt-len 128 "
     "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --bonus both --threads 1 --out runs/bench/sample":
         BENCH,
-    "mtpc tiny-lm --out runs/tiny-lm": TINY_LM,
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
         "parses every command it runs",
     "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
@@ -259,22 +258,21 @@ def test_train_your_own_lm_and_heads(workdir, capsys):
 
 @pytest.mark.slow
 def test_tiny_lm_commands(workdir, capsys):
-    plain, mtp, regenerate = _tiny_lm_roles()
+    plain, mtp = _tiny_lm_roles()
     out = train_tiny_lm(shrink(argv(plain), {}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
     printed_like(out, shown_line(plain, "saved runs/tiny-lm: "))
     out = train_tiny_lm(shrink(argv(mtp), {"--steps": "2"}, TINY_LM_SIZE), capsys)
     printed_like(out, shown_line(mtp, "saved runs/ref/mtp-lm: "))
     printed_like(out, shown_line(mtp, "saved the jointly trained head in "))
     assert {"head.json", "head.safetensors"} <= {p.name for p in Path("runs/ref/mtp-lm/mtp_head").iterdir()}
-    assert argv(regenerate) == argv(plain)  # the benchmarks section's LM is the training section's
 
 
-def _tiny_lm_roles() -> tuple[Command, Command, Command]:
+def _tiny_lm_roles() -> tuple[Command, Command]:
     commands = readme_commands(TINY_LM)
     mtp = [c for c in commands if "--mtp-circuit" in c.text]
     plain = [c for c in commands if c not in mtp]
-    assert len(mtp) == 1 and len(plain) == 2
-    return plain[0], mtp[0], plain[1]
+    assert len(mtp) == 1 and len(plain) == 1
+    return plain[0], mtp[0]
 
 
 TWO_STAGE = "mtpc train --model runs/tiny-lm --init-head runs/btree-n16-r32 --lora-layers 2 --out runs/btree-lora --steps 200"
@@ -283,7 +281,7 @@ TWO_STAGE = "mtpc train --model runs/tiny-lm --init-head runs/btree-n16-r32 --lo
 def tiny_lm_for(command: Command, capsys) -> None:
     """The LM `runs/tiny-lm` that `command` starts from, trained as the README's tiny-lm command, tiny."""
     assert "--model runs/tiny-lm" in command.text
-    plain, _, _ = _tiny_lm_roles()
+    plain, _ = _tiny_lm_roles()
     train_tiny_lm(shrink(argv(plain), {}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
 
 
@@ -353,7 +351,7 @@ def test_distillation_commands(workdir, capsys):
 @pytest.mark.slow
 def test_bench_command_and_its_tables(workdir, capsys):
     """The bench command on the shipped LM and heads (its `...` filled in), tiny; then study_tables on
-    its bench.json, as the "Regenerate everything" block runs it."""
+    its bench.json, as the README's next block runs it."""
     [bench] = [c for c in readme_commands(BENCH) if c.text.startswith("mtpc bench")]
     [tables] = [c for c in readme_commands(BENCH) if "study_tables" in c.text]
     args = shrink(argv(bench), {"--model": "models/byte-lm", "--heads": "models/heads/ff8 models/heads/btree8-r8",
