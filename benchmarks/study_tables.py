@@ -68,11 +68,9 @@ def lm_table(folders: list[Path], until: float) -> str:
         records = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line]
         timed = [r for r in records if "time_s" in r and r["time_s"] <= until]
         evals = [r for r in timed if "val_bpb" in r]
-        steps = timed[-1]["step"] if timed else 0
         curve = ", ".join(f"{r['val_bpb']:.3f} ({r['time_s'] / 60:.1f} min)" for r in evals)
-        rows.append(f"| {folder.name} | {lm_parameters(folder) / 1e6:.2f}M | {steps} | "
-                    f"{timed[-1]['tokens'] / timed[-1]['time_s']:,.0f} | {curve} |" if timed else
-                    f"| {folder.name} | {lm_parameters(folder) / 1e6:.2f}M | 0 | - | - |")
+        steps, rate = (timed[-1]["step"], f"{timed[-1]['tokens'] / timed[-1]['time_s']:,.0f}") if timed else (0, "-")
+        rows.append(f"| {folder.name} | {lm_parameters(folder) / 1e6:.2f}M | {steps} | {rate} | {curve or '-'} |")
     return "\n".join([f"| LM | weights | steps in {until:.0f} s | tok/s | held-out bits/byte (at minute) |",
                       "|---|---|---|---|---|", *rows])
 

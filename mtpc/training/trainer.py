@@ -272,8 +272,8 @@ class Trainer:
 
     def _steps_for_budget(self) -> int:
         """Steps a `--minutes` budget allows at the mean time per step so far, re-sized after every step:
-        the first steps (allocations, page faults) are slower than the rest, and a count fixed after them
-        ended a 15-minute run in 12."""
+        the time per step drifts over a run (slow first steps, the other jobs on the machine), and a count
+        fixed after two steps ended a 15-minute run in 12."""
         per_step = broadcast_from_main(torch.tensor([self.elapsed / self.step], dtype=torch.float64,
                                                   device=self.d.device), self.d)  # NCCL: on the GPU
         return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
