@@ -1,5 +1,6 @@
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,6 +84,44 @@ def test_split_is_deterministic_and_disjoint(tmp_path):
     assert sorted(d.name for d in val) == sorted(d.name for d in val2)
     assert {d.name for d in train}.isdisjoint(d.name for d in val)
     assert len(train) + len(val) == 200 and 5 <= len(val) <= 40
+
+
+def write_nested_corpus(root):
+    """60 files in two sub-folders plus a .jsonl of 20 records: enough for both sides of a 0.1 split."""
+    for i in range(30):
+        write(root / "pkg" / f"m{i:02d}.py", f"value = {i}\n" * 40)
+        write(root / "pkg" / "sub" / f"n{i:02d}.py", f"other = {i}\n" * 40)
+    write(root / "records.jsonl", "\n".join(json.dumps({"text": f"record {i}\n" * 30}) for i in range(20)) + "\n")
+    return root
+
+
+def split_names(source, fraction=0.1):
+    train, val = split_documents(load_documents(source, TOK)[0], fraction)
+    return [d.name for d in train], [d.name for d in val]
+
+
+def test_the_split_is_the_same_wherever_the_corpus_lies(tmp_path):
+    import shutil
+
+    original = write_nested_corpus(tmp_path / "a")
+    moved = Path(shutil.copytree(original, tmp_path / "elsewhere" / "deeper" / "b"))
+    train, val = split_names(original)
+    assert split_names(moved) == (train, val)
+    assert val and "pkg/sub/n00.py" in train + val and "records.jsonl:1" in train + val  # relative names
+    # a glob keys on the part below its wildcard-free prefix, a single file on its own name
+    assert split_names(str(moved / "**" / "*.py")) == split_names(str(original / "**" / "*.py"))
+    assert split_names(moved / "records.jsonl")[1] == split_names(original / "records.jsonl")[1]
+
+
+def test_bench_prompts_from_a_corpus_are_the_same_wherever_it_lies(tmp_path):
+    import shutil
+
+    from mtpc.bench.prompts import prompts_from_corpus
+
+    original = write_nested_corpus(tmp_path / "a")
+    moved = shutil.copytree(original, tmp_path / "x" / "y")
+    picked = [prompts_from_corpus(str(folder), TOK, 4, 16, seed=3, val_fraction=0.1) for folder in (original, moved)]
+    assert picked[0] == picked[1] and len(picked[0]) == 4
 
 
 def test_split_cuts_a_single_document(tmp_path):

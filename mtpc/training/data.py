@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sysconfig
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,7 +50,7 @@ SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git", 
 
 @dataclass
 class Document:
-    name: str
+    name: str  # the file's path relative to the corpus root (`:N` for line N of a .jsonl): the split's key
     tokens: np.ndarray  # [len] token ids (int16 bytes and specials; int32 subword ids)
     mask: np.ndarray  # [len] bool, True = may be a target
 
@@ -92,13 +93,14 @@ def default_corpus() -> Path:
 
 def find_files(source: str | Path, suffixes: Sequence[str] | None = None) -> list[Path]:
     """Files named by `source`: a file, a folder (recursive; hidden and package folders such as
-    site-packages skipped) or a glob pattern. Sorted, so the order is the same on every machine."""
+    site-packages skipped, an unreadable sub-folder skipped with a warning) or a glob pattern. Sorted,
+    so the order is the same on every machine."""
     text = str(source)
     path = Path(text).expanduser()
     if any(ch in text for ch in "*?["):
         files = glob_paths(path)
     elif path.is_dir():
-        files = [p for p in path.rglob("*") if not _skipped_dir(p.relative_to(path))]
+        files = _walk(path)
     elif path.exists():
         return [path]
     else:
@@ -107,8 +109,36 @@ def find_files(source: str | Path, suffixes: Sequence[str] | None = None) -> lis
     return sorted(files)
 
 
-def _skipped_dir(relative: Path) -> bool:
-    return any(part in SKIP_DIRS or part.startswith(".") for part in relative.parts[:-1])
+def _walk(folder: Path) -> list[Path]:
+    """Every file below `folder`, not descending into skipped or symlinked folders. `Path.rglob` would
+    pass over an unreadable sub-folder without a word; `os.walk` reports it, and it is warned about."""
+    def unreadable(e: OSError) -> None:
+        log.warning("skipping unreadable folder %s: %s", e.filename, e.strerror or e)
+
+    files = []
+    for top, dirs, names in os.walk(folder, onerror=unreadable):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]  # pruned, not walked
+        files += [Path(top, name) for name in names]
+    return files
+
+
+def corpus_root(source: str | Path) -> Path:
+    """The folder documents are named relative to: a folder itself, a file's parent, a glob's part
+    before the first wildcard. Names relative to it are the same wherever the corpus lies."""
+    path = Path(str(source)).expanduser()
+    parts = path.parts
+    first = next((i for i, part in enumerate(parts) if any(ch in part for ch in "*?[")), None)
+    if first is not None:
+        return Path(*parts[:first]) if first else Path(".")
+    return path if path.is_dir() else path.parent
+
+
+def document_name(path: Path, root: Path) -> str:
+    """`path` relative to `root` in POSIX form (the split hashes it: the same on every OS and machine)."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:  # not below the root (cannot happen for files `find_files` returns): the name itself
+        return path.name
 
 
 # ------------------------------------------------------------------ documents
@@ -191,21 +221,23 @@ def validate_messages(record: object) -> list[dict]:
     return record["messages"]
 
 
-def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStats) -> Iterator[Document]:
+def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStats,
+                    name: str | None = None) -> Iterator[Document]:
+    """One document per record, named `NAME:N` (`name`: the file's name relative to the corpus root)."""
     for lineno, line in enumerate(data.splitlines(), 1):
-        where = f"{path}:{lineno}"
+        where, key = f"{path}:{lineno}", f"{name or path}:{lineno}"
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             if isinstance(record, dict) and "messages" in record:
-                yield chat_document(where, record, tok)
+                yield chat_document(key, record, tok)
             elif isinstance(record, dict) and "completion" in record:
-                yield completion_document(where, record, tok)
+                yield completion_document(key, record, tok)
             elif isinstance(record, dict) and isinstance(record.get("text"), str):
                 if not record["text"]:
                     raise EmptyRecord("empty text")
-                yield text_document(where, to_bytes(record["text"]), tok)
+                yield text_document(key, to_bytes(record["text"]), tok)
             else:
                 raise ValueError('expected {"messages": [...]}, {"text": "..."} or {"prompt": "...", "completion": "..."}')
         except EmptyRecord as e:
@@ -216,7 +248,8 @@ def jsonl_documents(path: Path, data: bytes, tok: ByteTokenizer, stats: DataStat
             stats.note("corrupt", where, str(e))
 
 
-def file_documents(path: Path, tok: ByteTokenizer, stats: DataStats) -> Iterator[Document]:
+def file_documents(path: Path, tok: ByteTokenizer, stats: DataStats, name: str | None = None) -> Iterator[Document]:
+    """The documents of one file, named `name` (default: its path); problems are noted in `stats`."""
     regular_file(path, "a --data file", MAX_FILE_BYTES)  # a FIFO would block, /dev/zero never end
     try:
         data = path.read_bytes()
@@ -225,24 +258,27 @@ def file_documents(path: Path, tok: ByteTokenizer, stats: DataStats) -> Iterator
         return
     stats.files += 1
     if path.suffix == ".jsonl":
-        yield from jsonl_documents(path, data, tok, stats)
+        yield from jsonl_documents(path, data, tok, stats, name)
     elif not data.strip():
         stats.note("empty", str(path), "empty file")
     elif b"\0" in data[:BINARY_SNIFF_BYTES]:
         stats.note("binary", str(path), "contains NUL bytes")
     else:
-        yield text_document(str(path), data, tok)
+        yield text_document(name or str(path), data, tok)
 
 
 def load_documents(source: str | Path | None, tok: ByteTokenizer, *,
                    suffixes: Sequence[str] | None = None) -> tuple[list[Document], DataStats]:
-    """All documents of `source` (default: the Python standard library's `.py` files)."""
+    """All documents of `source` (default: the Python standard library's `.py` files), each named by
+    its path relative to the corpus root (`corpus_root`; the stdlib: its folder), so the split they
+    get is the same on every machine."""
     if source is None:
         source, suffixes = default_corpus(), suffixes or (".py",)
     stats = DataStats()
     docs: list[Document] = []
+    root = corpus_root(source)
     for path in find_files(source, suffixes):
-        for doc in file_documents(path, tok, stats):
+        for doc in file_documents(path, tok, stats, document_name(path, root)):
             docs.append(doc)
             stats.documents += 1
             stats.tokens += len(doc)
@@ -257,8 +293,9 @@ def load_documents(source: str | Path | None, tok: ByteTokenizer, *,
 
 def split_documents(docs: Sequence[Document], val_fraction: float = 0.01
                     ) -> tuple[list[Document], list[Document]]:
-    """Deterministic train/validation split by a hash of each document's name, so a document's side
-    does not depend on which other documents exist. If a side would be empty, the last document is
+    """Deterministic train/validation split by a hash of each document's name (its path relative to
+    the corpus root: the same wherever the corpus lies), so a document's side does not depend on
+    which other documents exist or where they are. If a side would be empty, the last document is
     cut in two (its tail becomes validation)."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
