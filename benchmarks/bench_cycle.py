@@ -5,10 +5,11 @@ For each head (default: the shipped `models/heads/ff8` and `models/heads/btree8-
 and each target (greedy, sampling at T=1), on the real hidden state of a prompt, each step is timed on
 its own, eagerly and through `mtpc.decoding.compiling.compile_step` (as the decoder compiles):
 
-- `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows),
-- `verify`: `decoder.verifier.forward` of one window (the write position is put back afterwards),
-- `accept`: `mtpc.decoding.decoder.decide` (the whole window's acceptance and the host packet),
-- `cycle`: `decoder.cycle_step`, the three in one function; compiled, one graph (what
+- `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows and verify width),
+- `verify`: `decoder.verifier.forward` of one window of the circuit's full width (the write position is
+  put back afterwards),
+- `accept`: `mtpc.decoding.acceptance.accept_window` (the whole window's acceptance),
+- `cycle`: `decoder.cycle_step` at the full width, the three in one function; compiled, one graph (what
   `SpeculativeDecoder(compile=True)` runs per cycle). `sum` - `cycle` is what one graph saves.
 
 Medians over `--repeats` calls, milliseconds, at `--threads` torch threads (say it with every number).
@@ -33,9 +34,8 @@ import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.decoding import Target  # noqa: E402
-from mtpc.decoding.acceptance import window_uniforms  # noqa: E402
+from mtpc.decoding.acceptance import accept_window, cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import compile_step  # noqa: E402
-from mtpc.decoding.decoder import decide  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
@@ -52,20 +52,20 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
     """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
     and of the decoder's whole cycle step (the three in one function: one graph when compiled)."""
     ids = torch.tensor([list(PROMPT)])
-    logits, h = decoder.verifier.start(ids, 4 * decoder.width)
-    first = (target.probs(logits) if target.do_sample else logits).argmax()[None]  # [1]
-    n, W = decoder.circuit.n, decoder.width
+    logits, h = decoder.verifier.start(ids, 4 * decoder.span)
+    first = (target.probs(logits) if target.do_sample else logits).argmax()  # []
+    n, W = decoder.n, decoder.width
     eos = torch.tensor([-1])
-    uniforms = window_uniforms(n + decoder.drafter.lookup_width, None, h.device) if target.do_sample else None
+    uniforms = cycle_uniforms(2 * n + decoder.span, None, h.device) if target.do_sample else None
     base, positions = decoder.verifier.length, decoder.verifier.positions(W)
-    limit = torch.tensor(decoder.drafter.length)
+    limit = torch.tensor(min(n, W))
 
     def compiled_or_eager(step):
         return compile_step(step, False) if compiled else step
 
     circuit_window = compiled_or_eager(decoder.drafter.circuit_window)
     verify_call = compiled_or_eager(decoder.verifier.forward)
-    accept = compiled_or_eager(decide)
+    accept = compiled_or_eager(accept_window)
     cycle_step = compiled_or_eager(decoder.cycle_step)
 
     def rewind():  # the verify call wrote W rows after the prompt: forget them
@@ -73,24 +73,24 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
         decoder.verifier.commit(base)
 
     def draft():
-        return circuit_window(h, first, None if uniforms is None else uniforms[:n], target.do_sample)
+        return circuit_window(h, first, None if uniforms is None else uniforms[:n])
 
-    window, rows = draft()
+    window = draft()
+    tokens, rows = window.tokens[:W], None if window.rows is None else window.rows[:W]
 
     def verify():
-        out = verify_call(window, positions)
+        out = verify_call(tokens, positions)
         rewind()
         return out
 
     verified_logits, hidden = verify()
-    own = h.new_zeros((), dtype=torch.bool)
 
     def accept_step():
-        tests = None if uniforms is None else uniforms[n:n + W]
-        return accept(target, decoder.acceptance, window, verified_logits, hidden, limit, eos, rows, tests, own)
+        tests = None if uniforms is None else uniforms[2 * n:2 * n + W]
+        return accept(target, decoder.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
 
     def cycle():
-        out = cycle_step(target, h, first, None, None, None, positions, limit, eos, uniforms)
+        out = cycle_step(target, window, positions, limit, eos, uniforms)
         rewind()
         return out
 
@@ -112,7 +112,7 @@ def main(argv=None) -> dict:
     records = []
     for head_dir in args.heads:
         head = load_head(head_dir).eval()
-        decoder = SpeculativeDecoder(model, head)
+        decoder = SpeculativeDecoder(model, head, window=head.num_variables)  # the full width: comparable runs
         for compiled in (False,) if args.eager_only else (False, True):
             for mode, target in TARGETS.items():
                 times = step_times(decoder, target, args.repeats, compiled)

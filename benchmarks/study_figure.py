@@ -14,21 +14,13 @@ from pathlib import Path
 from mtpc.bench.report import plot_tradeoff
 
 
-def select(report: dict, bonus: str) -> dict:
-    """The report with only the rows of the chosen drafting (one marker per head keeps it readable)."""
-    keep = {"off": [False], "on": [True], "all": [False, True]}[bonus]
-    return {**report, "heads": [r for r in report["heads"] if r["bonus"] in keep]}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="bench.json files (one colour each)")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--title", default=None)
-    parser.add_argument("--bonus", choices=("off", "on", "all"), default="off",
-                        help="which drafting to draw: plain (off, default), bonus-conditioned (on), or all")
     args = parser.parse_args(argv)
-    reports = [select(json.loads(Path(p).read_text()), args.bonus) for p in args.reports]
+    reports = [json.loads(Path(p).read_text()) for p in args.reports]
     modes = " vs ".join(r["config"]["mode"] for r in reports)
     plot_tradeoff(reports, Path(args.out), title=args.title or f"tiny byte LM, {modes}: accepted tokens vs latency")
     print(f"wrote {args.out}")

@@ -1,6 +1,6 @@
 """Compact markdown tables for docs/results.md from `mtpc bench` reports (bench.json).
 
-Usage: python benchmarks/study_tables.py runs/bench/sample/bench.json [--bonus off|on|all] [--heads]
+Usage: python benchmarks/study_tables.py runs/bench/sample/bench.json [--heads]
        python benchmarks/study_tables.py --lm runs/study/lm-d256 runs/study/lm-d192 [--until 600]
   --heads  also print the table of the heads themselves (training budget, size, teacher-forced acceptance)
   --lm     the LM size comparison instead: each `mtpc tiny-lm` run's held-out bits/byte at its evaluations
@@ -18,16 +18,13 @@ def pm(stat: dict, scale: float = 1.0, digits: int = 2) -> str:
     return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 
-def bench_table(report: dict, bonus: str) -> str:
-    keep = {"off": [False], "on": [True], "all": [False, True]}[bonus]
+def bench_table(report: dict) -> str:
     plain = report["plain"]
     lines = ["| head | μ_acc | μ_lat ms | tok/s | × plain | × FF | head ms | circuit ms | backbone ms | accept ms |",
              "|---|---|---|---|---|---|---|---|---|---|",
              f"| plain | 1 | {pm(plain['mu_lat'], 1e3)} | {pm(plain['tok_s'], 1, 0)} | 1 | | | | "
              f"{plain['phases_ms']['backbone']:.2f} | {plain['phases_ms']['accept']:.2f} |"]
     for r in report["heads"]:
-        if r["bonus"] not in keep:
-            continue
         ph = r["phases_ms"]
         ff = pm(r["speedup_ff"]) if r.get("speedup_ff") else ""
         lines.append(f"| {r['label']} | {pm(r['mu_acc'])} | {pm(r['mu_lat'], 1e3)} | {pm(r['tok_s'], 1, 0)} | "
@@ -78,7 +75,6 @@ def lm_table(folders: list[Path], until: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", nargs="?")
-    parser.add_argument("--bonus", choices=("off", "on", "all"), default="all")
     parser.add_argument("--heads", action="store_true")
     parser.add_argument("--lm", nargs="+", type=Path, metavar="RUN")
     parser.add_argument("--until", type=float, default=600.0)
@@ -91,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     report = json.loads(Path(args.report).read_text())
     if args.heads:
         print(heads_table(report) + "\n")
-    print(bench_table(report, args.bonus))
+    print(bench_table(report))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from .graph import RegionGraph
 from .plan import ParamSlot
 from .threads import single_threaded_when_small
 
-__all__ = ["DraftProgram"]
+__all__ = ["DraftProgram", "inverse_cdf"]
 
 
 @dataclass(frozen=True)
@@ -124,12 +124,16 @@ class DraftProgram:
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
-    def greedy(self, theta: Tensor, prefix: Tensor | None = None) -> Tensor:
-        """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`."""
+    def greedy(self, theta: Tensor, prefix: Tensor | None = None, with_rows: bool = False):
+        """`[n]`: `x_j = argmax_s q(x_j = s | x_<j)` in order, the first `m` taken from `prefix`. With
+        `with_rows`, also the conditionals `[n, v]` the argmaxes were taken of (float64; rows `< m` zero),
+        as `sample` returns them."""
         prefix = self._prefix(prefix, theta.device)
         if self._factorised:  # a product of one leaf per variable: conditionals are the leaves
-            return self._with_prefix(self._leaf_logits(theta).argmax(-1), prefix)
-        return self._run(theta, prefix, True, lambda j, scores: scores.argmax())
+            leaves = self._leaf_logits(theta)  # [n, v]
+            x = self._with_prefix(leaves.argmax(-1), prefix)
+            return (x, self._factorised_rows(leaves, prefix)) if with_rows else x
+        return self._run(theta, prefix, True, lambda j, scores: scores.argmax(), keep_rows=with_rows)
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -148,12 +152,10 @@ class DraftProgram:
             raise ValueError(f"uniforms must have shape ({self.n},), got {tuple(uniforms.shape)}")
         u = uniforms.to(torch.float64)
         if self._factorised:
-            rows = self._leaf_logits(theta).double().softmax(-1)  # [n, v]
-            cdf = rows.cumsum(-1)
-            x = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1).clamp_max(self.v - 1)
-            m = 0 if prefix is None else prefix.numel()
-            return self._with_prefix(x, prefix), torch.cat([rows.new_zeros(m, self.v), rows[m:]])
-        return self._run(theta, prefix, True, lambda j, scores: _inverse_cdf(scores, u[j]), keep_rows=True)
+            leaves = self._leaf_logits(theta)  # [n, v]
+            x = inverse_cdf(leaves.double().softmax(-1), u)  # [n]
+            return self._with_prefix(x, prefix), self._factorised_rows(leaves, prefix)
+        return self._run(theta, prefix, True, lambda j, scores: inverse_cdf(scores, u[j]), keep_rows=True)
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -224,6 +226,12 @@ class DraftProgram:
             leaves = leaves.index_select(0, self._leaf_of_variable.to(leaves.device))
         return leaves
 
+    def _factorised_rows(self, leaves: Tensor, prefix: Tensor | None) -> Tensor:
+        """`[n, v]` float64 conditionals of a factorised circuit (its leaves), zero rows for the prefix."""
+        rows = leaves.double().softmax(-1)
+        m = 0 if prefix is None else prefix.numel()
+        return torch.cat([rows.new_zeros(m, self.v), rows[m:]])
+
     @staticmethod
     def _with_prefix(x: Tensor, prefix: Tensor | None) -> Tensor:
         return x if prefix is None else torch.cat([prefix, x[prefix.numel():]])
@@ -258,10 +266,14 @@ class DraftProgram:
         return x, torch.stack([zero if row is None else row for row in rows])
 
 
-def _inverse_cdf(scores: Tensor, u: Tensor) -> Tensor:
-    """`[]` a draw from the distribution proportional to `scores` `[v]`, given `u ~ U[0, 1)`."""
-    cdf = scores.cumsum(0)
-    return torch.searchsorted(cdf, u * cdf[-1:], right=True)[0].clamp_max(scores.numel() - 1)
+def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+    """A draw from the distribution proportional to `weights` `[..., v]` (non-negative, any total) by
+    inverse CDF: the state whose CDF interval holds `u * total`, for `u` `[...]` in [0, 1). Exactly a
+    draw when `u ~ U[0, 1)`, and a pure function of its tensors (`torch.compile` traces it; a
+    `torch.Generator` cannot be). Returns `[...]` long."""
+    cdf = weights.cumsum(-1)  # [..., v]
+    point = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)  # [..., 1]
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
 def graph_sum_params(layout: list[ParamSlot]) -> int:

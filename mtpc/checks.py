@@ -59,6 +59,13 @@ def int_in(low: int, high: int):
     return parse
 
 
+def width_or_adaptive(text: str) -> int | None:
+    """A verify width: an integer in 2..1024, or `adaptive` (None: each window chooses its own)."""
+    if text.strip().lower() == "adaptive":
+        return None
+    return _number(text, int, "'adaptive' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
+
+
 def seed(text: str) -> int:
     """A random seed: an integer in 0..2**63-1 (what torch.Generator.manual_seed takes)."""
     return _number(text, int, "a seed in 0..2**63-1", lambda v: 0 <= v < 2**63)

@@ -133,17 +133,6 @@ def test_layered_draft_equals_the_draft_program():
     assert torch.equal(layered(head.circ, theta), program.greedy(theta[0]))
 
 
-def test_bench_bonus(lab, tmp_path, capsys):
-    out = tmp_path / "bonus.json"
-    script("bench_bonus").main(["--model", lab["model"], "--heads", *lab["heads"].values(), "--prompts", "1",
-                                "--prompt-len", "16", "--new", "8", "--seeds", "1", "--draft-repeats", "2",
-                                "--out", str(out)])
-    rows = json.loads(out.read_text())["rows"]
-    assert [(Path(r["head"]).name, r["mode"]) for r in rows] == [
-        ("ff4", "greedy"), ("ff4", "sample"), ("btree4", "greedy"), ("btree4", "sample")]
-    assert all(1 <= r["accepted_bonus"] <= 5 and r["draft_ms_plain"] > 0 for r in rows)
-
-
 def test_bench_loss_memory_imports_first_and_writes_no_file_by_default(tmp_path):
     recorded = BENCHMARKS / "results" / "loss_memory.json"
     before = recorded.read_bytes()

@@ -32,7 +32,7 @@ from mtpc.bench.peers import StaticCacheDecoder
 from mtpc.decoding.acceptance import Target
 from mtpc.decoding.backbone import attach_draft_lora
 from mtpc.decoding.decoder import generate_autoregressive
-from mtpc.decoding.proposals import CircuitDrafter, PromptLookup
+from mtpc.decoding.proposals import PromptLookup
 from mtpc.heads.kl_loss import kl_loss, logits_teacher
 from mtpc.heads.nll_loss import mtp_loss
 from test_decode import (PROMPT, D, ResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables,
@@ -119,21 +119,22 @@ def test_cuda_samples_follow_the_exact_joint_and_map_matches_the_cpu(make):
 
 
 @pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
-def test_draft_programs_match_the_cpu(structure):
+def test_draft_windows_match_the_cpu(structure):
+    """The decoder's circuit window (greedy and sampled from the same uniforms) on CUDA equals the CPU's."""
+    from mtpc.decoding.drafting import Drafter
+
     head = random_head(structure, 4, 12, seed=7)
-    cpu_drafter = CircuitDrafter(head)
     gpu_head = copy.deepcopy(head).to(CUDA)
-    gpu_drafter = CircuitDrafter(gpu_head)
+    cpu_drafter, gpu_drafter = (Drafter(h, (2, 3, 4), 0.08, 4, 12) for h in (head, gpu_head))
     for seed in range(3):
         h = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-        theta, gpu_theta = head(h)[None], gpu_head(h.to(CUDA))[None]
-        for strategy in ("conditional", "marginal", "map"):
-            for given in ([], [seed + 2], [seed + 2, 1]):
-                want = cpu_drafter.greedy(theta, strategy, None, given)
-                got = gpu_drafter.greedy(gpu_theta, strategy, None, given)
-                assert got.device.type == "cuda" and torch.equal(got.cpu(), want), (strategy, given)
-        drawn = gpu_drafter.sample(gpu_theta, torch.Generator(CUDA).manual_seed(seed), [seed + 2])
-        assert drawn.device.type == "cuda" and int(drawn[0]) == seed + 2
+        first = torch.tensor(seed + 2)
+        u = torch.rand(4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        for uniforms in (None, u):
+            want = cpu_drafter.circuit_window(h, first, uniforms)
+            got = gpu_drafter.circuit_window(h.to(CUDA), first.to(CUDA), None if uniforms is None else u.to(CUDA))
+            assert got.tokens.device.type == "cuda" and torch.equal(got.tokens.cpu(), want.tokens)
+            assert int(got.tokens[0]) == seed + 2 and int(got.width) == int(want.width)
 
 
 def test_fused_programs_on_cuda_match_eager():
@@ -247,10 +248,10 @@ def lora_model(base, k=1):
 
 
 @pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
-@pytest.mark.parametrize("bonus", [False, True], ids=["plain", "bonus"])
+@pytest.mark.parametrize("window", [None, 2], ids=["adaptive", "w2"])
 @pytest.mark.parametrize("lookup", [False, True], ids=["circuit", "lookup"])
 @pytest.mark.parametrize("lora", [False, True], ids=["no-lora", "lora"])
-def test_greedy_speculative_on_cuda_equals_plain_greedy(structure, bonus, lookup, lora):
+def test_greedy_speculative_on_cuda_equals_plain_greedy(structure, window, lookup, lora):
     vocab, n = 12, 3
     cpu_base = cyclic_lm(vocab)
     heads = [random_head(structure, n, vocab, seed=1),  # mostly rejected
@@ -259,13 +260,13 @@ def test_greedy_speculative_on_cuda_equals_plain_greedy(structure, bonus, lookup
     model = lora_model(base) if lora else base
     finder = PromptLookup(tokens=4, min_ngram=1, max_ngram=2, prefer="lookup") if lookup else None
     for head in heads:
-        decoder = SpeculativeDecoder(model, head.to(CUDA), lora_layers=int(lora), bonus=bonus, lookup=finder)
+        decoder = SpeculativeDecoder(model, head.to(CUDA), lora_layers=int(lora), window=window, lookup=finder)
         for i, ids in enumerate(prompts(vocab, 3, seed=0)):
             budget = (1, 6, 19)[i]
             plain = generate_autoregressive(model, ids.to(CUDA), budget).sequences  # a PeftModel: adapters off
             out = decoder.generate(ids.to(CUDA), budget)
             assert out.sequences.device.type == "cuda"
-            assert torch.equal(out.sequences, plain), (structure, bonus, lookup, lora, ids.tolist(), budget)
+            assert torch.equal(out.sequences, plain), (structure, window, lookup, lora, ids.tolist(), budget)
             assert torch.equal(plain.cpu(), generate_autoregressive(cpu_base, ids, budget).sequences)
 
 
@@ -277,14 +278,14 @@ def cuda_samples(decoder, prompt, count, seed):
             for _ in range(count)]
 
 
-@pytest.mark.parametrize("n, v, bonus, keep_graph", [(2, 5, False, False), (3, 4, True, True)])
-def test_speculative_sampling_on_cuda_is_exact_and_a_wrong_residual_is_caught(n, v, bonus, keep_graph):
-    model, head = sampling_setup(n, v, keep_graph=keep_graph)
+@pytest.mark.parametrize("n, v", [(2, 5), (3, 4)])
+def test_speculative_sampling_on_cuda_is_exact_and_a_wrong_residual_is_caught(n, v):
+    model, head = sampling_setup(n, v)
     joint = exact_joint(model, PROMPT, Target(True))  # on the CPU, by enumeration
     model, head, prompt = model.to(CUDA), head.to(CUDA), PROMPT.to(CUDA)
-    right = cuda_samples(SpeculativeDecoder(model, head, bonus=bonus), prompt, 600, seed=1)
+    right = cuda_samples(SpeculativeDecoder(model, head), prompt, 600, seed=1)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = cuda_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()), prompt, 600,
+    wrong = cuda_samples(SpeculativeDecoder(model, head, acceptance=ResidualIsTarget()), prompt, 600,
                          seed=1)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 

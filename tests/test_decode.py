@@ -12,7 +12,7 @@ from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.decoding.backbone import attach_draft_lora
 from mtpc.decoding.acceptance import AcceptanceRule, Target
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
 
 D = 32
 
@@ -61,11 +61,9 @@ def graph(structure, n, v, r=3):
             "hmm": lambda: builders.hmm_graph(n, r, v), "btree": lambda: builders.btree_graph(n, r, v)}[structure]()
 
 
-def random_head(structure, n, v, seed, std=1.0, init_from=None, keep_graph=True):
-    """`keep_graph=False`: a head over a bare compiled circuit, so the decoder uses the layered programs
-    (no `circuitc.draft` plan)."""
+def random_head(structure, n, v, seed, std=1.0, init_from=None):
     torch.manual_seed(seed)
-    source = graph(structure, n, v) if keep_graph else circuitc.compile(graph(structure, n, v))
+    source = graph(structure, n, v)
     head = MTPHead(source, D, init_from=init_from, sum_init_std=std, dtype=torch.float64)
     if init_from is None:
         with torch.no_grad():
@@ -110,18 +108,17 @@ def test_greedy_speculative_equals_plain_greedy(structure):
              random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))]
     accepted = []
     for head in heads:
-        for draft in ("conditional", "marginal", "map", "sample"):
-            for bonus in (False, True):
-                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus)
-                for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
-                    budget = (1, 5, 17)[i]
-                    plain = generate_autoregressive(model, ids, budget).sequences
-                    out = decoder.generate(ids, budget, generator=torch.Generator().manual_seed(i))
-                    assert torch.equal(out.sequences, plain), (draft, bonus, ids.tolist(), budget)
-                    assert out.stats.new_tokens == budget and len(out.stats.accepted_per_cycle) == out.stats.cycles
-                    accepted += out.stats.accepted_per_cycle
+        for window in (None, 2, n):  # adaptive widths, the narrowest and the widest fixed one
+            decoder = SpeculativeDecoder(model, head, window=window)
+            for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
+                budget = (1, 5, 17)[i]
+                plain = generate_autoregressive(model, ids, budget).sequences
+                out = decoder.generate(ids, budget, generator=torch.Generator().manual_seed(i))
+                assert torch.equal(out.sequences, plain), (window, ids.tolist(), budget)
+                assert out.stats.new_tokens == budget and len(out.stats.accepted_per_cycle) == out.stats.cycles
+                accepted += out.stats.accepted_per_cycle
     counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
-    assert counts[1] > 20 and counts[2] > 20 and counts[n] > 20, counts  # short, partial and full windows
+    assert counts[1] > 20 and counts[2] > 20 and counts[n] > 8, counts  # short, partial and full windows
 
 
 @pytest.mark.parametrize("parameterisation", ["shared", "factorised"])
@@ -132,43 +129,22 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
              adapter_head(parameterisation, "hmm", n, vocab, seed=2, scale=0.3, init_from=oracle_tables(model, n))]
     accepted = []
     for head in heads:
-        for draft in ("conditional", "marginal", "map"):
-            for bonus in (False, True):
-                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus)
-                for i, ids in enumerate(prompts(vocab, 2, seed=len(accepted))):
-                    plain = generate_autoregressive(model, ids, 13).sequences
-                    out = decoder.generate(ids, 13)
-                    assert torch.equal(out.sequences, plain), (parameterisation, draft, bonus, ids.tolist())
-                    accepted += out.stats.accepted_per_cycle
+        decoder = SpeculativeDecoder(model, head)
+        for i, ids in enumerate(prompts(vocab, 4, seed=len(accepted))):
+            plain = generate_autoregressive(model, ids, 13).sequences
+            out = decoder.generate(ids, 13)
+            assert torch.equal(out.sequences, plain), (parameterisation, ids.tolist())
+            accepted += out.stats.accepted_per_cycle
     counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
     assert counts[1] > 5 and counts[n] > 5, counts
-
-
-@pytest.mark.parametrize("structure", ["cp", "hmm", "btree"])
-def test_draft_programs_equal_the_layered_conditionals(structure):
-    """The decoder's planned greedy drafts (circuitc.draft) pick what the upward passes over all `v`
-    candidates pick (float64 heads: no near-ties), with and without the bonus token."""
-    from mtpc.decoding.proposals import CircuitDrafter
-
-    head = random_head(structure, 4, 12, seed=7)
-    fast = CircuitDrafter(head)
-    layered = CircuitDrafter(head)
-    layered.program = None
-    for seed in range(4):
-        theta = head(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))[None]
-        for strategy in ("conditional", "marginal"):
-            for given in ([], [seed + 2], [seed + 2, 1, 5]):  # nothing, x_0, x_0 and lookup tokens
-                assert torch.equal(fast.greedy(theta, strategy, None, given),
-                                   layered.greedy(theta, strategy, None, given)), (strategy, given)
 
 
 def test_greedy_with_circuit_over_fewer_states_than_the_vocabulary():
     model = tiny_lm(16, scale=3.0)
     head = random_head("hmm", 4, 10, seed=3, init_from=model.lm_head.weight)  # drafts token ids 0..9 only
-    for bonus in (False, True):
-        decoder = SpeculativeDecoder(model, head, bonus=bonus)
-        for ids in prompts(16, 4, seed=6):
-            assert torch.equal(decoder.generate(ids, 15).sequences, generate_autoregressive(model, ids, 15).sequences)
+    decoder = SpeculativeDecoder(model, head)
+    for ids in prompts(16, 8, seed=6):  # first tokens 10..15 the circuit cannot observe among them
+        assert torch.equal(decoder.generate(ids, 15).sequences, generate_autoregressive(model, ids, 15).sequences)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -184,11 +160,10 @@ def test_greedy_with_lora_draft_path_equals_base_model_greedy(k):
                 p.normal_(0, 0.5)  # the draft path now differs from the verifier
     peft_model.eval()
     head = random_head("btree", 4, vocab, seed=4, init_from=base.lm_head.weight)
-    for bonus in (False, True):
-        decoder = SpeculativeDecoder(peft_model, head, lora_layers=k, bonus=bonus)
-        for ids, expected in zip(prompts(vocab, 4, seed=7), plain):
-            assert torch.equal(decoder.generate(ids, 12).sequences, expected)
-        assert torch.equal(generate_autoregressive(peft_model, ids, 12).sequences, expected)
+    decoder = SpeculativeDecoder(peft_model, head, lora_layers=k)
+    for ids, expected in zip(prompts(vocab, 4, seed=7), plain):
+        assert torch.equal(decoder.generate(ids, 12).sequences, expected)
+    assert torch.equal(generate_autoregressive(peft_model, ids, 12).sequences, expected)
     via_peft = hf_generate(peft_model, ids, custom_generate=decoder.custom_generate, max_new_tokens=12)
     assert torch.equal(via_peft, expected)  # PeftModel.generate hands the base model to custom_generate
 
@@ -273,49 +248,48 @@ VOCAB = 5
 PROMPT = torch.tensor([[1, 3]])
 
 
-def sampling_setup(n, v, structure="cp", keep_graph=True):
+def sampling_setup(n, v, structure="cp"):
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
-    return model, random_head(structure, n, v, seed=12, std=0.6, keep_graph=keep_graph)
+    return model, random_head(structure, n, v, seed=12, std=0.6)
 
 
-@pytest.mark.parametrize("n, v, bonus, target, keep_graph", [
-    (2, VOCAB, False, {}, False),  # the layered programs (log_r pass, a conditional per rejection)
-    (3, 4, True, {"temperature": 0.8, "top_k": 4}, True),  # circuitc.draft; x_0 = 4 is no circuit state
+@pytest.mark.parametrize("n, v, window, target", [
+    (2, VOCAB, None, {}),
+    (3, 4, None, {"temperature": 0.8, "top_k": 4}),  # x_0 = 4 is no circuit state
+    (3, VOCAB, AdaptiveWidth(position_cost=0.5, widths=(2, 3)), {}),  # widths chosen per window
 ])
-def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, bonus, target, keep_graph):
-    model, head = sampling_setup(n, v, keep_graph=keep_graph)
-    assert (SpeculativeDecoder(model, head).circuit.program is None) != keep_graph
+def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, window, target):
+    model, head = sampling_setup(n, v)
     joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
     count = 600  # enough: the correct rule gives p ~ 0.9, the wrong residual p < 1e-18 (measured)
-    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, count, seed=1, **target)
-    assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()),
+    right = SpeculativeDecoder(model, head, window=window)
+    samples = speculative_samples(right, PROMPT, count, seed=1, **target)
+    assert chi_square_pvalue(samples, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, window=window, acceptance=ResidualIsTarget()),
                                 PROMPT, count, seed=1, **target)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
-@pytest.mark.parametrize("parameterisation, bonus", [
-    ("shared", False), pytest.param("factorised", True, marks=pytest.mark.slow)])
-def test_sampling_with_adapter_heads_is_exact(parameterisation, bonus):
+@pytest.mark.parametrize("parameterisation", ["shared", pytest.param("factorised", marks=pytest.mark.slow)])
+def test_sampling_with_adapter_heads_is_exact(parameterisation):
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
     head = adapter_head(parameterisation, "btree", 3, VOCAB, seed=12, scale=0.8)
     joint = exact_joint(model, PROMPT, Target(True))
-    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, 600, seed=4)
+    right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 600, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=ResidualIsTarget()),
+    wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=ResidualIsTarget()),
                                 PROMPT, 600, seed=4)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("structure", ["ff", "hmm", "btree"])
-@pytest.mark.parametrize("bonus", [False, True])
-def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(structure, bonus):
+def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(structure):
     model, head = sampling_setup(3, VOCAB, structure)
     joint = exact_joint(model, PROMPT, Target(True, top_p=0.9))
-    right = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus), PROMPT, 4000, seed=2, top_p=0.9)
+    right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 4000, seed=2, top_p=0.9)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, acceptance=AcceptAlways()),
+    wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=AcceptAlways()),
                                 PROMPT, 1500, seed=2, top_p=0.9)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
@@ -371,8 +345,10 @@ def test_bad_input_gets_a_clear_error():
         SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 13), D))
     with pytest.raises(ValueError, match="larger than the model's 2 decoder layers"):
         SpeculativeDecoder(model, head, lora_layers=3)
-    with pytest.raises(ValueError, match="unknown draft strategy"):
-        SpeculativeDecoder(model, head, draft="best")
+    with pytest.raises(ValueError, match="no region graph"):
+        SpeculativeDecoder(model, MTPHead(circuitc.compile(builders.cp_graph(3, 2, 12)), D))
+    with pytest.raises(ValueError, match="window must be an integer from 2 to the circuit's 3 positions or an"):
+        SpeculativeDecoder(model, head, window="wide")
     model.train()
     model.model.layers[0].self_attn.attention_dropout = 0.1  # plain attribute, not a module: no dropout module
     model.model.embed_dropout = torch.nn.Dropout(0.1)  # a dropout module in training mode
@@ -418,16 +394,15 @@ def test_greedy_with_lookup_equals_plain_greedy(structure):
     lookup_cycles, accepted = 0, []
     for head in heads:
         for lookup in lookups:
-            for draft, bonus in (("conditional", False), ("conditional", True), ("map", True)):
-                decoder = SpeculativeDecoder(model, head, draft=draft, bonus=bonus, lookup=lookup)
-                for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
-                    budget = (1, 6, 19)[i]
-                    plain = generate_autoregressive(model, ids, budget).sequences
-                    out = decoder.generate(ids, budget)
-                    assert torch.equal(out.sequences, plain), (lookup, draft, bonus, ids.tolist(), budget)
-                    lookup_cycles += out.stats.lookup_cycles
-                    accepted += out.stats.accepted_per_cycle
-    assert lookup_cycles > 50 and max(accepted) > n  # lookup drafted, and past the circuit's window
+            decoder = SpeculativeDecoder(model, head, lookup=lookup)
+            for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
+                budget = (1, 6, 19)[i]
+                plain = generate_autoregressive(model, ids, budget).sequences
+                out = decoder.generate(ids, budget)
+                assert torch.equal(out.sequences, plain), (lookup, ids.tolist(), budget)
+                lookup_cycles += out.stats.lookup_cycles
+                accepted += out.stats.accepted_per_cycle
+    assert lookup_cycles > 12 and max(accepted) > n  # lookup drafted, and past the circuit's window
 
 
 class PointMassResidualIsTarget(AcceptanceRule):
@@ -441,19 +416,18 @@ class PointMassResidualIsTarget(AcceptanceRule):
 LOOKUP_PROMPT = torch.tensor([[1, 3, 2, 1, 3, 0, 1, 3]])
 
 
-@pytest.mark.parametrize("bonus, keep_graph, target", [
-    (True, True, {}), (False, False, {"temperature": 0.8, "top_p": 0.95})])
-def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(bonus, keep_graph, target):
+@pytest.mark.parametrize("target", [{}, {"temperature": 0.8, "top_p": 0.95}])
+def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(target):
     from mtpc.decoding.proposals import PromptLookup
 
-    model, head = sampling_setup(3, VOCAB, keep_graph=keep_graph)
+    model, head = sampling_setup(3, VOCAB)
     lookup = PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup")  # 1 lookup token, circuit fills
     joint = exact_joint(model, LOOKUP_PROMPT, Target(True, **{"temperature": 1.0, **target}))
-    decoder = SpeculativeDecoder(model, head, bonus=bonus, lookup=lookup)
+    decoder = SpeculativeDecoder(model, head, lookup=lookup)
     assert decoder.generate(LOOKUP_PROMPT, 3, do_sample=True).stats.lookup_cycles > 0
     right = speculative_samples(decoder, LOOKUP_PROMPT, 800, seed=1, **target)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, bonus=bonus, lookup=lookup,
+    wrong = speculative_samples(SpeculativeDecoder(model, head, lookup=lookup,
                                                    acceptance=PointMassResidualIsTarget()),
                                 LOOKUP_PROMPT, 800, seed=1, **target)
     assert chi_square_pvalue(wrong, joint) < 1e-6

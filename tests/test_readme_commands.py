@@ -83,7 +83,7 @@ COVERAGE = {
     "mtpc distill-data --model runs/tiny-lm --out runs/distill-ff8.jsonl --num-prompts 16 --max-new-tokens 256 "
     "--head runs/ff8-kl": DISTILL,
     "mtpc bench --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8 ... --corpus stdlib --prompt-len 128 "
-    "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --bonus both --threads 1 --out runs/bench/sample":
+    "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --window adaptive 8 --threads 1 --out runs/bench/sample":
         BENCH,
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
         "parses every command it runs",

@@ -28,11 +28,9 @@ class BenchConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    drafts: Sequence[str] = ("conditional",)  # greedy draft strategies to compare
-    bonus: Sequence[bool] = (True,)  # bonus-conditioned (the decoder's default) and/or plain drafting
     lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
     lookup_tokens: int = 10  # tokens a lookup match proposes
-    windows: Sequence[int | None] = (None,)  # verify widths of the circuit window to compare (None: the head's n)
+    windows: Sequence[int | None] = (None,)  # verify widths of the circuit window to compare (None: adaptive)
     peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
     compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd, and every
     # speculative variant again with its cycle step compiled
@@ -54,10 +52,8 @@ class BenchConfig:
 class Variant:
     label: str
     entry: HeadEntry
-    draft: str
-    bonus: bool
     lookup: bool
     window: int  # the most tokens one cycle can commit
     decoder: SpeculativeDecoder
     compiled: bool = False  # the cycle step runs through torch.compile
-    width: int | None = None  # the requested verify width of the circuit window (None: the head's n)
+    width: int | None = None  # the requested verify width of the circuit window (None: adaptive)

@@ -51,7 +51,7 @@ from typing import Callable, Sequence
 import torch
 
 from .. import checks, loading
-from ..decoding import (DRAFT_STRATEGIES, PhaseClock, PromptLookup, SpeculativeDecoder, backbone_marks,
+from ..decoding import (PhaseClock, PromptLookup, SpeculativeDecoder, backbone_marks,
                         generate_autoregressive, load_head_entry)
 from ..decoding.head_entry import HeadEntry
 from ..errors import InputError, MtpcError
@@ -66,29 +66,26 @@ __all__ = ["run_bench", "build_variants", "measure"]
 
 # --------------------------------------------------------------------------- variants
 
-def build_variants(entries: Sequence[HeadEntry], drafts: Sequence[str], bonus: Sequence[bool], mode: str,
-                   decoder_cls: Callable[..., SpeculativeDecoder], lookup: Sequence[bool] = (False,),
-                   lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
+def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
+                   lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
                    windows: Sequence[int | None] = (None,)) -> list[Variant]:
-    """One decoder per head x draft strategy x bonus setting x lookup x window x eager/compiled (sampling
-    ignores the strategy). A window wider than a head's circuit is an input error."""
-    drafts = list(dict.fromkeys(drafts)) if mode == "greedy" else ["sample"]
-    bonus, lookup, windows = list(dict.fromkeys(bonus)), list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
+    """One decoder per head x lookup x verify width (None: adaptive) x eager/compiled. A window wider
+    than a head's circuit is an input error."""
+    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
     for entry in entries:
         widest = max(entry.info["n"], 2)
         wrong = [w for w in windows if w is not None and not 2 <= w <= widest]
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     variants = []
-    for entry, draft, b, use, width, c in itertools.product(entries, drafts, bonus, lookup, windows, compiled):
-        label = (entry.label + (f"/{draft}" if len(drafts) > 1 else "") + ("/no-bonus" if not b else "") + ("/lookup" if use else "")
-                 + (f"/w{width}" if width is not None else "") + ("/compile" if c else ""))
-        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, draft="conditional"
-                              if mode == "sample" else draft, bonus=b,
+    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
+        label = (entry.label + ("/lookup" if use else "") + (f"/w{width}" if width is not None else "")
+                 + ("/compile" if c else ""))
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                               **({"window": width} if width is not None else {}), **({"compile": True} if c else {}))
-        window = decoder.drafter.lookup_width if use else decoder.drafter.length
-        variants.append(Variant(label, entry, draft, b, use, window, decoder, compiled=c, width=width))
+        window = decoder.span if use else min(decoder.width, entry.info["n"])
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
     return variants
 
 # --------------------------------------------------------------------------- the bench
@@ -111,7 +108,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
-    variants = build_variants(entries, cfg.drafts, cfg.bonus, cfg.mode, decoder_cls, cfg.lookup, cfg.lookup_tokens,
+    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
@@ -135,9 +132,6 @@ def _check_config(cfg: BenchConfig) -> None:
         raise InputError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
     if not cfg.heads:
         raise InputError("give at least one head folder")
-    unknown = [d for d in cfg.drafts if d not in DRAFT_STRATEGIES]
-    if unknown:
-        raise InputError(f"unknown draft strategies {unknown}; choose from {DRAFT_STRATEGIES}")
     if cfg.dtype not in DTYPES or cfg.head_dtype not in (None, *DTYPES):
         raise InputError(f"dtype and head_dtype must be one of {sorted(DTYPES)}")
     for name in ("num_prompts", "repeats", "max_new_tokens"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checks import MAX_THREADS, int_in, seed, non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval
+from ..checks import MAX_THREADS, int_in, seed, non_negative_float, non_negative_int, positive_float, positive_int, probability, unit_interval, width_or_adaptive
 from ..errors import InputError, MtpcError, first_line
 
 
@@ -235,7 +235,7 @@ def run_train(args) -> int:
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure draft heads against plain decoding (throughput, latency breakdown)",
                        description="Decode the same prompts with plain autoregressive decoding and with every head "
-                                   "(x draft strategy x bonus setting), interleaved in one process; print a table, "
+                                   "(x lookup x verify width), interleaved in one process; print a table, "
                                    "write bench.json, bench.md and tradeoff.png (accepted tokens vs latency). "
                                    "Greedy runs are checked token for token against plain greedy decoding "
                                    "(exit status 1 on any mismatch).")
@@ -257,16 +257,12 @@ def add_bench(sub) -> None:
     p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample: keep the k most likely tokens")
     p.add_argument("--top-p", type=probability, default=None, help="sample: nucleus mass in (0, 1]")
-    p.add_argument("--draft", nargs="+", default=["conditional"], metavar="STRATEGY",
-                   help="greedy draft strategies to compare: conditional, marginal, map, sample")
-    p.add_argument("--bonus", choices=("off", "on", "both"), default="on",
-                   help="bonus-conditioned drafting (the decoder's default): on, off, or both side by side")
     p.add_argument("--lookup", choices=("off", "on", "both"), default="off",
                    help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
     p.add_argument("--lookup-tokens", type=int_in(1, 1024), default=10, help="tokens a lookup match proposes")
-    p.add_argument("--window", nargs="+", type=int_in(2, 1024), default=None, metavar="K",
-                   help="verify widths of the circuit window to compare side by side, 2 .. each head's n "
-                        "(default: n only)")
+    p.add_argument("--window", nargs="+", type=width_or_adaptive, default=None, metavar="K",
+                   help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or "
+                        "'adaptive' (each window's width chosen from its draft's probabilities; the default)")
     p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR "
                         "(a small draft LM folder) and/or static (generate with cache_implementation=\"static\")")
@@ -294,8 +290,7 @@ def run_bench(args) -> int:
     cfg = BenchConfig(model=args.model, heads=args.heads, prompts=args.prompts, corpus=args.corpus,
                       num_prompts=args.num_prompts, repeats=args.repeats, prompt_len=args.prompt_len,
                       max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature,
-                      top_k=args.top_k, top_p=args.top_p, drafts=args.draft,
-                      bonus={"off": (False,), "on": (True,), "both": (False, True)}[args.bonus],
+                      top_k=args.top_k, top_p=args.top_p,
                       lookup={"off": (False,), "on": (True,), "both": (False, True)}[args.lookup],
                       lookup_tokens=args.lookup_tokens, windows=tuple(args.window) if args.window else (None,),
                       peers=args.peers, compile=args.compile,
@@ -391,10 +386,10 @@ def add_generate(sub) -> None:
                         "a match proposes), chosen per cycle by past acceptance; still lossless")
     p.add_argument("--window", type=int_in(2, 1024), default=None, metavar="K",
                    help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n "
-                        "(default n); fewer can be faster where a verify call grows with its width")
+                        "(default: each window's width chosen from its own draft's probabilities)")
     p.add_argument("--compile", action="store_true",
-                   help="with --head: torch.compile each decoding cycle (draft, verify, accept) as one graph "
-                        "(static caches, one shape per window; compiled before the first cycle)")
+                   help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph "
+                        "(static caches, one graph per verify width; compiled before the first cycle)")
     p.set_defaults(func=run_generate)
 
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "window_uniforms", "inverse_cdf", "first_token",
-           "draw", "uniform"]
+from circuitc.draft import inverse_cdf
+
+__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "cycle_uniforms", "draw"]
 
 
 # --------------------------------------------------------------------------- the verifier's target
@@ -68,12 +69,6 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def uniform(generator: torch.Generator | None) -> float:
-    """`u ~ U[0, 1)` from `generator` on its own device (a CUDA generator cannot draw on the CPU)."""
-    device = generator.device if generator is not None else None
-    return float(torch.rand((), generator=generator, dtype=torch.float64, device=device))
-
-
 # --------------------------------------------------------------------------- acceptance rule
 
 class AcceptanceRule:
@@ -122,7 +117,7 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     window's randomness (`uniforms[j - 1]` tests `window[j]`, `uniforms[W - 1]` draws the next first
     token by inverse CDF), and after a rejection at `a` the next target is `rule.residual(p_{a-1},
     rows[a])`. Randomness comes in as a tensor, not a generator, so the function is pure and
-    `torch.compile` traces it whole (`window_uniforms` draws them).
+    `torch.compile` traces it whole (`cycle_uniforms` draws them).
     """
     W = window.shape[0]
     drafted = window[1:]  # [W-1]
@@ -157,27 +152,7 @@ def at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, index.view(1))[0]
 
 
-def window_uniforms(width: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """`[width]` float64 uniforms for `accept_window` (one draw from `generator` per cycle)."""
-    return torch.rand(width, generator=generator, dtype=torch.float64, device=device)
-
-
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """`[]` long: the token of `probs` `[V]` (non-negative, any total) whose CDF interval holds `u * total`
-    (`u` `[]` in [0, 1)): exactly a draw from `probs`, as a function of `u`."""
-    cdf = probs.cumsum(0)
-    return torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True)[0].clamp_max(probs.numel() - 1)
-
-
-def first_token(target: Target, rule: AcceptanceRule, carried: torch.Tensor, own: torch.Tensor,
-                own_row: torch.Tensor | None, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decide the window's first token against the carried target `[V]` when the circuit drafted its own
-    first token `own` `[]` (proposal row `own_row` `[V]` when sampling). Returns (token `[]` long, whether
-    it is the circuit's own `[]` bool), on the device."""
-    if not target.do_sample:
-        best = carried.argmax()
-        return best, best == own
-    u = torch.rand((), generator=generator, dtype=torch.float64, device=carried.device)
-    ok = torch.as_tensor(rule.accept(carried[own], own_row[own].to(carried.dtype), u), device=carried.device)
-    bonus = torch.multinomial(rule.residual(carried, own_row.to(carried.dtype)), 1, generator=generator)[0]
-    return torch.where(ok, own, bonus), ok
+def cycle_uniforms(size: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """`[size]` float64 uniforms in [0, 1): every draw of one sampling cycle (the circuit's window and
+    the acceptance's tests) comes from them, eager and compiled alike (one draw from `generator`)."""
+    return torch.rand(size, generator=generator, dtype=torch.float64, device=device)

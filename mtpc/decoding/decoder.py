@@ -1,46 +1,32 @@
 """Lossless self-speculative decoding with a circuit draft head (MtPC, Algorithm 2), and plain decoding.
 
-One cycle, with the verifier's next-token target `p_0` carried over from the previous cycle (the
-"re-used verifier state") and the draft hidden state `h` at the last committed token:
+One loop, eager or compiled alike. Before a cycle the decoder holds, on the device, the next `Window`
+`[x_0, d_1 .. d_{S-1}]`: `x_0` already decided (the verifier's next token: its argmax, or a draw
+from its target or from a residual), the circuit's draft conditioned on it, the proposal rows and
+the verify width the draft chose for itself. A cycle is one fixed-shape step, `cycle_step`:
 
-1. `theta = head(h)`; the circuit drafts a window `d_0 .. d_{n-1}`.
-2. Position 0 is decided *before* any backbone call, against `p_0`: greedy takes `argmax p_0`;
-   sampling accepts `d_0` with probability `min(1, p_0(d_0) / q(d_0))`, else draws the bonus token from
-   `norm(max(0, p_0 - q_0))`. Either way one token `x_0` is committed; the bonus is kept only when
-   the draft's first token was not accepted.
-3. One backbone call on `[x_0, d_1 .. d_{w-1}]` (`w = min(n, tokens left)`) gives the verifier's
-   targets `p_1 .. p_w` and the draft path's hidden states. Drafts `d_1 ..` are accepted left to
-   right (greedy: equal to `argmax p_j`; sampling: the Leviathan/Chen rule against the proposal's
-   exact conditionals `r_j`, from ratios of prefix marginals).
-4. The caches are cropped to the committed tokens. The next cycle re-uses `p_a` at the last committed
-   position and `h` there. After a rejection at position `j` the token there is *not* drawn now: the
-   next cycle's target for that position is the residual `norm(max(0, p_j - r_j))`, so the
-   deferred token is still exactly distributed (dropping the residual and re-drafting against `p_j`
-   would bias the output towards the draft).
+1. one backbone call on the window's first `width` tokens at explicit positions into static caches
+   (`Verifier.forward`): the verifier's targets `p_1 .. p_width` and the draft path's hidden states;
+2. `accept_window` decides every drafted token at once on the device (greedy: equal to `argmax
+   p_j`; sampling: the Leviathan/Chen rule against the proposal's exact conditionals) and draws the
+   next `x_0` from the target at the last accepted position, or from the residual `norm(max(0, p_j -
+   r_j))` after a rejection at `j` (so the deferred token is still exactly distributed);
+3. the circuit drafts the next window after that `x_0`, from the hidden state there
+   (`Drafter.circuit_window`), and chooses its verify width (`AdaptiveWidth`).
 
-So every cycle makes exactly one backbone call and commits 1 .. n tokens; greedy output equals plain
-greedy decoding, sampled output is exactly distributed as the verifier's (shaped) target.
+The host then reads one small tensor (`CyclePacket`: accepted count, the next `x_0` and width, the
+window's tokens), moves the caches' write position back to the committed tokens (rejected rows stay
+in the static caches, hidden by the causal mask by position, and are overwritten by the next call),
+and starts the next cycle. Every cycle makes one backbone call and commits 1 .. width tokens; greedy
+output equals plain greedy decoding, sampled output is exactly distributed as the verifier's shaped
+target. Every draw of a sampling cycle comes from one uniforms tensor (`cycle_uniforms`), so a seed
+gives the same text eager and compiled; with `compile=True` the step is one graph per verify width.
 
-`bonus=True` (bonus-conditioned drafting, the default): `x_0` is taken from `p_0` directly (argmax
-or a sample) and the circuit drafts `d_1 ..` conditioned on it (exact conditionals of the same
-circuit). It costs the same as `bonus=False` (one backbone call, one circuit program with or without
-`x_0` given) and its drafts are conditioned on the token actually committed, so it accepts at least
-as much: measured on the tiny LM (benchmarks/bench_bonus.py) equal for FF (whose drafts do not depend
-on `x_0`) and up to 1.3x more tokens per cycle for CP in sampling mode. `bonus=False` keeps the
-circuit's own first token when the verifier accepts it (steps 1-2 above).
-
-Greedy draft strategies (`draft=`): `"conditional"` (sequential argmax of the circuit's exact
-conditionals; default: it accepted most in our measurements), `"marginal"` (per-position marginal
-argmax), `"map"` (the circuit's max-product MAP), `"sample"` (a circuit sample). Sampling mode always
-drafts circuit samples.
-
-Prompt lookup (`lookup=K` or a `mtpc.decoding.proposals.PromptLookup`; off by default): after `x_0`, a cycle may
-draft the `K` tokens that followed the latest earlier occurrence of the text's last few tokens instead
-of (or, when shorter than the window, before) the circuit's tokens. They are point-mass proposals:
-accepted with probability `p(c)`, residual `p` without `c`, renormalised, the same `AcceptanceRule`
-with `q = delta_c`; the choice of source reads only the past (`mtpc.decoding.proposals.LookupState.use`), so
-greedy output still equals plain greedy and sampling stays exact. Proposal sources live in
-`mtpc.decoding.proposals`; this module keeps the one loop, the targets and the acceptance rule.
+Prompt lookup (`lookup=K` or a `mtpc.decoding.proposals.PromptLookup`; off by default): before a
+cycle the host may replace the circuit's window with `x_0`, the `K` tokens that followed the latest
+earlier occurrence of the text's last few tokens (point-mass proposals: accepted with probability
+`p(c)`, residual `p` without `c`, renormalised), and the circuit's draft after them; the choice
+reads only the past (`LookupState.use`), so decoding stays exact. It enters the same step.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
 (transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
@@ -56,33 +42,36 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from circuitc.draft import inverse_cdf
+
 from ..heads import MTPHead
-from .acceptance import AcceptanceRule, Target, accept_window, window_uniforms
+from .acceptance import AcceptanceRule, Target, accept_window, cycle_uniforms
 from .backbone import SplitBackbone, lora_depth
 from .compiling import compile_step
-from .drafting import Drafter
+from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
 from .inputs import check_budget, check_eval, check_processors, check_prompt, eos_set
 from .proposals import LookupState, PromptLookup
 from .verify import Verifier
 
-__all__ = ["DecodeStats", "GenerateOutput", "SpeculativeDecoder", "generate_autoregressive", "DRAFT_STRATEGIES"]
-
-DRAFT_STRATEGIES = ("conditional", "marginal", "map", "sample")
+__all__ = ["AdaptiveWidth", "CyclePacket", "DecodeStats", "GenerateOutput", "SpeculativeDecoder", "StepOutput",
+           "generate_autoregressive"]
 
 
 # --------------------------------------------------------------------------- outputs
 
 @dataclass
 class DecodeStats:
-    """Per-generation measurements. `accepted_per_cycle[c]` = tokens committed by cycle `c` (1..n;
-    the paper's accepted length), `draft_accepted_per_cycle[c]` = how many of them were the circuit's
-    drafted tokens. Times exclude the prefill."""
+    """Per-generation measurements. `accepted_per_cycle[c]` = tokens committed by cycle `c` (1..width;
+    the paper's accepted length), `draft_accepted_per_cycle[c]` = how many of them were drafted
+    tokens (all but `x_0`), `width_per_cycle[c]` = the positions it verified (0: no backbone call,
+    its `x_0` ended the generation). Times exclude the prefill."""
 
     prefill_seconds: float = 0.0
     cycle_seconds: list[float] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     draft_accepted_per_cycle: list[int] = field(default_factory=list)
+    width_per_cycle: list[int] = field(default_factory=list)
     lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
 
     @property
@@ -110,7 +99,8 @@ class DecodeStats:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
                 "prefill_seconds": self.prefill_seconds, "accepted_per_cycle": list(self.accepted_per_cycle),
-                "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle), "lookup_cycles": self.lookup_cycles}
+                "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
+                "width_per_cycle": list(self.width_per_cycle), "lookup_cycles": self.lookup_cycles}
 
 
 @dataclass
@@ -119,36 +109,74 @@ class GenerateOutput:
     stats: DecodeStats
 
 
+# --------------------------------------------------------------------------- what a cycle hands on
+
+@dataclass
+class StepOutput:
+    """What `cycle_step` returns, on the device: the `packet` the host reads, the next `window` and the
+    draft hidden state `hidden` `[d]` at the last committed token (a lookup window is drafted from it)."""
+
+    packet: torch.Tensor
+    window: Window
+    hidden: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(StepOutput)
+
+
+@dataclass
+class CyclePacket:
+    """The one tensor a cycle reads to the host, `[3 + width]` long, and its fields once read: how many
+    tokens the window committed, the next window's `x_0` and verify width, and the window's tokens
+    (the first `accepted` are the committed ones)."""
+
+    accepted: int
+    next_first: int
+    next_width: int
+    tokens: list[int]
+
+    @staticmethod
+    def pack(accepted: torch.Tensor, next_window: Window, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.stack([accepted, next_window.tokens[0], next_window.width]), tokens])
+
+    @classmethod
+    def read(cls, host_reads: HostReads, packet: torch.Tensor) -> "CyclePacket":
+        accepted, next_first, next_width, *tokens = host_reads(packet)
+        return cls(accepted, next_first, next_width, tokens)
+
+
+@dataclass
+class Pending:
+    """The host's view of the next cycle: its window on the device with its first token and verify
+    width as read, and the draft hidden state at the last committed token."""
+
+    window: Window
+    first: int
+    width: int
+    hidden: torch.Tensor
+
+
 # --------------------------------------------------------------------------- the decoder
 
 class SpeculativeDecoder:
     """Self-speculative decoding of `model` (verifier) with `head` drafting from the draft path.
 
-    `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `draft`: greedy draft strategy
-    (`DRAFT_STRATEGIES`). `bonus`: bonus-conditioned drafting (default). `acceptance`: the speculative-sampling
-    rule (an `AcceptanceRule`; replace it only to study wrong rules). `lookup`: prompt-lookup drafting
-    inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
+    `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `lookup`: prompt-lookup
+    drafting inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
     `mtpc.decoding.proposals`). `window`: the verify width of a circuit window, `x_0` and `window - 1`
-    drafted tokens (2 .. n; default n): every verified position costs backbone time, so on hardware
-    where a verify call grows with its width a shorter window can decode faster (`mtpc bench
-    --window`). `compile`: run each cycle step through `torch.compile` as one graph, compiled before the
-    first cycle and kept for every later generation.
+    drafted tokens (an int from 2 to n), or an `AdaptiveWidth` (the default): each window verifies as
+    many positions as its own draft's probabilities justify. `compile`: run the cycle step through
+    `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
+    later generation. `acceptance`: the speculative-sampling rule (an `AcceptanceRule`; replace it
+    only to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.
 
-    A cycle is three seams: `Drafter` (head -> circuit -> a fixed-width window with its proposal rows),
-    `Verifier.forward` (one backbone call at explicit positions into static caches) and `accept_window`
-    (every position decided at once on the device). Once the window is chosen on the host (lookup or
-    the circuit, from past acceptance), the rest is `cycle_step`, a pure function of fixed-shape
-    tensors: for the common window, the circuit's after `x_0`, the draft runs inside it too. The host
-    reads one small tensor per cycle through `host_reads` (its `count` is what the sync tests check);
-    without bonus-conditioned drafting, a cycle that consults prompt lookup reads the first token once
-    more (the lookup matches on it).
+    The host reads one small tensor per cycle through `host_reads` (its `count` is what the sync
+    tests check), and one after the prefill.
     """
 
-    def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, draft: str = "conditional",
-                 bonus: bool = True, acceptance: AcceptanceRule | None = None, lookup: int | PromptLookup | None = None,
-                 family=None, window: int | None = None, compile: bool = False):
-        if draft not in DRAFT_STRATEGIES:
-            raise ValueError(f"unknown draft strategy {draft!r}; choose one of {DRAFT_STRATEGIES}")
+    def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
+                 window: int | AdaptiveWidth | None = None, compile: bool = False,
+                 acceptance: AcceptanceRule | None = None, family=None):
         self.backbone = SplitBackbone(model, lora_layers, family=family)
         if head.hidden_size != self.backbone.hidden_size:
             raise ValueError(f"the head was built for hidden size {head.hidden_size}, the model's is "
@@ -157,19 +185,24 @@ class SpeculativeDecoder:
             raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
                              f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
-        self.draft, self.bonus = draft, bonus
         self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or AcceptanceRule()
-        self.width = window_width(window, head.num_variables)  # the verify width of a circuit window
-        lookup_width = max(self.width, 1 + self.lookup.tokens) if self.lookup is not None else self.width
-        self.drafter = Drafter(head, draft, bonus, self.acceptance, self.width, lookup_width, self.backbone.vocab_size)
-        self.circuit = self.drafter.circuit
+        widths, position_cost = window_widths(window, head.num_variables)
+        self.widths = widths  # the verify widths of circuit windows
+        self.span = max(widths[-1], 1 + self.lookup.tokens) if self.lookup is not None else widths[-1]
+        self.drafter = Drafter(head, widths, position_cost, self.span, self.backbone.vocab_size)
+        self.n = head.num_variables
         self.verifier = Verifier(self.backbone)
         self.compile = compile
         cuda = self.backbone.parts.lm_head.weight.is_cuda
         self._compiled_step = compile_step(self.cycle_step, cuda) if compile else None
         self._compiled: set[tuple] = set()  # step variants compiled in a warm-up (see `_variant`)
         self.host_reads = HostReads()
+
+    @property
+    def width(self) -> int:
+        """The widest verify width of a circuit window."""
+        return self.widths[-1]
 
     # ----------------------------------------------------------------- public API
 
@@ -182,9 +215,9 @@ class SpeculativeDecoder:
         first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
 
         `phase_clock`: a `PhaseClock`; for a compiled decoder one without hooks (a hook inside a compiled
-        call would be traced by the compiler). The decoder stamps the start of every draft, and the start
-        (`backbone_start`) and end (`step_end`) of every cycle step: compiled, the step's draft and
-        acceptance run in one graph with the backbone call and are timed as its part.
+        call would be traced by the compiler). The decoder stamps the start (`backbone_start`) and end
+        (`step_end`) of every cycle step: compiled, the step's acceptance and next draft run in one
+        graph with the backbone call and are timed as its part.
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
@@ -205,14 +238,12 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
         stamp("backbone_start")
-        logits, h = self.verifier.start(prompt, max_new_tokens + self.drafter.lookup_width)
+        logits, h = self.verifier.start(prompt, max_new_tokens + self.span)
         stamp("backbone_end")
-        carried = _carry(target, logits)
-        first = _pick(target, carried, generator)[None] if self.bonus else None  # [1] x_0 on the device
-        x0 = self.host_reads(first)[0] if self.bonus else None
         eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         if self.compile:
-            self._warm(h, logits, target, eos_ids)
+            self._warm(h, target, eos_ids)
+        pending = self._first(target, logits, h, generator)
         lookup = None
         if self.lookup is not None:
             lookup = LookupState(self.lookup)
@@ -222,118 +253,129 @@ class SpeculativeDecoder:
         left = max_new_tokens
         while left > 0:
             start = time.perf_counter()
-            cycle = self._cycle(h, carried, x0, first, left, target, eos, eos_ids, generator, lookup, stamp)
-            committed, from_draft, source, h, carried, x0, first = cycle
+            if left == 1 or pending.first in eos:  # its first token ends the generation: nothing to verify
+                committed, width, source = [pending.first], 0, "circuit"
+            else:
+                committed, width, source, pending = self._cycle(pending, left, target, eos_ids, generator, lookup,
+                                                                stamp)
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(len(committed))
-            stats.draft_accepted_per_cycle.append(from_draft)
+            stats.draft_accepted_per_cycle.append(len(committed) - 1)
+            stats.width_per_cycle.append(width)
             stats.lookup_cycles += source == "lookup"
             tokens += committed
             left -= len(committed)
             if streamer is not None:
                 streamer.put(torch.tensor([committed], dtype=torch.long))
-            if committed[-1] in eos:
+            if committed[-1] in eos or width == 0:
                 break
         _end(streamer)
         return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
 
-    # ----------------------------------------------------------------- one cycle: draft, verify, accept
+    # ----------------------------------------------------------------- one cycle
 
-    def _cycle(self, h, carried, x0: int | None, first: torch.Tensor | None, left: int, target: Target, eos: set[int],
-               eos_ids, generator, lookup: LookupState | None, stamp):
-        """`x0` / `first` `[1]`: the committed first token on the host and on the device (bonus-conditioned
-        drafting; else None). `stamp(kind)` marks the draft and the cycle step for a phase clock.
-        Returns (committed ids, how many came from the draft, the window's source, next h `[d]`, next
-        carried target `[V]`, the next first token on the host and on the device, or None and None)."""
-        n = self.circuit.n
-        uniforms = window_uniforms(n + self.drafter.lookup_width, generator, h.device) if target.do_sample else None
-        stamp("head_start")  # choosing the window, and drafting the windows drafted outside the step
-        if self.bonus and (left == 1 or x0 in eos):  # the committed x_0 ends the generation: nothing to draft
-            return [x0], 0, "circuit", h, carried, None, None
-        draft = self.drafter.draft(h, carried, x0, target, generator, lookup, self._read_first)  # None: the circuit's
-        if left == 1 or x0 in eos:  # nothing left to verify: no backbone call
-            token, own = self.host_reads(torch.stack([draft.window[0], draft.own.long()]))
-            return [token], own, draft.source, h, carried, None, None
-        width = self.width if draft is None else draft.window.shape[0]
-        length = self.drafter.length if draft is None else draft.length
+    def _first(self, target: Target, logits: torch.Tensor, h: torch.Tensor, generator) -> Pending:
+        """The first window, after the prefill: `x_0` from the target at the prompt's last token, the
+        circuit's draft after it, and the one read of its first token and width."""
+        n = self.n
+        uniforms = self._uniforms(target, generator, h.device)
+        if target.do_sample:
+            first = inverse_cdf(target.probs(logits), uniforms[2 * n])
+        else:
+            first = logits.argmax()
+        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:n])
+        first_token, width = self.host_reads(torch.stack([window.tokens[0], window.width]))
+        return Pending(window, first_token, width, h)
+
+    def _cycle(self, pending: Pending, left: int, target: Target, eos_ids, generator, lookup: LookupState | None,
+               stamp) -> tuple[list[int], int, str, Pending]:
+        """Verify and accept `pending`'s window (or a lookup window in its place), draft the next one.
+        Returns (committed ids, the verified width, the window's source, the next pending window)."""
+        uniforms = self._uniforms(target, generator, pending.hidden.device)
+        window, width, length, source = pending.window, pending.width, min(pending.width, self.n), "circuit"
+        if lookup is not None:
+            chosen = self._lookup_window(pending, lookup, uniforms)
+            if chosen is not None:
+                window, width, length = chosen
+                source = "lookup"
         base = self.verifier.length
-        positions = self.verifier.positions(width)
-        limit = torch.tensor(min(length, left), device=h.device)
-        given = (None, None, None) if draft is None else (draft.window, draft.rows, draft.own)
-        step = self._step_for(target, eos_ids, draft is None, width)
-        stamp("backbone_start")  # a compiled step is one graph: its draft and acceptance count as the backbone's
-        packet, next_hidden, next_carried = step(target, h, first, *given, positions, limit, eos_ids, uniforms)
+        limit = torch.tensor(min(length, left), device=pending.hidden.device)
+        step = self._step_for(target, eos_ids, width)
+        stamp("backbone_start")  # a compiled step is one graph: its acceptance and draft count as the backbone's
+        out = step(target, window, self.verifier.positions(width), limit, eos_ids, uniforms)
         stamp("step_end")
         self.verifier.written(width)
-        accepted, own, next_first, *window = self.host_reads(packet)
-        self.verifier.commit(base + accepted)
-        committed = window[:accepted]
-        source = "circuit" if draft is None else draft.source
+        packet = CyclePacket.read(self.host_reads, out.packet)
+        self.verifier.commit(base + packet.accepted)
+        committed = packet.tokens[:packet.accepted]
         if lookup is not None:
             if source == "circuit":
-                lookup.record_circuit(accepted - 1)
-            lookup.extend(committed[1:])  # x_0 was added when drafting
-        return (committed, own + accepted - 1, source, next_hidden, next_carried,
-                *((next_first, packet[2:3]) if self.bonus else (None, None)))
+                lookup.record_circuit(packet.accepted - 1)
+            lookup.extend(committed[1:])  # x_0 was added when choosing the window
+        return committed, width, source, Pending(out.window, packet.next_first, packet.next_width, out.hidden)
 
-    def cycle_step(self, target: Target, h, first, window, rows, own, positions, limit, eos_ids, uniforms):
-        """A cycle once its window is chosen, as one function of fixed-shape tensors (with `compile=True`
-        one graph): the window, the verify call at `positions` `[1, W]` and `decide`.
+    def cycle_step(self, target: Target, window: Window, positions: torch.Tensor, limit: torch.Tensor,
+                   eos_ids: torch.Tensor, uniforms: torch.Tensor | None) -> StepOutput:
+        """A cycle as one function of fixed-shape tensors (with `compile=True` one graph): verify the
+        window's first `W` tokens at `positions` `[1, W]`, accept (`limit` `[]`: the tokens that may be
+        committed; `eos_ids` `[E]`), draft the next window. `uniforms` `[2n + S]` float64 (sampling;
+        None when greedy): `[:n]` draw the next window, `[n:2n]` a lookup window's circuit tokens (see
+        `_lookup_window`), `[2n:2n + W]` decide this one."""
+        n, W = self.n, positions.shape[1]
+        tokens = window.tokens[:W]  # [W]
+        logits, hidden = self.verifier.forward(tokens, positions)  # [W, V], [W, d]
+        rows = None if window.rows is None else window.rows[:W]
+        tests = None if uniforms is None else uniforms[2 * n:2 * n + W]
+        verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests)
+        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, None if uniforms is None else uniforms[:n])
+        return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
-        `window` `[W]` long with its proposal `rows` `[W, V]` (sampling) and `own` `[]` bool, or all
-        three None: then it is the circuit window after `first` `[1]`, drafted here from `h` `[d]`
-        (`Drafter.circuit_window`). `limit` `[]`: the tokens that may be committed; `uniforms` `[n +
-        lookup width]` float64 (sampling): the first `n` draw the circuit window, the next `W` decide the
-        window. Returns `decide`'s (packet, next draft hidden state, next carried target)."""
-        n = self.circuit.n
-        if window is None:
-            window, rows = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:n],
-                                                       target.do_sample)
-            own = h.new_zeros((), dtype=torch.bool)
-        logits, hidden = self.verifier.forward(window, positions)  # [W, V], [W, d]
-        tests = None if uniforms is None else uniforms[n:n + window.shape[0]]
-        return decide(target, self.acceptance, window, logits, hidden, limit, eos_ids, rows, tests, own)
+    def _lookup_window(self, pending: Pending, lookup: LookupState, uniforms) -> tuple[Window, int, int] | None:
+        """A lookup window in place of the circuit's, when the lookup has a match it prefers (read from the
+        past only): (window, verify width, real tokens), or None."""
+        lookup.extend([pending.first])
+        proposal = lookup.propose()
+        if proposal is None or not lookup.use(proposal):
+            return None
+        tokens = proposal.tokens[:lookup.length(proposal, self.width)]
+        length = self.drafter.lookup_length(tokens)
+        width = next((w for w in self.widths if w >= length), self.span)
+        fill = None if uniforms is None else uniforms[self.n:2 * self.n]  # never the next window's draws
+        return self.drafter.lookup_window(pending.hidden, pending.first, tokens, width, fill), width, length
 
-    def _step_for(self, target: Target, eos_ids: torch.Tensor, circuit_window: bool, width: int):
+    def _uniforms(self, target: Target, generator, device) -> torch.Tensor | None:
+        return cycle_uniforms(2 * self.n + self.span, generator, device) if target.do_sample else None
+
+    # ----------------------------------------------------------------- compiled steps
+
+    def _step_for(self, target: Target, eos_ids: torch.Tensor, width: int):
         """The compiled step if this variant was compiled in a warm-up, else the eager one: a cycle never
-        compiles (a rare variant, such as a bonus token the circuit cannot observe, runs eagerly)."""
-        return self._compiled_step if self._variant(target, eos_ids, circuit_window, width) in self._compiled \
-            else self.cycle_step
+        compiles."""
+        return self._compiled_step if self._variant(target, eos_ids, width) in self._compiled else self.cycle_step
 
-    def _variant(self, target: Target, eos_ids: torch.Tensor, circuit_window: bool, width: int) -> tuple:
-        # a compiled step specialises on the target, the EOS count, the window's kind and width, and the
-        # cache tensors it writes (new ones after every allocation)
-        return target, eos_ids.numel(), self.verifier.allocations, circuit_window, width
+    def _variant(self, target: Target, eos_ids: torch.Tensor, width: int) -> tuple:
+        # a compiled step specialises on the target, the EOS count, the verify width, and the cache
+        # tensors it writes (new ones after every allocation)
+        return target, eos_ids.numel(), self.verifier.allocations, width
 
-    def _read_first(self, token: torch.Tensor) -> int:
-        return self.host_reads(token[None])[0]
-
-    def _warm(self, h: torch.Tensor, logits: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
-        """Compile now, on this generation's caches and on inputs of the cycles' shapes, the step variants
-        this target's cycles run: the circuit window after `x_0` (bonus-conditioned drafting) or else an
-        eager window of the circuit's width, and with lookup a lookup window. The rows written here are
-        overwritten by the first cycle."""
-        fused = self.bonus and self.drafter.is_fused(0, target)  # without bonus every window is drafted eagerly
-        variants = {(fused, self.width)}
-        if self.lookup is not None:
-            variants.add((False, self.drafter.lookup_width))
-        n, vocab = self.circuit.n, logits.shape[-1]
-        uniforms = h.new_zeros(n + self.drafter.lookup_width, dtype=torch.float64) if target.do_sample else None
-        first = torch.zeros(1, dtype=torch.long, device=h.device) if self.bonus else None  # as the cycles pass it
-        for circuit_window, width in sorted(variants):
-            key = self._variant(target, eos_ids, circuit_window, width)
+    def _warm(self, h: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
+        """Compile now, on this generation's caches and on inputs of the cycles' shapes, the step variant
+        of every verify width this decoder's windows take. The rows written here are overwritten by the
+        first cycle."""
+        widths = set(self.widths) | ({self.span} if self.lookup is not None else set())
+        uniforms = self._uniforms(target, None, h.device)
+        first = torch.zeros((), dtype=torch.long, device=h.device)
+        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:self.n])
+        for width in sorted(widths):
+            key = self._variant(target, eos_ids, width)
             if key in self._compiled:
                 continue
-            given = (None, None, None) if circuit_window else (
-                torch.zeros(width, dtype=torch.long, device=h.device),
-                logits.new_zeros(width, vocab, dtype=torch.float64) if target.do_sample else None,
-                h.new_zeros((), dtype=torch.bool))
             # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
             # them built would be recompiled on the next call
             for step in (self.cycle_step, self._compiled_step):
                 base = self.verifier.length
-                step(target, h, first, *given, self.verifier.positions(width), torch.tensor(width, device=h.device),
-                     eos_ids, uniforms)
+                step(target, window, self.verifier.positions(width), torch.tensor(width, device=h.device), eos_ids,
+                     uniforms)
                 self.verifier.written(width)
                 self.verifier.commit(base)
             self._compiled.add(key)
@@ -415,36 +457,6 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
     return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
 
 
-def decide(target: Target, rule: AcceptanceRule, window, logits, hidden, limit, eos_ids, rows, uniforms, own):
-    """The accept step of a cycle: `accept_window`, then the one packet the host reads, `[3 + W]` long
-    (accepted count, whether `x_0` is the circuit's own, the next first token, the window). Returns
-    (packet, the next draft hidden state `[d]`, the next carried target `[V]`)."""
-    verdict = accept_window(target, rule, window, logits, hidden, limit, eos_ids, rows, uniforms)
-    packet = torch.cat([torch.stack([verdict.accepted, own.long(), verdict.next_first]), window])
-    return packet, verdict.hidden, verdict.carried
-
-
-def window_width(window: int | None, n: int) -> int:
-    """The verify width of a circuit window: `x_0` and `window - 1` drafted tokens, from 2 (one token to
-    test) to the circuit's `n` (None: `n`, or 2 for `n = 1`)."""
-    widest = max(n, 2)
-    if window is None:
-        return widest
-    if not isinstance(window, int) or isinstance(window, bool) or not 2 <= window <= widest:
-        raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions, got {window!r}")
-    return window
-
-
-def _carry(target: Target, logits: torch.Tensor) -> torch.Tensor:
-    """What the next cycle verifies its first token against: logits (greedy) or probabilities."""
-    return target.probs(logits) if target.do_sample else logits
-
-
-def _pick(target: Target, carried: torch.Tensor, generator) -> torch.Tensor:
-    """`[]` the first token from a carried target, on the device."""
-    return torch.multinomial(carried, 1, generator=generator)[0] if target.do_sample else carried.argmax()
-
-
 def _no_stamp(kind: str) -> None:
     """No phase clock: nothing to stamp."""
 
@@ -452,5 +464,3 @@ def _no_stamp(kind: str) -> None:
 def _end(streamer) -> None:
     if streamer is not None:
         streamer.end()
-
-

@@ -1,173 +1,181 @@
-"""The draft seam of a cycle: circuit parameters (and the carried target) -> one fixed-width window.
+"""The draft seam of a cycle: a draft hidden state and a committed first token -> one window.
 
-A window is `[x_0, d_1 .. d_{W-1}]` fitted to the verify width of its source (`W` for the circuit, at
-most its `n`: a shorter window verifies fewer drafted tokens per cycle; `1 + K` for prompt lookup of `K`
-tokens; at least 2), so the verifier is called with one shape per source whatever is drafted.
-Everything stays on the device: the tokens, the proposal rows the acceptance needs (`Draft.rows`,
-sampling only) and, without bonus-conditioned drafting, the decision whether `x_0` is the circuit's
-own first token. The only host values read here are the ones that choose *what* to draft (the
-committed `x_0` for bonus-conditioned drafting and lookup), and those come from the previous cycle's
-one read.
+A `Window` is `[x_0, d_1 .. d_{S-1}]` on the device, padded to one span `S` for every window of a
+decoder (the circuit's `n` positions, or a prompt-lookup window's `1 + K` when that is longer), with
+the proposal rows the acceptance needs (sampling) and the verify width chosen for it. `x_0` is
+already committed; the verifier tests `d_1 .. d_{width-1}`.
 
-The common window, the circuit's after a committed `x_0` (bonus-conditioned drafting, a head that keeps
-its region graph), is one fixed-shape function, `Drafter.circuit_window`: hidden state -> head ->
-`circuitc.draft.DraftProgram` (a sample from given uniforms, or the conditional / marginal argmax) ->
-the fitted window and its proposal rows. `Drafter.draft` returns None for it: the decoder runs it
-inside its cycle step, so that with `compile=True` draft, verify and accept are one graph. The other
-windows (lookup, the circuit's own first token, heads without a graph) are drafted here, eagerly.
+The circuit's window (`Drafter.circuit_window`, one fixed-shape function the decoder's cycle step
+runs after its acceptance) is head -> `circuitc.draft.DraftProgram` conditioned on `x_0` (the
+sequential argmax of the circuit's exact conditionals when greedy, an exact sample from the cycle's
+uniforms when sampling) -> the conditionals it drew from. Its verify width is read off the draft's
+own probabilities (`AdaptiveWidth`): the width that maximises the tokens a cycle expects to commit
+per unit of cycle cost, by the circuit's own account. The width reads only the draft and the past,
+so every position's test is unchanged and decoding stays exact; only where the window stops moves.
+
+A lookup window (`Drafter.lookup_window`, drafted eagerly on the host's choice) is `x_0`, then the
+lookup tokens as point-mass proposals, then (when they end inside the circuit's `n` positions) the
+circuit's draft conditioned on all of them.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
-from ..heads import MTPHead
-from .acceptance import AcceptanceRule, Target, first_token
-from .proposals import CircuitDrafter, Draft, LookupState
+from circuitc.draft import DraftProgram
 
-__all__ = ["Drafter"]
+from ..heads import MTPHead
+
+__all__ = ["AdaptiveWidth", "Drafter", "Window", "window_widths"]
+
+
+@dataclass
+class Window:
+    """One window on the device. `tokens` `[S]` long (`tokens[0]` = the committed `x_0`, padding after
+    the real tokens); `rows` `[S, V]` float64 (sampling; None when greedy): row `j` is the proposal of
+    position `j` (the circuit's exact conditional, or a point mass at a lookup token); `width` `[]`
+    long: how many positions to verify (2 .. S)."""
+
+    tokens: torch.Tensor
+    rows: torch.Tensor | None
+    width: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(Window)  # a compiled step takes and returns it as one graph's tensors
+
+
+@dataclass(frozen=True)
+class AdaptiveWidth:
+    """Choose each circuit window's verify width from the draft's own probabilities.
+
+    With `c_j` the circuit's probability of its drafted token `d_j` (its most likely continuation when
+    greedy: the probability the circuit gives that its draft is right), a width `w` is expected to
+    commit `1 + sum_{j < w} c_1 .. c_j` tokens and to cost `1 + position_cost * (w - 1)` units of a
+    one-position cycle; the decoder verifies the width (of `widths`) with the most tokens per unit.
+    `position_cost`: a verified position's share of a cycle's cost (None: 0.08 on a CPU, where a
+    verified position costs ~0.3-0.6 ms of a ~5-7 ms cycle; 0.01 on a GPU, where it costs next to
+    nothing). `widths`: the candidate widths (None: about 2, n/2, 3n/4 and n); each is one compiled
+    variant of the cycle step."""
+
+    position_cost: float | None = None
+    widths: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.position_cost is not None and not 0 <= self.position_cost < 10:
+            raise ValueError(f"position_cost must be in [0, 10), got {self.position_cost!r}")
+
+
+def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int, ...], float]:
+    """The verify widths a decoder's circuit windows may take (each 2 .. max(n, 2)) and the position
+    cost that chooses among them: `window` an int -> that width alone; an `AdaptiveWidth` or None ->
+    its widths (default about 2, n/2, 3n/4, n)."""
+    widest = max(n, 2)
+    if isinstance(window, int) and not isinstance(window, bool):
+        if not 2 <= window <= widest:
+            raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions, got {window!r}")
+        return (window,), 0.0
+    if window is not None and not isinstance(window, AdaptiveWidth):
+        raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions or an "
+                         f"AdaptiveWidth, got {window!r}")
+    adaptive = window or AdaptiveWidth()
+    widths = adaptive.widths or tuple(max(2, w) for w in (2, -(-widest // 2), -(-3 * widest // 4), widest))
+    if any(not isinstance(w, int) or not 2 <= w <= widest for w in widths):
+        raise ValueError(f"AdaptiveWidth widths must be integers from 2 to the circuit's {widest}, got {widths!r}")
+    return tuple(sorted(set(widths))), adaptive.position_cost if adaptive.position_cost is not None else -1.0
 
 
 class Drafter:
-    """Windows of one head. `strategy`: the greedy draft strategy; `bonus`: bonus-conditioned drafting
-    (`x_0` is given, the circuit drafts after it); `width` / `lookup_width`: the verify widths of a
-    circuit window (at most the circuit's `n`, or 2 for `n = 1`) and of a lookup window; `vocab`: the
-    verifier's vocabulary size (proposal rows are `[W, vocab]`)."""
+    """Windows of one head. `widths`: the circuit windows' verify widths; `position_cost`: what a
+    verified position costs (see `AdaptiveWidth`; -1: the device's default); `span`: the token count of
+    every window; `vocab`: the verifier's vocabulary (proposal rows are `[span, vocab]`)."""
 
-    def __init__(self, head: MTPHead, strategy: str, bonus: bool, rule: AcceptanceRule, width: int,
-                 lookup_width: int, vocab: int):
-        self.head, self.circuit = head, CircuitDrafter(head)
-        self.strategy, self.bonus, self.rule = strategy, bonus, rule
-        self.width, self.lookup_width, self.vocab = width, lookup_width, vocab
-        self.length = min(self.circuit.n, width)  # real tokens in a circuit window
-
-
-    def draft(self, h, carried, x0: int | None, target: Target, generator, lookup: LookupState | None,
-              read_first: Callable[[torch.Tensor], int]) -> Draft | None:
-        """The cycle's window, or None when it is `circuit_window`'s (the decoder's cycle step drafts
-        it). `h` `[d]` the draft hidden state at the last committed token; `carried` `[V]` the target of
-        position 0; `x0` the committed first token when bonus-conditioned (else None: decided here
-        against `carried`). `read_first` reads a device token to the host (only lookup without bonus
-        needs it)."""
-        theta = None if self.bonus else self.theta(h)
-        own = None if self.bonus else self._own_window(theta, carried, target, generator)
-        if lookup is not None:
-            committed_first = x0 if x0 is not None else read_first(own.window[0])
-            lookup.extend([committed_first])
-            proposal = lookup.propose()
-            if proposal is not None and lookup.use(proposal):
-                tokens = proposal.tokens[:lookup.length(proposal, self.length)]
-                is_own = own.own if own is not None else h.new_zeros((), dtype=torch.bool)
-                theta = theta if theta is not None else self.theta(h)
-                return self._lookup_window(theta, committed_first, tokens, target, generator, is_own)
-        if own is not None:
-            return own
-        if self.is_fused(x0, target):
-            return None
-        return self._bonus_window(self.theta(h), x0, target, generator)
+    def __init__(self, head: MTPHead, widths: tuple[int, ...], position_cost: float, span: int, vocab: int):
+        if head.graph is None:
+            raise ValueError("the head's circuit has no region graph (build the head from a RegionGraph, a .pc/.json "
+                             "source or a compiled circuit that keeps `.graph`): the decoder drafts with its "
+                             "circuitc.draft.DraftProgram")
+        self.head, self.n, self.v = head, head.num_variables, head.num_states
+        self.program = DraftProgram(head.graph, head.circ.param_layout)
+        self.widths, self.span, self.vocab = widths, span, vocab
+        cuda = next(head.parameters()).is_cuda
+        self.position_cost = position_cost if position_cost >= 0 else (0.01 if cuda else 0.08)
+        self._candidates = torch.tensor(widths)
 
     def theta(self, h: torch.Tensor) -> torch.Tensor:
-        """`[1, P]` the circuit's parameters at draft hidden state `h` `[d]`."""
-        return self.head(h.to(self.head.dtype))[None]
+        """`[P]` the circuit's parameters at the draft hidden state `h` `[d]`."""
+        return self.head(h.to(self.head.dtype))
 
-    def is_fused(self, x0: int | None, target: Target) -> bool:
-        """Whether the window after `x0` is `circuit_window`'s (else one of the eager windows)."""
-        c = self.circuit
-        strategy_fits = target.do_sample or self.strategy in ("conditional", "marginal")
-        return x0 is not None and x0 < c.v and c.program is not None and strategy_fits
+    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None) -> Window:
+        """One fixed-shape draft: `h` `[d]`, `first` `[]` long (the committed `x_0`), `uniforms` `[n]`
+        float64 (sampling; None: greedy) -> the circuit's window after `x_0`."""
+        # a first token the circuit has no state for (a special token past its `v`) conditions the draft
+        # as its last state would: any function of the past is a valid proposal, and the rows say which
+        prefix = first.clamp_max(self.v - 1).view(1)
+        theta = self.theta(h)
+        if uniforms is None:
+            drafted, conditionals = self.program.greedy(theta, prefix, with_rows=True)  # [n], [n, v]
+        else:
+            drafted, conditionals = self.program.sample(theta, None, prefix, uniforms)
+        tokens = self._padded(torch.cat([first.view(1), drafted[1:]]))  # [S]
+        own = conditionals[1:].gather(1, drafted[1:, None])[:, 0]  # [n-1] c_j
+        width = self._width(own)
+        if uniforms is None:
+            return Window(tokens, None, width)
+        return Window(tokens, self._rows(conditionals, h.device), width)
 
-    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
-                       do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One fixed-shape draft: `h` `[d]`, `first` `[1]` long (`x_0 < v`), `uniforms` `[n]` float64
-        (sampling) -> the window `[W]` long (`x_0`, then `d_1 .. d_{W-1}` from `q(. | x_0)`) and, when
-        sampling, its proposal rows `[W, V]` float64 (None when greedy)."""
-        theta = self.head(h.to(self.head.dtype))  # [P]
-        program = self.circuit.program
-        if do_sample:
-            d, rows = program.sample(theta, None, first, uniforms)  # [n], [n, v]
-            window = self._fitted(d, self.width)
-            return window, self._rows(window, rows, 0)
-        run = program.greedy if self.strategy == "conditional" else program.marginal_argmax
-        return self._fitted(run(theta, first), self.width), None
+    def lookup_window(self, h: torch.Tensor, first: int, proposal: list[int], width: int,
+                      uniforms: torch.Tensor | None) -> Window:
+        """`[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its `n`
+        positions when they end earlier and the circuit can observe them all. `width`: the verify width;
+        `uniforms` as for `circuit_window`. Eager (a lookup window's prefix length varies)."""
+        given = [first] + proposal
+        device = h.device
+        prefix = torch.tensor(given, dtype=torch.long, device=device)
+        if len(given) >= self.n or max(given) >= self.v:
+            tokens, conditionals = prefix, None
+        elif uniforms is None:
+            tokens, conditionals = self.program.greedy(self.theta(h), prefix, with_rows=True)
+        else:
+            tokens, conditionals = self.program.sample(self.theta(h), None, prefix, uniforms)
+        tokens = self._padded(tokens)
+        width_t = torch.tensor(width, device=device)
+        if uniforms is None:
+            return Window(tokens, None, width_t)
+        rows = self._rows(conditionals, device)
+        rows[1:len(given)] = 0
+        rows[1:len(given)].scatter_(1, tokens[1:len(given), None], 1.0)
+        return Window(tokens, rows, width_t)
 
-    # ----------------------------------------------------------------- padding and proposal rows
+    def lookup_length(self, proposal: list[int]) -> int:
+        """The real tokens of the lookup window of `proposal`: `x_0` and the proposal, or the circuit's
+        `n` positions when it fills after them."""
+        given = 1 + len(proposal)
+        fills = given < self.n and max(proposal, default=0) < self.v
+        return max(given, self.n) if fills else given
 
-    def _fitted(self, tokens: torch.Tensor, width: int) -> torch.Tensor:
-        """`[m]` -> `[width]` long: the first `width` tokens, or zeros after them (verified, never accepted)."""
-        if tokens.shape[0] >= width:
-            return tokens[:width]
-        return torch.cat([tokens, tokens.new_zeros(width - tokens.shape[0])])
+    # ----------------------------------------------------------------- helpers
 
-    def _rows(self, window: torch.Tensor, circuit_rows: torch.Tensor | None, point_mass: int) -> torch.Tensor:
-        """`[W, V]` float64: the circuit's rows `[n, v]` (the first `W`; zero beyond `v`), point masses at
-        positions `1 .. point_mass` (a lookup token `c` is proposed with probability 1)."""
-        W = window.shape[0]
-        rows = torch.zeros(W, self.vocab, dtype=torch.float64, device=window.device)
-        if circuit_rows is not None:
-            kept = circuit_rows[:W]
-            rows[:kept.shape[0], :kept.shape[1]] = kept
-        if point_mass:
-            rows[1:point_mass + 1] = 0
-            rows[1:point_mass + 1].scatter_(1, window[1:point_mass + 1, None], 1.0)
+    def _width(self, own: torch.Tensor) -> torch.Tensor:
+        """`[]` long: the verify width, of `widths`, with the most expected tokens per unit of cost."""
+        if len(self.widths) == 1:
+            return own.new_full((), self.widths[0], dtype=torch.long)
+        candidates = self._candidates.to(own.device)  # [K]
+        survive = own.double().cumprod(0)  # [n-1] the circuit's probability that d_1 .. d_j are all right
+        expected = 1 + torch.cat([survive.new_zeros(1), survive.cumsum(0)])  # [n] tokens a width of j + 1 commits
+        gain = expected[candidates - 1] / (1 + self.position_cost * (candidates - 1))  # [K]
+        return candidates[gain.argmax()]
+
+    def _padded(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`[m]` -> `[span]` long: zeros after the tokens (verified only past the width's real ones: never)."""
+        if tokens.shape[0] >= self.span:
+            return tokens[:self.span]
+        return torch.cat([tokens, tokens.new_zeros(self.span - tokens.shape[0])])
+
+    def _rows(self, conditionals: torch.Tensor | None, device) -> torch.Tensor:
+        """`[span, V]` float64: the circuit's conditionals `[n, v]` (zero beyond `v` and `n`)."""
+        rows = torch.zeros(self.span, self.vocab, dtype=torch.float64, device=device)
+        if conditionals is not None:
+            rows[:conditionals.shape[0], :conditionals.shape[1]] = conditionals[:self.span]
         return rows
-
-    # ----------------------------------------------------------------- the three windows
-
-    def _bonus_window(self, theta, x0: int, target: Target, generator) -> Draft:
-        """The circuit's window after the committed `x_0`, conditioned on it, where `circuit_window`
-        does not apply (a head without its region graph, a first token the circuit cannot observe, the
-        "map" and "sample" greedy strategies)."""
-        c, W = self.circuit, self.width
-        keep0 = x0 < c.v
-        given = [x0] if keep0 else []
-        first = torch.tensor([x0], dtype=torch.long, device=theta.device)
-        true = theta.new_ones((), dtype=torch.bool)
-        if not target.do_sample:
-            d = c.greedy(theta, self.strategy, generator, given)
-            return Draft(self._fitted(torch.cat([first, d[1:]]), W), self.length, ~true)
-        d = c.sample(theta, generator, given)
-        window = torch.cat([first, d[1:]])
-        rows = c.rows(theta, window if keep0 else d, keep0)
-        window = self._fitted(window, W)
-        return Draft(window, self.length, ~true, self._rows(window, rows, 0))
-
-    def _own_window(self, theta, carried, target: Target, generator) -> Draft:
-        """The circuit's own window; `x_0` is its first token if the verifier accepts it (greedy: equal
-        to the argmax; sampling: the speculative rule against `carried`), else the verifier's."""
-        c, W = self.circuit, self.width
-        if not target.do_sample:
-            d = c.greedy(theta, self.strategy, generator, [])
-            x0, own = first_token(target, self.rule, carried, d[0], None, generator)
-            return Draft(self._fitted(torch.cat([x0[None], d[1:]]), W), self.length, own)
-        if c.program is not None:
-            d, rows = c.program.sample(theta[0], generator)
-        else:
-            d = c.sample(theta, generator, [])
-            rows = c.rows(theta, d, True)
-        full = self._rows(self._fitted(d, W), rows, 0)  # [W, V]
-        x0, own = first_token(target, self.rule, carried, d[0], full[0], generator)
-        return Draft(self._fitted(torch.cat([x0[None], d[1:]]), W), self.length, own, full)
-
-    def _lookup_window(self, theta, x0: int, tokens: list[int], target: Target, generator, own) -> Draft:
-        """`[x_0, lookup tokens]` (point-mass proposals), then, when that is shorter than the circuit's
-        window, the circuit's draft conditioned on all of them."""
-        c, W = self.circuit, self.lookup_width
-        given = [x0] + tokens
-        prefix = torch.tensor(given, dtype=torch.long, device=theta.device)
-        sample = target.do_sample
-        if len(given) >= c.n or max(given) >= c.v:  # no room for the circuit, or a token it cannot observe
-            window = self._fitted(prefix, W)
-            return Draft(window, len(given), own, self._rows(window, None, len(tokens)) if sample else None,
-                         len(tokens), "lookup")
-        if not sample:
-            d = c.greedy(theta, self.strategy, generator, given)
-            return Draft(self._fitted(d, W), min(c.n, W), own, None, len(tokens), "lookup")
-        if c.program is not None:
-            d, rows = c.program.sample(theta[0], generator, prefix)
-        else:
-            d = c.sample(theta, generator, given)
-            rows = c.rows(theta, d, True)
-        window = self._fitted(d, W)
-        return Draft(window, min(c.n, W), own, self._rows(window, rows, len(tokens)), len(tokens), "lookup")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 __all__ = ["OutputLayer", "output_logits", "DecoderParts", "DecoderLayout", "BackboneFamily", "LayeredFamily", "LlamaFamily", "WholeModelPath",
@@ -158,6 +159,7 @@ class LayeredFamily(BackboneFamily):
     def __init__(self, layout: DecoderLayout = LLAMA_LAYOUT, lora_targets: tuple[str, ...] = (),
                  layers_pattern: str | None = None):
         self.layout = layout
+        self._cache_names: dict[type, str] = {}  # layer class -> the keyword it takes its cache by
         self.lora_targets = lora_targets
         self.layers_pattern = layers_pattern or layout.layers
 
@@ -185,8 +187,14 @@ class LayeredFamily(BackboneFamily):
 
     def masks(self, config, embeds, cache, position_ids, num_layers):
         kinds = layer_types(config, num_layers)
-        made = {kind: MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                  position_ids=position_ids) for kind in set(kinds)}
+        static_length = _static_length(cache) if config._attn_implementation == "sdpa" else None
+        made = {}
+        for kind in set(kinds):
+            if kind == "full_attention" and static_length is not None:
+                made[kind] = position_mask(position_ids, static_length)
+            else:
+                made[kind] = MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
+                                         position_ids=position_ids)
         return [made[kind] for kind in kinds[:num_layers]]
 
     def position_embeddings(self, config, parts, hidden, position_ids, num_layers):
@@ -201,7 +209,14 @@ class LayeredFamily(BackboneFamily):
     def call_layer(self, layer, hidden, mask, position_embeddings, position_ids, cache):
         extra = {} if position_embeddings is None else {"position_embeddings": position_embeddings}
         return layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                     **{_cache_kwarg(layer): cache}, **extra)
+                     **{self._cache_kwarg(layer): cache}, **extra)
+
+    def _cache_kwarg(self, layer: nn.Module) -> str:
+        # read once per layer class before any call, so a compiled step never traces the signature lookup
+        name = self._cache_names.get(type(layer))
+        if name is None:
+            name = self._cache_names[type(layer)] = _cache_kwarg(layer)
+        return name
 
 
 class LlamaFamily(LayeredFamily):
@@ -210,6 +225,24 @@ class LlamaFamily(LayeredFamily):
 
     def __init__(self):
         super().__init__(LLAMA_LAYOUT, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+
+def position_mask(position_ids: torch.Tensor, kv_length: int) -> torch.Tensor:
+    """`[B, 1, T, kv_length]` bool, True where a query at `position_ids` `[B, T]` may attend: every cached
+    position at or before its own. For preallocated caches, whose slot `k` holds position `k`, it is the
+    causal mask transformers builds for SDPA, built without reading the cache's length to the host
+    (transformers tests `offset == 0` on that tensor: a host read, a GPU sync, in every call)."""
+    slots = torch.arange(kv_length, device=position_ids.device)  # [kv]
+    return (slots[None, None, None, :] <= position_ids[:, None, :, None])
+
+
+def _static_length(cache) -> int | None:
+    """The slot count of a cache made only of preallocated `StaticLayer`s of one length, else None."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(isinstance(layer, StaticLayer) for layer in layers):
+        return None
+    lengths = {layer.max_cache_len for layer in layers}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 @functools.lru_cache(maxsize=None)

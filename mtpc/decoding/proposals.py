@@ -1,11 +1,9 @@
-"""Proposal sources of the speculative decoder: the circuit head's window and prompt lookup.
+"""Prompt lookup, the speculative decoder's second proposal source (the first is the circuit head,
+`mtpc.decoding.drafting`).
 
-A cycle's window is `[x_0, d_1 .. d_{w-1}]` (`x_0` already decided against the carried target). The
-drafted tokens come from one of two sources, chosen per cycle by `LookupState.use`:
-
-- the circuit (`CircuitDrafter`): `d_j` drawn or argmax-ed from the circuit's exact conditionals
-  `q(x_j | x_<j)`, which are also the proposal probabilities used in acceptance;
-- prompt lookup (`PromptLookup`, `LookupState`): the tokens that followed the most recent earlier
+A cycle's window is `[x_0, d_1 .. d_{w-1}]` (`x_0` already decided). Its drafted tokens come from the
+circuit's exact conditionals, or, when `LookupState.use` prefers it, from
+prompt lookup (`PromptLookup`, `LookupState`): the tokens that followed the most recent earlier
   occurrence of the text's last few tokens (prompt + generated so far). A deterministic candidate is
   a point-mass proposal `q = delta_c`: it is accepted with probability `p(c)` and after a rejection the
   token is drawn from `norm(max(0, p - delta_c))`, i.e. `p` with `c` removed and renormalised. When
@@ -23,131 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
-from ..heads.head import MTPHead
-
-__all__ = ["CircuitDrafter", "Draft", "LookupProposal", "LookupState", "PromptLookup", "LOOKUP_PREFERENCES"]
+__all__ = ["LookupProposal", "LookupState", "PromptLookup", "LOOKUP_PREFERENCES"]
 
 LOOKUP_PREFERENCES = ("adaptive", "lookup")
-
-
-# --------------------------------------------------------------------------- one window
-
-@dataclass
-class Draft:
-    """One window, on the device: `window[0]` is the committed token `x_0`, `window[1 .. length-1]` the
-    drafted tokens, the rest padding (the verify call has one width per source, whatever is drafted).
-
-    `rows[j]` (sampling only) is the proposal of position `j` over the vocabulary: the circuit's exact
-    conditional `q(x_j = . | window[:j])` (zero beyond its `v` states), a point mass at lookup tokens
-    (positions `1 .. point_mass`). `own` `[]` bool: `window[0]` is the circuit's own (accepted) token."""
-
-    window: torch.Tensor  # [W] long
-    length: int  # real tokens in `window`
-    own: torch.Tensor  # [] bool
-    rows: torch.Tensor | None = None  # [W, V] float64
-    point_mass: int = 0
-    source: str = "circuit"  # "circuit" or "lookup"
-
-
-# --------------------------------------------------------------------------- the circuit
-
-class CircuitDrafter:
-    """The decoder's view of one head + compiled circuit at batch size 1 (all shapes `[1, ...]`).
-
-    When the head keeps its region graph, greedy "conditional" and "marginal" drafts and sampling-mode
-    drafts run `circuitc.draft.DraftProgram` (planned top-down derivatives: about 0.15 ms for n = 8,
-    r = 8, v = 256 where an upward pass over the `v` candidates per position took 1-7 ms; a sampled
-    window comes with the exact conditionals it was drawn from, so acceptance and residuals need no
-    further circuit pass); otherwise the layered programs. Drafts may be conditioned on a `given`
-    prefix (the committed `x_0`, and lookup tokens after it)."""
-
-    def __init__(self, head: MTPHead):
-        from circuitc.draft import DraftProgram
-
-        self.circ = head.circ
-        self.n, self.v = head.num_variables, head.num_states
-        self.program = DraftProgram(head.graph, self.circ.param_layout) if head.graph is not None else None
-
-    def keep(self, upto: int, keep0: bool) -> torch.Tensor:
-        """[n] bool: positions `< upto` observed, position 0 only if `keep0`."""
-        mask = torch.arange(self.n, device=self.circ.leaf_variable.device) < upto
-        if not keep0:
-            mask[0] = False
-        return mask
-
-    def conditional(self, theta, cond, upto: int, keep0: bool, variable: int) -> torch.Tensor:
-        """`[v]` log q(x_variable | cond[:upto]) (`variable >= upto`): one marginal pass over the `v`
-        candidate states, normalised (3x faster at batch 1 than the runtime's gradient-based
-        `conditional_log_distribution`, same values)."""
-        keep = self.keep(upto, keep0)
-        keep[variable] = True
-        candidates = cond[None].repeat(self.v, 1)  # [v, n]
-        candidates[:, variable] = torch.arange(self.v, device=cond.device)
-        return self.circ.log_marginal(candidates, keep, theta[0]).log_softmax(-1)
-
-    def marginals(self, theta, x, given: int) -> torch.Tensor:
-        """`[n, v]` log q(x_j = s | x_<given), all positions in one pass (for `j >= given`)."""
-        n, v = self.n, self.v
-        candidates = x[None, None].repeat(n, v, 1)  # [n, v, n]
-        positions = torch.arange(n, device=x.device)
-        candidates[positions, :, positions] = torch.arange(v, device=x.device)
-        keep = torch.eye(n, dtype=torch.bool, device=x.device)  # [n, n] row j observes x_j
-        keep[:, :given] = True
-        keep = keep[:, None].expand(n, v, n).reshape(n * v, n)
-        joint = self.circ.log_marginal(candidates.view(n * v, n), keep, theta[0])  # [n * v]
-        return joint.view(n, v).log_softmax(-1)
-
-    def rows(self, theta, cond, keep0: bool) -> torch.Tensor:
-        """`[n, v]` probabilities: row `j` = `q(x_j = . | cond[:j])` (position 0 observed iff `keep0`),
-        every row from one marginal pass over `n * v` candidates (no per-position host decisions)."""
-        n, v = self.n, self.v
-        positions = torch.arange(n, device=cond.device)
-        candidates = cond[None, None].repeat(n, v, 1)  # [n, v, n]
-        candidates[positions, :, positions] = torch.arange(v, device=cond.device)
-        keep = positions[None, :] <= positions[:, None]  # [n, n] row j observes x_0 .. x_j
-        if not keep0:
-            keep[1:, 0] = False
-        keep = keep[:, None].expand(n, v, n).reshape(n * v, n)
-        joint = self.circ.log_marginal(candidates.view(n * v, n), keep, theta[0])  # [n * v]
-        return joint.view(n, v).double().log_softmax(-1).exp()
-
-    def _evidence(self, theta, given: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        evidence = torch.zeros((1, self.n), dtype=torch.long, device=theta.device)
-        evidence[0, :len(given)] = torch.tensor(given, dtype=torch.long, device=theta.device)
-        return evidence, self.keep(len(given), True)
-
-    def sample(self, theta, generator, given: list[int]) -> torch.Tensor:
-        """`[n]` a circuit sample, conditioned on `x_<m = given` (`m = len(given) < n`)."""
-        if not given:
-            return self.circ.sample(theta, num_samples=1, generator=generator)[0, 0]
-        evidence, keep = self._evidence(theta, given)
-        d = self.circ.sample(theta, num_samples=1, generator=generator, evidence=evidence, keep=keep)[0, 0]
-        return torch.cat([evidence[0, :len(given)], d[len(given):]])
-
-    def greedy(self, theta, strategy: str, generator, given: list[int]) -> torch.Tensor:
-        """`[n]` a deterministic (or sampled, for "sample") draft, conditioned on `x_<m = given`."""
-        if strategy == "sample":
-            return self.sample(theta, generator, given)
-        if strategy == "map":
-            if not given:
-                return self.circ.map(theta)[0]
-            evidence, keep = self._evidence(theta, given)
-            return torch.cat([evidence[0, :len(given)], self.circ.map(theta, evidence=evidence, keep=keep)[0, len(given):]])
-        if self.program is not None:
-            prefix = torch.tensor(given, dtype=torch.long, device=theta.device) if given else None
-            run = self.program.greedy if strategy == "conditional" else self.program.marginal_argmax
-            return run(theta[0], prefix)
-        x = torch.zeros(self.n, dtype=torch.long, device=theta.device)
-        start = len(given)
-        x[:start] = torch.tensor(given, dtype=torch.long, device=theta.device)
-        if strategy == "marginal":
-            best = self.marginals(theta, x, start).argmax(-1)  # [n]
-            return torch.cat([x[:start], best[start:]])
-        for j in range(start, self.n):
-            x[j] = self.conditional(theta, x, j, True, j).argmax()
-        return x
 
 
 # --------------------------------------------------------------------------- prompt lookup
