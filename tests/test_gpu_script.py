@@ -3,6 +3,7 @@ sizes), the returned files respect the limits, and (slow) the whole dry run on t
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -76,10 +77,54 @@ def test_pack_lm_returns_nothing_when_the_parts_would_not_fit(tmp_path, monkeypa
         assert tar.extractfile("lm-bf16/model.safetensors").read() == b"x" * 5000
 
 
+def copied_checkout(dest: Path, only: tuple[str, ...] = ()) -> Path:
+    """The tracked files of this checkout (as they are in the work tree) copied to `dest`, without the
+    shipped models and the docs (megabytes no stage reads); `only`: just the files under these folders."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in names.decode().split("\0"):
+        wanted = name.startswith(only) if only else not name.startswith(("models/", "docs/"))
+        if name and wanted and (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def load_script_from(root: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, root / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_prompts_needed(sizes) -> tuple[int, int]:
+    """(prompts, prompt length) the dry run's benches ask of their corpus (the greedy one runs 2 repeats)."""
+    flags = sizes.bench
+    return int(flags[flags.index("--num-prompts") + 1]) * 2, int(flags[flags.index("--prompt-len") + 1])
+
+
+def test_the_dry_runs_corpus_gives_the_same_prompts_from_any_checkout_location(tmp_path):
+    from mtpc.bench.config import BenchConfig
+    from mtpc.bench.prompts import prompts_from_corpus
+    from mtpc.tokenizer import ByteTokenizer
+
+    parts = ("benchmarks/", "circuitc/", "mtpc/training/")  # the script and the corpora it might name
+    copies = [copied_checkout(tmp_path / where, parts) for where in ("a/checkout", "b/c/other-name")]
+    picked = []
+    for i, root in enumerate(copies):
+        sizes = load_script_from(root, f"gpu_script_copy{i}").dry_sizes()
+        assert Path(sizes.corpus).is_relative_to(root) and sizes.data == ["--data", sizes.corpus]
+        count, length = bench_prompts_needed(sizes)
+        picked.append(prompts_from_corpus(sizes.corpus, ByteTokenizer(), count, length, BenchConfig.seed,
+                                          BenchConfig.val_fraction))  # an InputError: too few held-out spans
+    assert picked[0] == picked[1]
+
+
 @pytest.mark.slow
 def test_the_dry_run_runs_every_stage_and_returns_files_within_the_limits(tmp_path):
+    root = copied_checkout(tmp_path / "elsewhere" / "checkout")  # not where the package was installed from
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--work",
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu.py"), "--dry-run", "--work",
                           str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     assert run.returncode == 0, (summary["stages"], run.stdout[-3000:])
