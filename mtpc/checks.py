@@ -59,10 +59,10 @@ def int_in(low: int, high: int):
     return parse
 
 
-def width_or_adaptive(text: str) -> int | None:
-    """A verify width: an integer in 2..1024, or `adaptive` (None: each window chooses its own)."""
+def width_or_adaptive(text: str) -> int | str:
+    """A verify width: an integer in 2..1024, or `adaptive` (each window chooses its own)."""
     if text.strip().lower() == "adaptive":
-        return None
+        return "adaptive"
     return _number(text, int, "'adaptive' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
 
 

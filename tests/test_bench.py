@@ -135,11 +135,12 @@ def test_greedy_check_flags_a_decoder_that_commits_a_wrong_token(setup):
 
 
 def test_sampling_mode_and_decoder_variants(setup):
-    report = run_bench(config(setup, mode="sample", windows=(None, 3), temperature=0.8, top_p=0.95))
+    report = run_bench(config(setup, mode="sample", windows=(None, "adaptive"), temperature=0.8, top_p=0.95))
     labels = [r["label"] for r in report["heads"]]
-    assert labels == ["ff4", "ff4/w3", "cp4", "cp4/w3"]
+    assert labels == ["ff4", "ff4/adaptive", "cp4", "cp4/adaptive"]
     assert report["greedy_identical"] is None and all("greedy_check" not in r for r in report["heads"])
-    assert {r["ff_reference"] for r in report["heads"]} == {"ff4", "ff4/w3"}
+    assert {r["ff_reference"] for r in report["heads"]} == {"ff4", "ff4/adaptive"}
+    assert [r["width"] for r in report["heads"]] == [N, "adaptive", N, "adaptive"]
     greedy = run_bench(config(setup, heads=[setup["heads"]["cp"]]))
     assert [r["label"] for r in greedy["heads"]] == ["cp4"] and greedy["greedy_identical"] is True
     assert all(r["ff_reference"] is None and "speedup_ff" not in r for r in greedy["heads"])
@@ -149,7 +150,7 @@ def test_windows_are_compared_side_by_side_and_a_wider_one_is_refused(setup):
     report = run_bench(config(setup, heads=[setup["heads"]["ff"]], windows=(None, 2)))
     rows = {r["label"]: r for r in report["heads"]}
     assert list(rows) == ["ff4", "ff4/w2"] and report["greedy_identical"] is True
-    assert (rows["ff4"]["width"], rows["ff4/w2"]["width"]) == ("adaptive", 2)
+    assert (rows["ff4"]["width"], rows["ff4/w2"]["width"]) == (N, 2)
     assert rows["ff4/w2"]["mu_acc"]["mean"] <= 2 and rows["ff4/w2"]["max_tok_s"] > 0
     assert rows["ff4/w2"]["ff_reference"] == "ff4/w2"  # FF is compared with FF at the same settings
     with pytest.raises(InputError, match="--window 5: the head ff4 verifies windows of 2 to 4 tokens"):

@@ -187,7 +187,8 @@ def test_a_window_outside_the_circuit_is_refused():
         with pytest.raises(ValueError, match="window must be an integer from 2 to the circuit's 4"):
             SpeculativeDecoder(model, head, window=window)
     assert SpeculativeDecoder(model, head, window=4).widths == (4,)
-    assert SpeculativeDecoder(model, head).widths == (2, 3, 4)
+    assert SpeculativeDecoder(model, head).widths == (4,)
+    assert SpeculativeDecoder(model, head, window=AdaptiveWidth()).widths == (2, 3, 4)
 
 
 @pytest.mark.slow

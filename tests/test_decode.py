@@ -108,7 +108,7 @@ def test_greedy_speculative_equals_plain_greedy(structure):
              random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))]
     accepted = []
     for head in heads:
-        for window in (None, 2, n):  # adaptive widths, the narrowest and the widest fixed one
+        for window in (AdaptiveWidth(), 2, None):  # adaptive widths, the narrowest and the widest fixed one
             decoder = SpeculativeDecoder(model, head, window=window)
             for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
                 budget = (1, 5, 17)[i]

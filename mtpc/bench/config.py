@@ -30,7 +30,7 @@ class BenchConfig:
     top_p: float | None = None
     lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
     lookup_tokens: int = 10  # tokens a lookup match proposes
-    windows: Sequence[int | None] = (None,)  # verify widths of the circuit window to compare (None: adaptive)
+    windows: Sequence[int | str | None] = (None,)  # verify widths to compare (None: the head's n; "adaptive")
     peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
     compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd, and every
     # speculative variant again with its cycle step compiled
@@ -56,4 +56,4 @@ class Variant:
     window: int  # the most tokens one cycle can commit
     decoder: SpeculativeDecoder
     compiled: bool = False  # the cycle step runs through torch.compile
-    width: int | None = None  # the requested verify width of the circuit window (None: adaptive)
+    width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")

@@ -41,6 +41,8 @@ def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{number}: invalid JSON: {e.msg}") from None
+            except RecursionError:  # a line of 100,000 "[": the parser recurses once per level
+                raise InputError(f"{path}:{number}: JSON nested too deeply") from None
             text = record.get("prompt") if isinstance(record, dict) else record
             if not isinstance(text, str):
                 raise InputError(f"{path}:{number}: expected a JSON string or an object with a string 'prompt'")

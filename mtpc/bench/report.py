@@ -119,7 +119,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
     for v in variants:
         sets = [set_metrics(r) for r in runs[v.label]]
         ff = ff_reference(v, variants)
-        row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or "adaptive", "compiled": v.compiled, **v.entry.info, "per_set": sets, **_aggregate(sets),
+        row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width, "compiled": v.compiled, **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}
         if ff is not None:
             ff_sets = [set_metrics(r) for r in runs[ff.label]]

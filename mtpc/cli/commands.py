@@ -262,7 +262,7 @@ def add_bench(sub) -> None:
     p.add_argument("--lookup-tokens", type=int_in(1, 1024), default=10, help="tokens a lookup match proposes")
     p.add_argument("--window", nargs="+", type=width_or_adaptive, default=None, metavar="K",
                    help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or "
-                        "'adaptive' (each window's width chosen from its draft's probabilities; the default)")
+                        "'adaptive' (each window's width chosen from its draft's probabilities); default: n")
     p.add_argument("--peers", nargs="+", default=[], metavar="PEER",
                    help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR "
                         "(a small draft LM folder) and/or static (generate with cache_implementation=\"static\")")
@@ -425,19 +425,52 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 done, 1 the run failed, 2 bad usage or input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv  # known even when parsing fails
-    try:
-        args = build_parser().parse_args(argv)
-        debug = getattr(args, "debug", False)
-        return args.func(args)
-    except SystemExit as e:  # --help and --version (argparse errors are InputErrors, see Parser.error)
-        if isinstance(e.code, int) or e.code is None:
-            return e.code or 0
-        return _report(InputError(str(e.code)), debug)
-    except KeyboardInterrupt:
-        print("mtpc: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 -- the one place that turns every error into one line
-        return _report(e, debug)
+    with _InterruptWatch() as interrupt:
+        try:
+            args = build_parser().parse_args(argv)
+            debug = getattr(args, "debug", False)
+            return args.func(args)
+        except SystemExit as e:  # --help and --version (argparse errors are InputErrors, see Parser.error)
+            if isinstance(e.code, int) or e.code is None:
+                return e.code or 0
+            return _report(InputError(str(e.code)), debug)
+        except KeyboardInterrupt:
+            return _interrupted()
+        except Exception as e:  # noqa: BLE001 -- the one place that turns every error into one line
+            # a library that caught the KeyboardInterrupt and raised its own error (an `except Exception`
+            # around a model load) must not turn Ctrl-C into an input error (exit status 2)
+            return _interrupted() if interrupt.seen else _report(e, debug)
+
+
+def _interrupted() -> int:
+    print("mtpc: interrupted", file=sys.stderr)
+    return 130  # 128 + SIGINT, as shells report a command ended by Ctrl-C
+
+
+class _InterruptWatch:
+    """Python's own SIGINT handler (raise KeyboardInterrupt) that also remembers that Ctrl-C came; a
+    no-op where SIGINT is ignored or handled by someone else, or off the main thread."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.seen, self._previous = False, None
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 def _report(e: Exception, debug: bool) -> int:

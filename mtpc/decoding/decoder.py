@@ -164,8 +164,9 @@ class SpeculativeDecoder:
     `lora_layers`: the last `k` layers run twice (see `SplitBackbone`). `lookup`: prompt-lookup
     drafting inside the same loop (`K` tokens per match, or a `PromptLookup`; off by default, see
     `mtpc.decoding.proposals`). `window`: the verify width of a circuit window, `x_0` and `window - 1`
-    drafted tokens (an int from 2 to n), or an `AdaptiveWidth` (the default): each window verifies as
-    many positions as its own draft's probabilities justify. `compile`: run the cycle step through
+    drafted tokens (an int from 2 to n; default n), or an `AdaptiveWidth`: each window verifies as many
+    positions as its own draft's probabilities justify (measured against fixed widths in
+    docs/results.md). `compile`: run the cycle step through
     `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
     later generation. `acceptance`: the speculative-sampling rule (an `AcceptanceRule`; replace it
     only to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.

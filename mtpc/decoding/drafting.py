@@ -69,17 +69,19 @@ class AdaptiveWidth:
 
 def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int, ...], float]:
     """The verify widths a decoder's circuit windows may take (each 2 .. max(n, 2)) and the position
-    cost that chooses among them: `window` an int -> that width alone; an `AdaptiveWidth` or None ->
-    its widths (default about 2, n/2, 3n/4, n)."""
+    cost that chooses among them: `window` an int -> that width alone; None -> the widest alone; an
+    `AdaptiveWidth` -> its widths (default about 2, n/2, 3n/4, n)."""
     widest = max(n, 2)
+    if window is None:
+        return (widest,), 0.0
     if isinstance(window, int) and not isinstance(window, bool):
         if not 2 <= window <= widest:
             raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions, got {window!r}")
         return (window,), 0.0
-    if window is not None and not isinstance(window, AdaptiveWidth):
+    if not isinstance(window, AdaptiveWidth):
         raise ValueError(f"window must be an integer from 2 to the circuit's {widest} positions or an "
                          f"AdaptiveWidth, got {window!r}")
-    adaptive = window or AdaptiveWidth()
+    adaptive = window
     widths = adaptive.widths or tuple(max(2, w) for w in (2, -(-widest // 2), -(-3 * widest // 4), widest))
     if any(not isinstance(w, int) or not 2 <= w <= widest for w in widths):
         raise ValueError(f"AdaptiveWidth widths must be integers from 2 to the circuit's {widest}, got {widths!r}")
