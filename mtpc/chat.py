@@ -27,7 +27,7 @@ from .files import field, read_json, read_text
 from .tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
 
 RENDER_SECONDS = 5.0
-RENDER_MEMORY = 2 * 2**30  # bytes of address space for the child
+RENDER_MEMORY = 256 * 2**20  # bytes of address space for the child: Python + jinja2 peak near 25 MiB
 RENDER_CHARS = 2**20  # characters of rendered template text (content markers count a few each)
 MAX_TEMPLATE_BYTES = 2**20
 TEMPLATE_FILE = "chat_template.jinja"
