@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,10 @@ REMOTE_CODE_FLAG = "--trust-remote-code"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GENERATION_CONFIG = "generation_config.json"
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HF_TOKENIZER_MODELS = ("BPE", "WordPiece", "WordLevel", "Unigram")  # the model types `tokenizers` reads
+
+log = logging.getLogger(__name__)
+_warned: set[Path] = set()  # tokenizer.json files already warned about (model_info runs more than once a run)
 
 
 # ------------------------------------------------------------------ folders and JSON
@@ -181,8 +186,32 @@ def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_re
         raise InputError(f"{folder}: a {vocab:,}-token vocabulary without {TOKENIZER_FILE} is not byte-level "
                          f"(mtpc needs ids 0..255 = bytes); pass --allow-non-byte-vocab to use token ids 0..255 "
                          "as bytes anyway")
+    _check_hf_tokenizer(folder, byte_level)
     _check_weights(folder, config)
     return ModelInfo(folder, model_type, hidden, vocab, byte_level, remote)
+
+
+def _check_hf_tokenizer(folder: Path, byte_level: bool) -> None:
+    """A `tokenizer.json` of a model type `tokenizers` does not know: refused where it would be read
+    (a subword model), said to be ignored where it is not (a byte-level model reads mtpc_tokenizer.json;
+    `AutoTokenizer.from_pretrained` on the folder would still fail). No "type" is accepted: old files
+    leave it out and `tokenizers` infers it."""
+    path = folder / HF_TOKENIZER_FILES[0]
+    if not path.is_file():
+        return
+    model = json_object(path, "", folder).get("model")
+    kind = model.get("type") if isinstance(model, dict) else model
+    if isinstance(model, dict) and ("type" not in model or kind in HF_TOKENIZER_MODELS):
+        return
+    shown = repr(kind) if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 40 else describe(kind)
+    problem = (f"{path}: its model type {shown} is not a tokenizer the tokenizers library knows "
+               f"({', '.join(HF_TOKENIZER_MODELS)})")
+    if not byte_level:
+        raise InputError(problem)
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("warning: %s; ignored (mtpc reads %s), but AutoTokenizer.from_pretrained on the folder "
+                    "would fail", problem, TOKENIZER_FILE)
 
 
 def _remote_code(folder: Path, config: dict, trust_remote_code: bool) -> bool:
