@@ -13,6 +13,7 @@ from ..errors import InputError
 from .tiny_lm_setup import TinyLMConfig
 
 CHECKPOINT = "checkpoint.pt"
+FIELDS = ("config", "model", "optimizer", "order", "step", "tokens", "elapsed", "start_bpb", "torch_rng")
 
 
 def resume_key(cfg: TinyLMConfig) -> dict:
@@ -30,6 +31,11 @@ def read_checkpoint(out: Path, cfg: TinyLMConfig) -> dict | None:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged or foreign file: say which, never unpickle it
         raise InputError(f"{path} is not a tiny-lm checkpoint ({type(e).__name__}); remove it or pass --no-resume") from None
+    # weights_only admits any tensor container: a bare tensor or a list would fail on first use
+    missing = [k for k in FIELDS if k not in state] if isinstance(state, dict) else list(FIELDS)
+    if missing or not isinstance(state["config"], dict):
+        what = f"a {type(state).__name__}" if not isinstance(state, dict) else f"a dict without {', '.join(missing[:3])}"
+        raise InputError(f"{path} is not a tiny-lm checkpoint (it holds {what}); remove it or pass --no-resume")
     if state.get("config") != resume_key(cfg):
         changed = sorted(k for k in set(state.get("config", {})) | set(resume_key(cfg))
                          if state.get("config", {}).get(k) != resume_key(cfg).get(k))
