@@ -268,6 +268,7 @@ def check_inputs(cfg: TrainConfig, init, world: int):
     if graph is None:
         raise InputError("give --circuit (or --init-head to continue from a trained head)")
     checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
+    check_step_memory(cfg, graph, info.hidden_size, world, init)
     config = loading.model_config(info.path)
     context = config.get("max_position_embeddings")
     if context and cfg.seq_len > context:
@@ -276,6 +277,51 @@ def check_inputs(cfg: TrainConfig, init, world: int):
     if isinstance(layers, int) and cfg.lora_layers > layers:
         raise InputError(f"--lora-layers {cfg.lora_layers} is more than the model's {layers} decoder layers")
     return graph
+
+
+def step_memory(cfg: TrainConfig, graph, hidden: int, world: int, full: bool) -> dict[str, int]:
+    """Bytes one training step cannot do without, a lower bound read from the circuit's parameter
+    count before anything is built: the collated batch (int64 tokens and document ids, a bool mask:
+    17 bytes a token), the float32 sum logits of one rank's micro-batch (every position's `S`; the
+    input logits are chunked, so they are not counted), and a full head's weights `[P, d + 1]` with
+    their gradient and two AdamW moments (the other parameterisations share theirs: not counted)."""
+    from circuitc.limits import compiled_size
+
+    params = compiled_size(graph).parameters  # P
+    inputs = sum(r.units * graph.states for rid, r in graph.regions.items()
+                 if not any(p.parent == rid for p in graph.partitions))
+    micro_tokens = cfg.batch_size // (cfg.grad_accum * world) * cfg.seq_len
+    return {"batch": cfg.batch_size * cfg.seq_len * 17, "sum logits": micro_tokens * (params - inputs) * 4,
+            "head weights": params * (hidden + 1) * 4 * 4 if full else 0}
+
+
+def device_memory(device: str) -> tuple[int, str]:
+    """(bytes, what) the step must fit: the GPU's memory for a CUDA device, else this machine's memory
+    (physical, or the address-space limit when lower)."""
+    import os
+    import resource
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        if torch.cuda.is_available():
+            index = torch.device(device).index if device.startswith("cuda") else None
+            return torch.cuda.get_device_properties(index or 0).total_memory, "GPU"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return (memory if soft == resource.RLIM_INFINITY else min(memory, soft)), "machine"
+
+
+def check_step_memory(cfg: TrainConfig, graph, hidden: int, world: int, init=None) -> None:
+    """Refuse a run whose step cannot fit the device's memory (a huge --batch-size would otherwise hang
+    collating, a 1e9-parameter circuit allocate hundreds of GB before failing)."""
+    parameterisation = init.parameterisation if init is not None else cfg.parameterisation
+    need = step_memory(cfg, graph, hidden, world, parameterisation == "full")
+    total = sum(need.values())
+    memory, what = device_memory(str(cfg.device))
+    if total > memory:
+        parts = ", ".join(f"{name} {b / 2**30:,.1f} GiB" for name, b in need.items() if b)
+        raise InputError(f"a training step needs at least {total / 2**30:,.1f} GiB ({parts}), more than this "
+                         f"{what}'s {memory / 2**30:,.1f} GiB: lower --batch-size or --seq-len (or raise "
+                         "--grad-accum), or use a smaller --circuit")
 
 
 def check_numbers(cfg: TrainConfig) -> None:
