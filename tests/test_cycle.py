@@ -245,3 +245,21 @@ def test_every_compiled_step_keeps_its_own_variants():
         compiled = compile_step(step.__call__, False)
         assert torch.equal(compiled(x), x * step.k) and torch.equal(compiled(x), x * step.k)
     assert [s.eager_calls for s in steps] == [0] * 12
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_the_cycle_step_traces_as_one_graph(sample):
+    """Window, StepOutput and the packet are pytrees of tensors: dynamo sees the whole step (verify call,
+    acceptance, next draft) as one graph without a break."""
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
+    decoder = SpeculativeDecoder(model, head)
+    target = Target(sample)
+    logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3]]), 16)
+    uniforms = torch.rand(2 * n + decoder.span, dtype=torch.float64) if sample else None
+    window = decoder.drafter.circuit_window(h, logits.argmax(), None if uniforms is None else uniforms[:n])
+    args = (target, window, decoder.verifier.positions(n), torch.tensor(n), torch.tensor([-1]), uniforms)
+    decoder.cycle_step(*args)  # the draft program's plans are built on first use
+    explained = torch._dynamo.explain(decoder.cycle_step)(*args)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

@@ -104,6 +104,7 @@ class Drafter:
         cuda = next(head.parameters()).is_cuda
         self.position_cost = position_cost if position_cost >= 0 else (0.01 if cuda else 0.08)
         self._candidates = torch.tensor(widths)
+        self._fixed_width = torch.tensor(widths[-1])
 
     def theta(self, h: torch.Tensor) -> torch.Tensor:
         """`[P]` the circuit's parameters at the draft hidden state `h` `[d]`."""
@@ -116,13 +117,18 @@ class Drafter:
         # as its last state would: any function of the past is a valid proposal, and the rows say which
         prefix = first.clamp_max(self.v - 1).view(1)
         theta = self.theta(h)
-        if uniforms is None:
+        adaptive = len(self.widths) > 1
+        if uniforms is None and not adaptive:  # a fixed width needs no probabilities: the cheapest draft
+            drafted, conditionals = self.program.greedy(theta, prefix), None  # [n]
+        elif uniforms is None:
             drafted, conditionals = self.program.greedy(theta, prefix, with_rows=True)  # [n], [n, v]
         else:
             drafted, conditionals = self.program.sample(theta, None, prefix, uniforms)
         tokens = self._padded(torch.cat([first.view(1), drafted[1:]]))  # [S]
-        own = conditionals[1:].gather(1, drafted[1:, None])[:, 0]  # [n-1] c_j
-        width = self._width(own)
+        if adaptive:
+            width = self._width(conditionals[1:].gather(1, drafted[1:, None])[:, 0])  # from c_j, [n-1]
+        else:
+            width = self._fixed_width.to(h.device)
         if uniforms is None:
             return Window(tokens, None, width)
         return Window(tokens, self._rows(conditionals, h.device), width)
@@ -161,8 +167,6 @@ class Drafter:
 
     def _width(self, own: torch.Tensor) -> torch.Tensor:
         """`[]` long: the verify width, of `widths`, with the most expected tokens per unit of cost."""
-        if len(self.widths) == 1:
-            return own.new_full((), self.widths[0], dtype=torch.long)
         candidates = self._candidates.to(own.device)  # [K]
         survive = own.double().cumprod(0)  # [n-1] the circuit's probability that d_1 .. d_j are all right
         expected = 1 + torch.cat([survive.new_zeros(1), survive.cumsum(0)])  # [n] tokens a width of j + 1 commits
