@@ -146,6 +146,19 @@ def test_sampling_mode_and_decoder_variants(setup):
     assert all(r["ff_reference"] is None and "speedup_ff" not in r for r in greedy["heads"])
 
 
+def test_per_position_acceptance_counts_every_drafted_token(setup, tmp_path):
+    report = run_bench(config(setup, out=str(tmp_path)))
+    for row in report["heads"]:
+        for metrics in row["per_set"]:
+            counts = metrics["position_counts"]
+            assert len(counts) == N - 1 and all(0 <= acc <= tested for tested, acc in counts)
+            assert sum(acc for _, acc in counts) == metrics["tokens"] - metrics["cycles"]  # drafted tokens kept
+            assert [t for t, _ in counts] == sorted((t for t, _ in counts), reverse=True)  # fewer reach later ones
+        rates = row["position_acceptance"]
+        assert len(rates) == N - 1 and all(r is None or 0 <= r <= 1 for r in rates)
+    assert "| decoder | d1 | d2 | d3 |" in (tmp_path / "bench.md").read_text()
+
+
 def test_windows_are_compared_side_by_side_and_a_wider_one_is_refused(setup):
     report = run_bench(config(setup, heads=[setup["heads"]["ff"]], windows=(None, 2)))
     rows = {r["label"]: r for r in report["heads"]}

@@ -34,7 +34,27 @@ def set_metrics(runs: Sequence[Run]) -> dict:
             "tok_s": tokens / seconds if seconds > 0 else 0.0,
             "phases_per_cycle": {p: phases[p] / cycles if cycles else 0.0 for p in PHASES},
             "lookup_share": sum(r.lookup_cycles for r in runs) / cycles if cycles else 0.0,
-            "repetition": statistics.fmean(run_repetition(r) for r in runs) if runs else 0.0}
+            "repetition": statistics.fmean(run_repetition(r) for r in runs) if runs else 0.0,
+            "position_counts": position_counts(runs)}
+
+
+def position_counts(runs: Sequence[Run]) -> list[list[int]]:
+    """Per draft position `j = 1 ..`: [cycles that tested the token there, cycles that accepted it]. A
+    cycle tests position `j` when it verified more than `j` positions and accepted every token before
+    it (`accepted >= j`, counting `x_0`); it accepts it when it committed more than `j` tokens."""
+    widest = max((w for r in runs for w in r.width_per_cycle), default=0)
+    counts = [[0, 0] for _ in range(max(widest - 1, 0))]
+    for r in runs:
+        for accepted, width in zip(r.accepted_per_cycle, r.width_per_cycle):
+            for j in range(1, min(width, accepted + 1)):
+                counts[j - 1][0] += 1
+                counts[j - 1][1] += accepted > j
+    return counts
+
+
+def position_acceptance(counts: list[list[int]]) -> list[float | None]:
+    """The acceptance rate at each draft position (None where no cycle tested it)."""
+    return [accepted / tested if tested else None for tested, accepted in counts]
 
 
 def run_repetition(run: Run) -> float:
@@ -151,7 +171,15 @@ def _aggregate(sets: Sequence[dict]) -> dict:
             "tok_s": mean_std(s["tok_s"] for s in sets), "phases_ms": phases,
             "repetition": mean_std(s["repetition"] for s in sets),
             "lookup_share": statistics.fmean(s["lookup_share"] for s in sets),
+            "position_acceptance": position_acceptance(_summed_counts(sets)),
             "tokens": sum(s["tokens"] for s in sets), "cycles": sum(s["cycles"] for s in sets)}
+
+
+def _summed_counts(sets: Sequence[dict]) -> list[list[int]]:
+    """The sets' per-position [tested, accepted] counts added up (sets may reach different widths)."""
+    widest = max((len(s["position_counts"]) for s in sets), default=0)
+    return [[sum(s["position_counts"][j][k] for s in sets if j < len(s["position_counts"])) for k in (0, 1)]
+            for j in range(widest)]
 
 
 def _config_dict(cfg: BenchConfig) -> dict:
@@ -261,6 +289,22 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def position_table(report: dict) -> list[str]:
+    """Markdown lines: each head's acceptance rate at every draft position (tested cycles only), so a
+    miss can be traced to the position where it happens."""
+    rows = [r for r in report["heads"] if any(rate is not None for rate in r["position_acceptance"])]
+    if not rows:
+        return []
+    widest = max(len(r["position_acceptance"]) for r in rows)
+    lines = ["Acceptance rate at each draft position (of the cycles that tested it):", "",
+             "| decoder | " + " | ".join(f"d{j}" for j in range(1, widest + 1)) + " |",
+             "|---|" + "---|" * widest]
+    for r in rows:
+        rates = r["position_acceptance"] + [None] * (widest - len(r["position_acceptance"]))
+        lines.append(f"| {r['label']} | " + " | ".join("-" if x is None else f"{x:.2f}" for x in rates) + " |")
+    return lines + [""]
+
+
 def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> None:
     cfg, env = report["config"], report["environment"]
     check = report["greedy_identical"]
@@ -282,6 +326,7 @@ def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> No
         lines += [f"Prompts whose plain continuation has rep8 > {flt['max_repetition']} were left out: "
                   f"{len(flt['dropped'])} dropped.", ""]
     lines += [markdown_table(report), ""]
+    lines += position_table(report)
     if plot_name:
         lines += [f"![accepted tokens vs cycle latency]({plot_name})", ""]
     path.write_text("\n".join(lines))

@@ -2,11 +2,11 @@
 
     mtpc bench --model DIR --heads HEAD_DIR... (--prompts FILE | --corpus PATH) [--num-prompts N]
                [--max-new-tokens N] [--mode greedy|sample] [--repeats K] [--out DIR]
-               [--bonus on|off|both] [--lookup off|on|both] [--window K ...]
+               [--lookup off|on|both] [--window K|adaptive ...]
                [--peers prompt-lookup[:K] assisted:DIR static] [--compile] [--max-repetition R]
 
-What is measured (the paper's metrics, Section 4.2), per head and decoder variant (draft strategy,
-bonus-conditioned drafting, prompt lookup, the circuit window's verify width, eager or compiled), over `K` disjoint prompt sets of `N` prompts each:
+What is measured (the paper's metrics, Section 4.2), per head and decoder variant (prompt lookup,
+the circuit window's verify width, eager or compiled), over `K` disjoint prompt sets of `N` prompts each:
 
 - `mu_acc`: tokens committed per cycle (the accepted length; plain decoding: 1),
 - `mu_lat`: seconds per cycle, prefill excluded,

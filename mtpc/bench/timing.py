@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,6 +38,8 @@ class Run:
     sequence: list[int]  # prompt + continuation
     prompt_tokens: int
     lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
+    accepted_per_cycle: list[int] = field(default_factory=list)  # tokens each cycle committed
+    width_per_cycle: list[int] = field(default_factory=list)  # positions each cycle verified (speculative only)
 
 
 def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
@@ -49,6 +51,6 @@ def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tok
     stats = out.stats
     seconds = sum(stats.cycle_seconds) if stats_clock else hooked
     return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
-               stats.lookup_cycles)
+               stats.lookup_cycles, list(stats.accepted_per_cycle), list(getattr(stats, "width_per_cycle", [])))
 
 
