@@ -101,7 +101,7 @@ def test_help_does_not_import_torch_and_shows_defaults():
     assert run.returncode == 0, run.stderr
     assert "HEAVY []" in run.stdout
     text = " ".join(run.stdout.split())  # undo argparse's line wrapping
-    for shown in ("gamma**(j-1) (default: 0.9)", "hidden size (default: 192)", "tokens a lookup match proposes (default: 10)",
+    for shown in ("gamma**(j-1) (default: 0.9)", "byte-lm's shape) (default: 192)", "tokens a lookup match proposes (default: 10)",
                   "decoder layers (default: 0)", "learning rate of the head (default: 0.002)"):
         assert shown in text, shown
 
