@@ -22,7 +22,8 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 # Public names and the module defining each. They are imported on first use: most of them need
 # torch and transformers (seconds to import), which `mtpc --help` and input checks do not.
 _EXPORTS = {
-    "SpeculativeDecoder": "decoding.decoder", "generate_autoregressive": "decoding.decoder",
+    "SpeculativeDecoder": "decoding.decoder", "AdaptiveWidth": "decoding.decoder",
+    "generate_autoregressive": "decoding.decoder",
     "MTPHead": "heads.head", "load_head": "heads.head", "save_head": "heads.head",
     "DataStats": "training.data", "Document": "training.data", "PackedDataset": "training.data",
     "load_documents": "training.data", "split_documents": "training.data",
@@ -33,6 +34,12 @@ _EXPORTS = {
     "InputError": "errors", "MtpcError": "errors",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __dir__() -> list[str]:
+    # The lazy names are not in globals() until first use, so the default dir() (and with it help(),
+    # tab completion) would not show them; the module's own dunders stay, its helper imports do not.
+    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
 
 
 def __getattr__(name: str):
