@@ -6,8 +6,10 @@ options agree (`--device` defaults to `auto` in `mtpc generate` as in `mtpc benc
 
 from __future__ import annotations
 
+import json
 import re
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from circuitc.cli import main as circuitc_main
 from mtpc.cli.commands import build_parser
 from mtpc.cli.commands import main as mtpc_main
 
+ROOT = Path(__file__).resolve().parent.parent
 CIRCUITC = [[], ["check"], ["export"], ["show"], ["fmt"], ["compile"]]
 MTPC = [[], ["tiny-lm"], ["train"], ["bench"], ["distill-data"], ["generate"]]
 
@@ -78,3 +81,15 @@ def test_generate_and_bench_pick_the_device_alike():
     generate = parser.parse_args(["generate", "--model", "m", "x"])
     bench = parser.parse_args(["bench", "--model", "m", "--heads", "h", "--corpus", "stdlib"])
     assert generate.device == bench.device == "auto"
+
+
+def test_tiny_lm_defaults_are_the_reference_shape():
+    """`mtpc tiny-lm`'s shape flags default to TinyLMConfig's, which are models/byte-lm's shape."""
+    from mtpc.training.tiny_lm import TinyLMConfig
+    args = build_parser().parse_args(["tiny-lm", "--out", "x"])
+    defaults = TinyLMConfig(out="x")
+    for name in ("d_model", "layers", "heads", "ffn", "context"):
+        assert getattr(args, name) == getattr(defaults, name), name
+    config = json.loads((ROOT / "models" / "byte-lm" / "config.json").read_text())
+    assert (defaults.d_model, defaults.layers, defaults.heads, defaults.ffn) == (
+        config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"], config["intermediate_size"])

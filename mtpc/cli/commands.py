@@ -55,17 +55,18 @@ def version() -> str:
 
 def add_tiny_lm(sub) -> None:
     p = sub.add_parser("tiny-lm", help="train a small byte-level Llama from scratch on a local corpus",
-                       description="Train a ~3M-parameter byte-level LlamaForCausalLM (default: on the Python "
+                       description="Train a ~1.9M-parameter byte-level LlamaForCausalLM (default: on the Python "
                                    "standard library sources) and save it as a local Hugging Face checkpoint.")
     p.add_argument("--out", required=True, help="output folder (save_pretrained layout)")
     p.add_argument("--data", default=None, help="file, folder, glob or .jsonl (default: the Python stdlib)")
     p.add_argument("--minutes", type=positive_float, default=10.0, help="wall-clock training budget")
     p.add_argument("--steps", type=positive_int, default=None, help="train a fixed number of steps instead")
     p.add_argument("--context", type=positive_int, default=1024, help="sequence length in bytes")
-    p.add_argument("--d-model", type=positive_int, default=256, help="hidden size")
+    # TinyLMConfig's defaults, written out: importing it here would load torch for `mtpc --help`
+    p.add_argument("--d-model", type=positive_int, default=192, help="hidden size (models/byte-lm's shape)")
     p.add_argument("--layers", type=positive_int, default=4, help="decoder layers")
     p.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --d-model)")
-    p.add_argument("--ffn", type=positive_int, default=704, help="MLP intermediate size")
+    p.add_argument("--ffn", type=positive_int, default=512, help="MLP intermediate size")
     p.add_argument("--vocab-size", type=positive_int, default=None,
                    help="pad the vocabulary (e.g. 320; at least 256 bytes + 8 specials)")
     p.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step")
