@@ -244,3 +244,23 @@ def test_bench_train_step_compare_interleaves_two_checkouts(tmp_path, capsys):
     (row,) = json.loads(out.read_text())["rows"]
     assert len(row["old_all"]) == len(row["new_all"]) == 2 and row["speedup"] > 0
     assert re.search(r"^ff8 +nll .*x$", capsys.readouterr().out, re.M)
+
+
+def test_heldout_bpb_scores_each_rules_held_out_part(lab, tmp_path, capsys):
+    """The current rule's held-out part, the previous rule's and their overlap, scored like tiny-lm does;
+    the split is the one `mtpc.training.data` makes (so the script cannot drift from training)."""
+    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.training.data import load_documents, split_documents
+
+    out = tmp_path / "bpb.json"
+    results = script("heldout_bpb").main(["--model", lab["model"], "--corpus", lab["corpus"], "--old-rule",
+                                          "--fraction", "0.4", "--context", "32", "--tokens", "256",
+                                          "--out", str(out)])
+    (result,) = results
+    docs, _ = load_documents(lab["corpus"], ByteTokenizer.load(lab["model"]))
+    assert result["documents"] == len(split_documents(docs, 0.4)[1])
+    both, old = result["held out by both rules"], result["previous rule (absolute path)"]
+    assert both["documents"] <= min(result["documents"], old["documents"]) and old["documents"] >= 1
+    assert 0 < result["bits_per_byte"] < 20 and result["tokens"] == 256
+    assert json.loads(out.read_text())["results"] == results
+    assert "held out (relative-path rule)" in capsys.readouterr().out
