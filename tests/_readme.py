@@ -1,4 +1,5 @@
-"""Reading README.md's fenced blocks and the commands in them, for the tests that run them.
+"""Reading the fenced blocks of README.md and the guides it links (docs/guide-*.md, docs/reproduce.md),
+and the commands in them, for the tests that run them.
 
 A block is marked to leave out of the generic runs by `<!-- readme-test: skip (reason) -->` on the
 line right above its fence; `blocks(include_skipped=True)` still returns it (with the reason), so a
@@ -14,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# the user docs whose commands and transcripts are run: the README, then its task guides
+DOCS = (README, *sorted((ROOT / "docs").glob("guide-*.md")), *sorted((ROOT / "docs").glob("reproduce.md")))
 SKIP = re.compile(r"<!-- readme-test: skip\b\s*(.*?)\s*-->")
 ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
 NUMBER = re.compile(r"\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
@@ -23,13 +26,28 @@ NUMBER = re.compile(r"\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
 class Block:
     language: str
     text: str
-    line: int  # README line of the opening fence
+    line: int  # line of the opening fence in its file
     skip: str | None  # the reason of a skip marker, or None
+    path: Path = README  # the file holding it
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def all_text() -> str:
+    """All the user docs' text, for checks that a sentence is somewhere in them."""
+    return "\n".join(path.read_text() for path in DOCS)
 
 
 def blocks(include_skipped: bool = False) -> list[Block]:
-    """Every fenced block of README.md, in order (the skip-marked ones only when asked)."""
-    lines = README.read_text().splitlines()
+    """Every fenced block of the user docs, file by file in DOCS order (the skip-marked ones only when
+    asked)."""
+    return [block for path in DOCS for block in file_blocks(path, include_skipped)]
+
+
+def file_blocks(path: Path, include_skipped: bool) -> list[Block]:
+    lines = path.read_text().splitlines()
     found, i = [], 0
     while i < len(lines):
         fence = re.match(r"\s*```(\w*)\s*$", lines[i])
@@ -43,7 +61,7 @@ def blocks(include_skipped: bool = False) -> list[Block]:
         marker = SKIP.search(lines[start - 1]) if start > 0 else None
         if include_skipped or not marker:
             text = "\n".join(line[indent:] for line in lines[start + 1:i])
-            found.append(Block(fence.group(1), text, start + 1, marker.group(1) if marker else None))
+            found.append(Block(fence.group(1), text, start + 1, marker.group(1) if marker else None, path))
         i += 1
     return found
 
@@ -80,7 +98,7 @@ class Command:
 
 
 def commands() -> list[Command]:
-    """Every command of README.md: each non-assignment line of a bash block (skipped ones included),
+    """Every command of the user docs: each non-assignment line of a bash block (skipped ones included),
     and each `$ command` of a text block with the output shown under it."""
     found = []
     for block in blocks(include_skipped=True):
@@ -101,9 +119,9 @@ def commands() -> list[Command]:
 
 
 def following_text(block: Block) -> str:
-    """The text block right after `block` in the README: what its commands print."""
-    later = [b for b in blocks(include_skipped=True) if b.line > block.line]
-    assert later and later[0].language == "text", f"README.md line {block.line}: no output block follows"
+    """The text block right after `block` in its file: what its commands print."""
+    later = [b for b in file_blocks(block.path, include_skipped=True) if b.line > block.line]
+    assert later and later[0].language == "text", f"{block.where}: no output block follows"
     return later[0].text
 
 

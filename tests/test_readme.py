@@ -1,6 +1,7 @@
-"""The README's examples run as written and print what the README shows.
+"""The examples of the README and its guides (docs/guide-*.md, docs/reproduce.md) run as written and
+print what the docs show.
 
-Fenced blocks are read from README.md. A block is left out only when the line right above its fence
+Fenced blocks are read from those files (`_readme.DOCS`). A block is left out only when the line right above its fence
 is `<!-- readme-test: skip (reason) -->` (e.g. blocks that need a trained LM, run elsewhere). Checked:
 
 - every `$ circuitc ...` transcript: run, its output equal to the lines the README shows below it;
@@ -29,13 +30,13 @@ from _readme import ROOT
 
 
 
-def blocks() -> list[tuple[str, str, int]]:
-    """(language, text, line number) of every fenced block of README.md not marked to skip."""
-    return [(b.language, b.text, b.line) for b in _readme.blocks()]
+def blocks() -> list[tuple[str, str, str]]:
+    """(language, text, file:line) of every fenced block of the docs not marked to skip."""
+    return [(b.language, b.text, b.where) for b in _readme.blocks()]
 
 
-def transcripts() -> list[tuple[str, str, int]]:
-    """(command, expected output, line) of every `$ circuitc ...` in the README's example blocks."""
+def transcripts() -> list[tuple[str, str, str]]:
+    """(command, expected output, file:line) of every `$ circuitc ...` in the docs' example blocks."""
     out = []
     for language, text, line in blocks():
         if language not in ("", "text"):
@@ -71,7 +72,7 @@ def test_the_readme_has_circuitc_transcripts_and_python_blocks():
 @pytest.mark.parametrize("command, shown, line", transcripts(), ids=[t[0] for t in transcripts()])
 def test_circuitc_transcripts_print_what_the_readme_shows(command, shown, line, examples_copy):
     _, printed = run_circuitc(command)
-    assert printed.rstrip("\n") == shown.rstrip("\n"), f"README.md line {line}: {command}"
+    assert printed.rstrip("\n") == shown.rstrip("\n"), f"{line}: {command}"
 
 
 def bash_circuitc_lines() -> list[str]:
@@ -88,10 +89,10 @@ def test_circuitc_commands_of_bash_blocks_run(command, examples_copy):
         assert (examples_copy / "examples" / f"{stem}.plan.json").is_file()  # beside the source, as the README says
 
 
-def python_blocks() -> list[tuple[str, int]]:
-    return [(text, line) for language, text, line in blocks() if language == "python"]
+def python_blocks() -> list[tuple[str, str]]:
+    return [(text, where) for language, text, where in blocks() if language == "python"]
 
 
-@pytest.mark.parametrize("code, line", python_blocks(), ids=[f"line {line}" for _, line in python_blocks()])
-def test_python_blocks_run(code, line, examples_copy):
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "readme"})
+@pytest.mark.parametrize("code, where", python_blocks(), ids=[where for _, where in python_blocks()])
+def test_python_blocks_run(code, where, examples_copy):
+    exec(compile(code, where, "exec"), {"__name__": "readme"})

@@ -1,17 +1,18 @@
-"""Every command of README.md is run by a test, or skipped here with its reason.
+"""Every command of README.md and its guides (`_readme.DOCS`) is run by a test, or skipped here with its
+reason.
 
-`COVERAGE` names, for each command the README's bash blocks and `$ ...` transcripts hold, the test
+`COVERAGE` names, for each command the docs' bash blocks and `$ ...` transcripts hold, the test
 that runs it (or a checked copy of it) or why none does; `test_every_readme_command_is_covered` fails
-for a README command missing from it (and for an entry the README no longer has), so a new command
+for a command missing from it (and for an entry the docs no longer have), so a new command
 cannot go untested unnoticed. `circuitc` commands are run generically by tests/test_readme.py.
 
 - The quick start runs as written on the shipped models/ (no training): the generated text equal to
   the README's, the timing line matched by shape (its numbers free, `_readme.shape`).
 - The `$ mtpc ...` error transcripts: their one line on stderr, exactly.
 - The training commands (tiny-lm, distill-data, train, bench): slow tests run checked copies of them
-  with tiny budgets and sizes (`shrink` asserts that each flag it replaces is in the README's
-  command, so the copy cannot drift from it) and check what the README says they make: the output
-  folder's files and the shape of the `saved ...` line the README shows.
+  with tiny budgets and sizes (`shrink` asserts that each flag it replaces is in the doc's
+  command, so the copy cannot drift from it) and check what the docs say they make: the output
+  folder's files and the shape of the `saved ...` line the docs show.
 
 Everything runs in a temporary folder holding copies of examples/ and models/, so `runs/...` paths
 are relative to it."""
@@ -41,8 +42,10 @@ HEADS = "test_head_training_commands_and_the_two_stage_example"
 DISTILL = "test_distillation_commands"
 BENCH = "test_bench_command_and_its_tables"
 SKIP = "skip: "
+HEADLINE_BENCH = ("minutes each (12 prompts x 256 bytes x 8 decoders, compiled); "
+                  "test_bench_command_and_its_tables runs mtpc bench tiny on the same models")
 
-# README command -> the test of this module that runs it, or `skip: reason`.
+# doc command -> the test of this module that runs it, or `skip: reason`.
 COVERAGE = {
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": SKIP + "installs (no network in tests); "
         "test_install_line_takes_the_cpu_wheel_index checks the line",
@@ -54,19 +57,19 @@ COVERAGE = {
     "--seed 0 --max-new-tokens 128 \"$P\"": QUICK,
     "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --lookup 10 --compile "
     "--max-new-tokens 128 \"$P\"": QUICK_SLOW,
-    "mtpc tiny-lm --out runs/ref-lm --minutes 45 --d-model 192 --ffn 512": TRAIN_YOUR_OWN,
+    "mtpc tiny-lm --out runs/ref-lm --minutes 45 --seed 0 --save-every 10 --precision fp32": TRAIN_YOUR_OWN,
     "mtpc distill-data --model runs/ref-lm --out runs/distill-t1.jsonl --num-prompts 1024 --batch-size 32":
         TRAIN_YOUR_OWN,
     "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data runs/distill-t1.jsonl --loss kl "
-    "--window-stride 2 --minutes 15 --out runs/heads/ff8": TRAIN_YOUR_OWN,
+    "--window-stride 2 --minutes 15 --precision fp32 --out runs/heads/ff8": TRAIN_YOUR_OWN,
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_loss_memory.py": SKIP + "minutes and GiB at this size; "
         "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
     "python benchmarks/bench_loss_memory.py --parameterisation tied --structure btree --n 4 --r 4 --d 256 --tokens 64 "
     "--batch 2 --device cpu --v 152064 --loss kl": SKIP + "GiB for the naive loss at v = 152,064; "
         "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
     "OMP_WAIT_POLICY=PASSIVE mtpc tiny-lm --out runs/tiny-lm": TINY_LM,
-    "OMP_NUM_THREADS=1 mtpc tiny-lm --out runs/ref/mtp-lm --steps 450 --mtp-circuit examples/ff.pc -D n=8 "
-    "--mtp-weight 0.2 --mtp-parameterisation shared --no-progress": TINY_LM,
+    "mtpc tiny-lm --out runs/lm-mtp --minutes 10 --seed 0 --mtp-circuit examples/ff.pc -D n=8 --mtp-weight 0.1 "
+    "--mtp-window-stride 4": TINY_LM,
     "mtpc train --model runs/tiny-lm --circuit examples/btree.pc -D n=16 -D r=32 --out runs/btree-n16-r32 "
     "--seq-len 512 --batch-size 8 --window-stride 8 --steps 200 --val-every 50 --val-sequences 16 --val-windows 2048":
         HEADS,
@@ -88,11 +91,17 @@ COVERAGE = {
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
         "parses every command it runs",
     "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
+    # the README's headline: docs/results.md's bench commands, held-out networkx sources
+    'NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")': SKIP + "sets the corpus "
+        "folder for the headline's bench commands (below)",
+    "mtpc bench $C --mode sample --temperature 1 --window 8 adaptive --out runs/bench/t1": SKIP + HEADLINE_BENCH,
+    "mtpc bench $C --mode sample --temperature 0.7 --top-p 0.95 --out runs/bench/t07": SKIP + HEADLINE_BENCH,
+    "mtpc bench $C --mode greedy --peers prompt-lookup --out runs/bench/greedy": SKIP + HEADLINE_BENCH,
 }
 
 
 def readme_commands(test: str | None = None) -> list[Command]:
-    """The README's non-circuitc commands (those `test` runs, when given)."""
+    """The docs' non-circuitc commands (those `test` runs, when given)."""
     found = [c for c in _readme.commands() if not c.text.startswith("circuitc ")]
     return [c for c in found if test is None or COVERAGE.get(c.text) == test]
 
@@ -100,10 +109,10 @@ def readme_commands(test: str | None = None) -> list[Command]:
 def test_every_readme_command_is_covered():
     texts = [c.text for c in readme_commands()]
     missing = [t for t in texts if t not in COVERAGE]
-    assert not missing, ("README commands that no test runs: add each to COVERAGE in tests/test_readme_commands.py "
+    assert not missing, ("Doc commands that no test runs: add each to COVERAGE in tests/test_readme_commands.py "
                          f"with the test that runs it or `skip: reason`: {missing}")
     stale = [t for t in COVERAGE if t not in texts]
-    assert not stale, f"COVERAGE entries the README no longer has: {stale}"
+    assert not stale, f"COVERAGE entries the docs no longer have: {stale}"
     for how in COVERAGE.values():
         assert how.startswith(SKIP) and len(how) > len(SKIP) + 10 or callable(globals().get(how)), how
 
@@ -185,7 +194,7 @@ def test_error_transcripts_print_what_the_readme_shows(command, workdir, capsys)
 
 def shrink(args: list[str], replace: dict[str, str | None], add: tuple[str, ...] = ()) -> list[str]:
     """`args` with each flag of `replace` given the new value (None: dropped, with all its values) and
-    `add` appended. Every replaced flag must be in `args`: the copy follows the README's command."""
+    `add` appended. Every replaced flag must be in `args`: the copy follows the doc's command."""
     out, seen, i = [], set(), 0
     while i < len(args):
         flag = args[i]
@@ -199,7 +208,7 @@ def shrink(args: list[str], replace: dict[str, str | None], add: tuple[str, ...]
             i += 1  # the flag's values (--heads takes several)
         if replace[flag] is not None:
             out += [flag, *replace[flag].split()]
-    assert seen == set(replace), f"the README's command lost {set(replace) - seen}: {args}"
+    assert seen == set(replace), f"the doc's command lost {set(replace) - seen}: {args}"
     return out + list(add)
 
 
@@ -212,14 +221,14 @@ HEAD_FILES = {"head.safetensors", "head.json", "train_config.json", "train_log.j
 
 
 def shown_line(command: Command, prefix: str) -> str:
-    """The line starting with `prefix` in the output the README shows after `command`'s block."""
+    """The line starting with `prefix` in the output the docs show after `command`'s block."""
     lines = [line for line in following_text(command.block).splitlines() if line.startswith(prefix)]
-    assert lines, f"README.md line {command.block.line}: no line {prefix!r} shown"
+    assert lines, f"{command.block.where}: no line {prefix!r} shown"
     return lines[0]
 
 
 def printed_like(out: str, line: str) -> None:
-    """`out` has a line of the README line's shape (the numbers of a tiny run differ)."""
+    """`out` has a line of the doc line's shape (the numbers of a tiny run differ)."""
     assert any(shape(line).fullmatch(printed) for printed in out.splitlines()), (line, out)
 
 
@@ -256,15 +265,20 @@ def test_train_your_own_lm_and_heads(workdir, capsys):
     assert json.loads(Path("runs/heads/ff8/train_config.json").read_text())["loss"] == "kl"
 
 
+# the lines docs/guide-heads.md says `mtpc tiny-lm` ends with (it shows their words, not a run's numbers)
+SAVED_LM = "saved {out}: 1.87M parameters, 910 steps, 3,727,360 tokens in 2701 s (1,380 tok/s), held-out 2.259 bits/byte (start 8.033)"
+SAVED_MTP_HEAD = "saved the jointly trained head in {out}/mtp_head: held-out MTP loss 15.4272"
+
+
 @pytest.mark.slow
 def test_tiny_lm_commands(workdir, capsys):
     plain, mtp = _tiny_lm_roles()
     out = train_tiny_lm(shrink(argv(plain), {}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
-    printed_like(out, shown_line(plain, "saved runs/tiny-lm: "))
-    out = train_tiny_lm(shrink(argv(mtp), {"--steps": "2"}, TINY_LM_SIZE), capsys)
-    printed_like(out, shown_line(mtp, "saved runs/ref/mtp-lm: "))
-    printed_like(out, shown_line(mtp, "saved the jointly trained head in "))
-    assert {"head.json", "head.safetensors"} <= {p.name for p in Path("runs/ref/mtp-lm/mtp_head").iterdir()}
+    printed_like(out, SAVED_LM.format(out="runs/tiny-lm"))
+    out = train_tiny_lm(shrink(argv(mtp), {"--minutes": None}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
+    printed_like(out, SAVED_LM.format(out="runs/lm-mtp"))
+    printed_like(out, SAVED_MTP_HEAD.format(out="runs/lm-mtp"))
+    assert {"head.json", "head.safetensors"} <= {p.name for p in Path("runs/lm-mtp/mtp_head").iterdir()}
 
 
 def _tiny_lm_roles() -> tuple[Command, Command]:
@@ -304,14 +318,14 @@ def test_head_training_commands_and_the_two_stage_example(workdir, capsys):
              "--val-windows": "8"}
     assert train_head_copy(btree, small, capsys) == "runs/btree-n16-r32"
     train_head_copy(ff, small, capsys)
-    assert TWO_STAGE in " ".join(_readme.README.read_text().replace("`", " ").split())
+    assert TWO_STAGE in " ".join(_readme.all_text().replace("`", " ").split())
     status, out, err = run(shrink(TWO_STAGE.split()[1:], {"--steps": "1"}, ("--data", "corpus", *TINY_TRAIN)), capsys)
     assert status == 0, err
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in Path("runs/btree-lora/lora").iterdir()}
     [block] = [b for b in _readme.blocks(include_skipped=True) if b.language == "python" and "runs/btree-lora" in b.text]
     assert block.skip and "runs/btree-lora" in block.skip  # the generic Python-block test leaves it to this one
     names = {"__name__": "readme"}
-    exec(compile(block.text, f"README.md:{block.line}", "exec"), names)
+    exec(compile(block.text, block.where, "exec"), names)
     decoder, prompt = names["decoder"], torch.tensor([[1, *b"def f("]])
     from mtpc import generate_autoregressive
     from mtpc.loading import load_model
