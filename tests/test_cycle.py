@@ -22,13 +22,20 @@ def reads_per_generation(decoder, ids, budget, **kwargs):
     return decoder.host_reads.count - before, out
 
 
-@pytest.mark.parametrize("structure", ["ff", "btree"])
-@pytest.mark.parametrize("sample", [False, True])
-def test_one_host_read_per_cycle(structure, sample):
+def mostly_right(structure: str, sample: bool):
+    """The cyclic verifier (vocabulary 12), a head of n = 4 whose last position is off by one, and the
+    generate arguments of greedy or seeded sampling."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     kwargs = {"do_sample": True, "generator": torch.Generator().manual_seed(0)} if sample else {}
+    return vocab, model, head, kwargs
+
+
+@pytest.mark.parametrize("structure", ["ff", "btree"])
+@pytest.mark.parametrize("sample", [False, True])
+def test_one_host_read_per_cycle(structure, sample):
+    vocab, model, head, kwargs = mostly_right(structure, sample)
     lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2, prefer="lookup")
     for lookup_ in (None, lookup):
         decoder = SpeculativeDecoder(model, head, lookup=lookup_)
@@ -58,10 +65,7 @@ class Conversions(TorchFunctionMode):
 @pytest.mark.parametrize("structure", ["ff", "btree"])
 @pytest.mark.parametrize("sample", [False, True])
 def test_at_most_two_conversions_to_python_per_cycle(structure, sample):
-    vocab, n = 12, 4
-    model = cyclic_lm(vocab)
-    head = random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
-    kwargs = {"do_sample": True, "generator": torch.Generator().manual_seed(0)} if sample else {}
+    vocab, model, head, kwargs = mostly_right(structure, sample)
     decoder = SpeculativeDecoder(model, head)
     ids = prompts(vocab, 1, seed=4)[0]
     decoder.generate(ids, 40, **kwargs)  # first-call work (plans, caches) is not per cycle

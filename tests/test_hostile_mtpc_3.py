@@ -22,25 +22,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from _tiny import write_source_corpus
 from mtpc.chat import render
 from mtpc.cli.commands import describe_error, main
 from mtpc.errors import InputError
-from test_hostile_mtpc import FAST, fails, save_lm, train_args
+from test_hostile_mtpc import FAST, fails, train_args
+from test_hostile_mtpc_2 import corpus, lm  # noqa: F401  the same module-scoped LM and corpus fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 CP = str(ROOT / "examples" / "cp.pc")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    return save_lm(tmp_path_factory.mktemp("lm"))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_source_corpus(tmp_path_factory.mktemp("corpus"), parts=8, length=700, overlap=300)
 
 
 # ------------------------------------------------------------------ model folders
