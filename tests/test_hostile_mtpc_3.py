@@ -25,7 +25,7 @@ import torch
 from mtpc.chat import render
 from mtpc.cli.commands import describe_error, main
 from mtpc.errors import InputError
-from test_hostile_mtpc import FAST, fails, train_args
+from test_hostile_mtpc import fails, train_args
 from test_hostile_mtpc_2 import corpus, lm  # noqa: F401  the same module-scoped LM and corpus fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
