@@ -218,3 +218,21 @@ def test_a_shorter_window_stays_lossless_and_is_checked(folders, capsys):
             capsys, "--window")
     refused(["generate", "--model", str(folders / "lm"), "--head", str(folders / "head"), "a", "--window", "99"],
             capsys, "--window 99: the head")
+
+
+def test_a_comparison_names_its_baseline():
+    from mtpc.cli.generate import comparison, format_comparison
+
+    spec, plain = {"tokens_per_second": 300.0, "sequence": [1, 2]}, {"tokens_per_second": 150.0, "sequence": [1, 2]}
+    eager = format_comparison(comparison(spec, plain, greedy=True), 1)
+    assert eager.startswith("speculative 300.0 tok/s vs plain 150.0 tok/s: 2.00x speed-up (1 torch thread)")
+    compiled = format_comparison(comparison(spec, plain, greedy=True, baseline="static cache, compiled"), 2)
+    assert "vs plain (static cache, compiled) 150.0 tok/s: 2.00x" in compiled and "(2 torch threads)" in compiled
+
+
+@pytest.mark.slow
+def test_compare_with_compile_measures_against_compiled_plain_decoding(folders, capsys):
+    assert generate(folders, "a", "--max-new-tokens", "20", "--compile", "--compare", "--threads", "1") == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED + "\n"
+    assert "vs plain (static cache, compiled)" in captured.err and "greedy outputs identical: yes" in captured.err

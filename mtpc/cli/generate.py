@@ -286,9 +286,13 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     if cfg.stats:
         err.write(format_stats("speculative" if head is not None else "plain", run) + "\n")
     if cfg.compare:
-        plain = _measure(_plain(base, sampling, eos), prompt, cfg, None)
+        # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
+        baseline = _compiled_plain(base, sampling, eos, prompt.shape[1] + cfg.max_new_tokens) if cfg.compile \
+            else _plain(base, sampling, eos)
+        plain = _measure(baseline, prompt, cfg, None)
         summary["plain"] = plain
-        summary["compare"] = comparison(run, plain, greedy=cfg.temperature == 0)
+        summary["compare"] = comparison(run, plain, greedy=cfg.temperature == 0,
+                                        baseline="static cache, compiled" if cfg.compile else "eager")
         if cfg.stats:
             err.write(format_stats("plain", plain) + "\n")
         err.write(format_comparison(summary["compare"], torch.get_num_threads()) + "\n")
@@ -354,6 +358,23 @@ def _plain(base, sampling: dict, eos: set[int]):
     return decode
 
 
+def _compiled_plain(base, sampling: dict, eos: set[int], max_len: int):
+    """The same for plain decoding with a static cache, its step compiled as the speculative cycle is
+    (`mtpc.bench.peers.StaticCacheDecoder`): the baseline a compiled decoder is measured against."""
+    from ..bench.peers import StaticCacheDecoder
+    from ..decoding import PhaseClock
+
+    decoder = StaticCacheDecoder(base, max_len, compile=True)
+
+    def decode(ids, budget, generator, streamer):
+        clock = PhaseClock(None, None, [], cuda=ids.device.type == "cuda")  # no hooks inside a compiled step
+        with clock:
+            out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, **sampling)
+        return out, clock
+
+    return decode
+
+
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False):
@@ -400,11 +421,11 @@ def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dic
             "sequence": out.sequences[0].tolist()}
 
 
-def comparison(spec: dict, plain: dict, greedy: bool) -> dict:
+def comparison(spec: dict, plain: dict, greedy: bool, baseline: str = "eager") -> dict:
     speedup = spec["tokens_per_second"] / plain["tokens_per_second"] if plain["tokens_per_second"] else None
     identical = spec["sequence"] == plain["sequence"] if greedy else None
     return {"speculative_tok_s": spec["tokens_per_second"], "plain_tok_s": plain["tokens_per_second"],
-            "speedup": speedup, "greedy_identical": identical}
+            "speedup": speedup, "greedy_identical": identical, "baseline": baseline}
 
 
 def format_stats(label: str, run: dict) -> str:
@@ -420,5 +441,6 @@ def format_comparison(c: dict, threads: int) -> str:
         verdict = "sampling: outputs are not expected to match"
     else:
         verdict = "greedy outputs identical: " + ("yes" if c["greedy_identical"] else "NO")
-    return (f"speculative {c['speculative_tok_s']:.1f} tok/s vs plain {c['plain_tok_s']:.1f} tok/s: "
+    plain = "plain" if c.get("baseline", "eager") == "eager" else f"plain ({c['baseline']})"
+    return (f"speculative {c['speculative_tok_s']:.1f} tok/s vs {plain} {c['plain_tok_s']:.1f} tok/s: "
             f"{c['speedup']:.2f}x speed-up ({threads} torch thread{'' if threads == 1 else 's'}); {verdict}")
