@@ -1,5 +1,6 @@
-"""The user docs speak to a user: no internal issue numbers or session history, and the README stays a
-front door (short, linking guides that exist). docs/results.md is a lab record (its sections are
+"""The user docs speak to a user: no internal issue numbers or session history, the README stays a
+front door (short, linking guides that exist), and docs/reproduce.md's LM command is the shipped LM's
+recipe. docs/results.md is a lab record (its sections are
 dated runs) and is left out of the history check."""
 
 from __future__ import annotations
@@ -35,3 +36,32 @@ def test_guides_link_only_to_files_that_exist(guide):
     for target in re.findall(r"\]\(([^)#\s]+)\)", guide.read_text()):
         if "://" not in target:
             assert (guide.parent / target).exists(), target
+
+
+def test_reproduce_commands_lm_recipe_is_the_shipped_lms(monkeypatch):
+    """docs/reproduce.md's `mtpc tiny-lm` command, with the CLI's defaults, gives the configuration the
+    shipped LM recorded (models/byte-lm/tiny_lm.json) in every training setting: all but the output
+    folder, the progress bar, and the precision, which it pins to the fp32 that `auto` chose there."""
+    import dataclasses
+    import json
+
+    import _readme
+    import mtpc.training.tiny_lm as tiny_lm
+    from mtpc.cli.commands import build_parser, run_tiny_lm
+
+    class Configured(Exception):
+        pass
+
+    def capture(cfg):
+        raise Configured(dataclasses.asdict(cfg))
+
+    monkeypatch.setattr(tiny_lm, "train_tiny_lm", capture)  # read the configuration, train nothing
+    [command] = [c for c in _readme.commands() if c.block.path.name == "reproduce.md" and "tiny-lm" in c.text]
+    with pytest.raises(Configured) as configured:
+        run_tiny_lm(build_parser().parse_args(_readme.argv(command)))
+    ours = configured.value.args[0]
+    shipped = json.loads((ROOT / "models" / "byte-lm" / "tiny_lm.json").read_text())
+    assert shipped["autocast"] == "fp32" and ours["precision"] == "fp32"
+    differing = {k: (v, ours.get(k)) for k, v in shipped["config"].items()
+                 if k not in ("out", "progress", "precision") and ours.get(k) != v}
+    assert not differing, differing
