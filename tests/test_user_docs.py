@@ -65,3 +65,32 @@ def test_reproduce_commands_lm_recipe_is_the_shipped_lms(monkeypatch):
     differing = {k: (v, ours.get(k)) for k, v in shipped["config"].items()
                  if k not in ("out", "progress", "precision") and ours.get(k) != v}
     assert not differing, differing
+
+
+def test_reproduce_commands_ff_head_recipe_is_the_shipped_heads(monkeypatch):
+    """The same for its `mtpc train` command and models/heads/ff8/train_config.json: all but the paths
+    (model, data, output), the progress bar, the pinned precision and `steps` (the shipped file records
+    the count its 15-minute budget became)."""
+    import dataclasses
+    import json
+
+    import _readme
+    import mtpc.training.trainer as trainer
+    from mtpc.cli.commands import build_parser, run_train
+
+    class Configured(Exception):
+        pass
+
+    def capture(cfg, announce=None):
+        raise Configured(dataclasses.asdict(cfg))
+
+    monkeypatch.setattr(trainer, "train", capture)
+    [command] = [c for c in _readme.commands() if c.block.path.name == "reproduce.md" and c.text.startswith("mtpc train")]
+    with pytest.raises(Configured) as configured:
+        run_train(build_parser().parse_args(_readme.argv(command)))
+    ours = configured.value.args[0]
+    shipped = json.loads((ROOT / "models" / "heads" / "ff8" / "train_config.json").read_text())
+    assert ours["precision"] == "fp32"
+    differing = {k: (v, ours[k]) for k, v in shipped.items()
+                 if k in ours and k not in ("model", "data", "out", "progress", "precision", "steps") and ours[k] != v}
+    assert not differing, differing
