@@ -3,7 +3,7 @@
 One loop, eager or compiled alike. Before a cycle the decoder holds, on the device, the next `Window`
 `[x_0, d_1 .. d_{S-1}]`: `x_0` already decided (the verifier's next token: its argmax, or a draw
 from its target or from a residual), the circuit's draft conditioned on it, the proposal rows and
-the verify width the draft chose for itself. A cycle is one fixed-shape step, `cycle_step`:
+its verify width (the decoder's fixed width, or with `AdaptiveWidth` the one the draft chose). A cycle is one fixed-shape step, `cycle_step`:
 
 1. one backbone call on the window's first `width` tokens at explicit positions into static caches
    (`Verifier.forward`): the verifier's targets `p_1 .. p_width` and the draft path's hidden states;
@@ -12,7 +12,7 @@ the verify width the draft chose for itself. A cycle is one fixed-shape step, `c
    next `x_0` from the target at the last accepted position, or from the residual `norm(max(0, p_j -
    r_j))` after a rejection at `j` (so the deferred token is still exactly distributed);
 3. the circuit drafts the next window after that `x_0`, from the hidden state there
-   (`Drafter.circuit_window`), and chooses its verify width (`AdaptiveWidth`).
+   (`Drafter.circuit_window`), with its verify width.
 
 The host then reads one small tensor (`CyclePacket`: accepted count, the next `x_0` and width, the
 window's tokens), moves the caches' write position back to the committed tokens (rejected rows stay
