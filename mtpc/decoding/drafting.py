@@ -9,8 +9,8 @@ The circuit's window (`Drafter.circuit_window`, one fixed-shape function the dec
 runs after its acceptance) is head -> `circuitc.draft.DraftProgram` conditioned on `x_0` (the
 sequential argmax of the circuit's exact conditionals when greedy, an exact sample from the cycle's
 uniforms when sampling) -> the conditionals it drew from. Its verify width is the decoder's fixed
-width or, with `AdaptiveWidth`, read off the draft's own probabilities: the width that maximises the tokens a cycle expects to commit
-per unit of cycle cost, by the circuit's own account. The width reads only the draft and the past,
+width or, with `AdaptiveWidth`, read off the draft's own probabilities: the width that maximises the
+tokens a cycle expects to commit per unit of cycle cost, by the circuit's own account. The width reads only the draft and the past,
 so every position's test is unchanged and decoding stays exact; only where the window stops moves.
 
 A lookup window (`Drafter.lookup_window`, drafted eagerly on the host's choice) is `x_0`, then the
