@@ -27,7 +27,8 @@ import torch  # noqa: E402
 
 from mtpc.loading import load_model  # noqa: E402
 from mtpc.tokenizer import ByteTokenizer  # noqa: E402
-from mtpc.training.data import PackedDataset, default_corpus, load_documents, split_documents  # noqa: E402
+from mtpc.training.data import (PackedDataset, corpus_root, default_corpus, load_documents,  # noqa: E402
+                                split_documents)
 from mtpc.training.tiny_lm_model import bits_per_byte  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def absolute_names(docs: list, source: Path) -> list:
     """The documents named as the previous rule named them: by their absolute path on this machine."""
-    root = source if source.is_dir() else source.parent
+    root = corpus_root(source)
     return [dataclasses.replace(d, name=str(root / d.name)) for d in docs]
 
 
@@ -55,12 +56,11 @@ def evaluate(model, tok: ByteTokenizer, corpus: str, fraction: float, context: i
     result = {"corpus": corpus if corpus == "stdlib" else Path(corpus).name, "rule": "relative path",
               **score(model, held_out, tok, context, tokens)}
     if old_rule:
-        _, old = split_documents(absolute_names(docs, Path(source)), fraction)
-        old_names = {Path(d.name).relative_to(source).as_posix() if Path(d.name).is_absolute() else d.name
-                     for d in old}
-        both = [d for d in held_out if d.name in old_names]
-        result["previous rule (absolute path)"] = score(model, absolute_names(old, Path(source)), tok, context,
-                                                        tokens)
+        renamed = absolute_names(docs, Path(source))
+        _, old = split_documents(renamed, fraction)
+        old_names, held_names = {d.name for d in old}, {d.name for d in held_out}
+        both = [d for d, r in zip(docs, renamed) if r.name in old_names and d.name in held_names]
+        result["previous rule (absolute path)"] = score(model, old, tok, context, tokens)
         result["held out by both rules"] = score(model, both, tok, context, tokens)
     return result
 

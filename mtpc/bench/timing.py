@@ -51,6 +51,6 @@ def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tok
     stats = out.stats
     seconds = sum(stats.cycle_seconds) if stats_clock else hooked
     return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
-               stats.lookup_cycles, list(stats.accepted_per_cycle), list(getattr(stats, "width_per_cycle", [])))
+               stats.lookup_cycles, list(stats.accepted_per_cycle), list(stats.width_per_cycle))
 
 

@@ -268,7 +268,7 @@ class SpeculativeDecoder:
             left -= len(committed)
             if streamer is not None:
                 streamer.put(torch.tensor([committed], dtype=torch.long))
-            if committed[-1] in eos or width == 0:
+            if committed[-1] in eos:
                 break
         _end(streamer)
         return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)

@@ -67,9 +67,9 @@ class AdaptiveWidth:
             raise ValueError(f"position_cost must be in [0, 10), got {self.position_cost!r}")
 
 
-def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int, ...], float]:
+def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int, ...], float | None]:
     """The verify widths a decoder's circuit windows may take (each 2 .. max(n, 2)) and the position
-    cost that chooses among them: `window` an int -> that width alone; None -> the widest alone; an
+    cost that chooses among them (None: the device's default): `window` an int -> that width alone; None -> the widest alone; an
     `AdaptiveWidth` -> its widths (default about 2, n/2, 3n/4, n)."""
     widest = max(n, 2)
     if window is None:
@@ -85,15 +85,15 @@ def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int
     widths = adaptive.widths or tuple(max(2, w) for w in (2, -(-widest // 2), -(-3 * widest // 4), widest))
     if any(not isinstance(w, int) or not 2 <= w <= widest for w in widths):
         raise ValueError(f"AdaptiveWidth widths must be integers from 2 to the circuit's {widest}, got {widths!r}")
-    return tuple(sorted(set(widths))), adaptive.position_cost if adaptive.position_cost is not None else -1.0
+    return tuple(sorted(set(widths))), adaptive.position_cost
 
 
 class Drafter:
     """Windows of one head. `widths`: the circuit windows' verify widths; `position_cost`: what a
-    verified position costs (see `AdaptiveWidth`; -1: the device's default); `span`: the token count of
+    verified position costs (see `AdaptiveWidth`; None: the device's default); `span`: the token count of
     every window; `vocab`: the verifier's vocabulary (proposal rows are `[span, vocab]`)."""
 
-    def __init__(self, head: MTPHead, widths: tuple[int, ...], position_cost: float, span: int, vocab: int):
+    def __init__(self, head: MTPHead, widths: tuple[int, ...], position_cost: float | None, span: int, vocab: int):
         if head.graph is None:
             raise ValueError("the head's circuit has no region graph (build the head from a RegionGraph, a .pc/.json "
                              "source or a compiled circuit that keeps `.graph`): the decoder drafts with its "
@@ -101,10 +101,11 @@ class Drafter:
         self.head, self.n, self.v = head, head.num_variables, head.num_states
         self.program = DraftProgram(head.graph, head.circ.param_layout)
         self.widths, self.span, self.vocab = widths, span, vocab
-        cuda = next(head.parameters()).is_cuda
-        self.position_cost = position_cost if position_cost >= 0 else (0.01 if cuda else 0.08)
-        self._candidates = torch.tensor(widths)
-        self._fixed_width = torch.tensor(widths[-1])
+        device = next(head.parameters()).device
+        self.position_cost = position_cost if position_cost is not None else (0.01 if device.type == "cuda" else 0.08)
+        # made once on the head's device: `.to(h.device)` per window is then a no-op, not a copy per cycle
+        self._candidates = torch.tensor(widths, device=device)
+        self._fixed_width = torch.tensor(widths[-1], device=device)
 
     def theta(self, h: torch.Tensor) -> torch.Tensor:
         """`[P]` the circuit's parameters at the draft hidden state `h` `[d]`."""
