@@ -1,7 +1,26 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules, and the settings of the suite's parallel workers."""
+
+import os
 
 import pytest
 import torch
+
+MAX_WORKERS = 4  # beyond this the longest tests, not the cores, bound the suite's time
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: `-n auto` in pyproject.toml's addopts
+def pytest_xdist_auto_num_workers(config):
+    """One worker per core this process may use, at most MAX_WORKERS."""
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def pytest_configure(config):
+    """In a pytest-xdist worker torch runs single-threaded, as do the processes its tests start: the
+    workers already use every core, and more threads than cores only slow each other down. Tests of
+    thread behaviour set the count they need themselves."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_runtest_setup(item):

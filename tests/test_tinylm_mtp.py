@@ -135,7 +135,9 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path, corpus):
     assert train_tiny_lm(cfg)["steps"] == 4
 
 
-@pytest.mark.parametrize("joint", [False, True], ids=["plain", "joint"])
+# the LM alone is the same JointLM path with no head: the "joint" run checks its weights, loss and gradient
+# norm under DDP too, so the plain run (three more processes) waits for `pytest -m slow`
+@pytest.mark.parametrize("joint", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "joint"])
 def test_ddp_two_processes_equal_one_process(tmp_path, corpus, joint):
     """A real `torchrun --nproc_per_node 2` (gloo, CPU) equals one process on the same global batch."""
     args = ["tiny-lm", "--data", corpus, "--steps", "3", *SMALL_ARGS]
