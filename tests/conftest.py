@@ -5,7 +5,9 @@ import os
 import pytest
 import torch
 
-MAX_WORKERS = 4  # beyond this the longest tests, not the cores, bound the suite's time
+# each worker imports torch and transformers and collects the whole suite (seconds of CPU, hundreds of MB):
+# a many-core machine gets 4, not one per core
+MAX_WORKERS = 4
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: `-n auto` in pyproject.toml's addopts
