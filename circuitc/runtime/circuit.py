@@ -70,7 +70,7 @@ class CompiledCircuit(nn.Module):
             ex.num_params, ex.num_input_params, ex.num_sum_params
         self.param_layout: list[ParamSlot] = list(plan.param_layout)
         # [Q] each leaf's variable: the contract's buffer (the executor reads its own copy)
-        self.register_buffer("leaf_variable", self.executor.leaf_variable, persistent=False)
+        self.register_buffer("leaf_variable", ex.leaf_variable, persistent=False)
         # FLOPs of a call, for running small ones single-threaded: normalising one parameter row,
         # and the per-row work of the most expensive pass (prefix marginals)
         self._param_flops = 2 * self.num_input_params + 3 * self.num_sum_params
@@ -81,19 +81,6 @@ class CompiledCircuit(nn.Module):
                 f"layers={len(self.executor.layers)}")
 
     # ================================================================== the one wrapper
-
-    @single_threaded_when_small(lambda self, program, args: self._work(program, args))
-    def _run(self, program: Program, args: tuple) -> Tensor:
-        """Run a public program: its arguments checked once, then its query, fused or eager (the
-        decorator runs small calls on one thread; see the module docstring)."""
-        executor = self.executor
-        if torch.compiler.is_compiling():  # traced whole by a caller's torch.compile: the query alone
-            return program.query(executor, *args)
-        if (empty := program.check(executor, *args)) is not None:
-            return empty
-        if program.fusable and self._fused is not None:
-            return self._fused.call(program.name, program.query, executor, args)
-        return program.query(executor, *args)
 
     def _work(self, program: Program, args: tuple) -> float:
         """Estimated FLOPs of a call with these (not yet checked) arguments (see `circuitc.threads`)."""
@@ -110,6 +97,19 @@ class CompiledCircuit(nn.Module):
                     if shape[1] == self.num_params:
                         param_rows = shape[0]
         return param_rows * self._param_flops + rows * draws * self._row_flops
+
+    @single_threaded_when_small(_work)
+    def _run(self, program: Program, args: tuple) -> Tensor:
+        """Run a public program: its arguments checked once, then its query, fused or eager (the
+        decorator runs small calls on one thread; see the module docstring)."""
+        executor = self.executor
+        if torch.compiler.is_compiling():  # traced whole by a caller's torch.compile: the query alone
+            return program.query(executor, *args)
+        if (empty := program.check(executor, *args)) is not None:
+            return empty
+        if program.fusable and self._fused is not None:
+            return self._fused.call(program.name, program.query, executor, args)
+        return program.query(executor, *args)
 
     # ================================================================== public programs
 
