@@ -104,8 +104,8 @@ def gpu_sizes() -> Sizes:
 
 def dry_sizes() -> Sizes:
     """Tiny sizes on the CPU: every stage runs its real command for a few steps. The corpus is circuitc's
-    sources: the split keys on paths relative to it, so its held-out files (grammars/pc.lark and
-    runtime.py) are the same in every checkout and hold ample prompts for the benches (mtpc/training's
+    sources: the split keys on paths relative to it, so its held-out file (grammars/pc.lark) is the
+    same in every checkout and holds ample prompts for the dry run's benches (mtpc/training's
     held-out part is one 2 % tail with a single 16-token prompt)."""
     data = str(ROOT / "circuitc")
     return Sizes(

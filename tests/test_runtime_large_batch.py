@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import circuitc.runtime as runtime
+from circuitc.runtime import inputs as pass_inputs
+from circuitc.runtime import kernels
 from _circuit_reference import Reference, random_graph
 from circuitc.plan import lower
 from circuitc.runtime import CompiledCircuit
@@ -20,8 +21,8 @@ SEEDS = range(20)
 @pytest.fixture(params=["large-batch paths", "default paths"])
 def paths(request, monkeypatch):
     if request.param == "large-batch paths":
-        monkeypatch.setattr(runtime, "MAX_PLUS_LOOP_NUMEL", 0)
-        monkeypatch.setattr(runtime, "EXTRA_COLUMN_MIN_BATCH", 1)
+        monkeypatch.setattr(kernels, "MAX_PLUS_LOOP_NUMEL", 0)
+        monkeypatch.setattr(pass_inputs, "EXTRA_COLUMN_MIN_BATCH", 1)
     return request.param
 
 
@@ -71,8 +72,8 @@ def test_large_batch_paths_are_taken_by_default_at_large_batches():
 
     circ = CompiledCircuit(lower(btree_graph(8, 8, 16)))
     inputs, log_w = torch.randn(4, 8, 1024), torch.randn(4, 8, 8).log_softmax(-1)
-    assert inputs.numel() * log_w.shape[-2] >= runtime.MAX_PLUS_LOOP_NUMEL
-    assert torch.equal(runtime._max_plus(inputs, log_w, 1, 1024),
+    assert inputs.numel() * log_w.shape[-2] >= kernels.MAX_PLUS_LOOP_NUMEL
+    assert torch.equal(kernels.max_plus(inputs, log_w, 1, 1024),
                        (inputs.unsqueeze(1) + log_w.unsqueeze(-1)).amax(2))
     theta = torch.randn(circ.num_params)
     x = torch.randint(16, (1024, 8))

@@ -1,8 +1,8 @@
-"""Fused programs: the likelihood programs of a `CompiledCircuit` built with `fuse=True` run through
+"""Fused programs: the likelihood queries of a `CompiledCircuit` built with `fuse=True` run through
 `torch.compile` (inductor), which fuses each log-space sum layer's pointwise passes (the max shift,
 exp, the floor and log around the matmul, the products, the leaf gather) into a few loops.
 
-One compiled program per public method and circuit; inside it torch keeps one compiled graph per
+One compiled program per public program and circuit; inside it torch keeps one compiled graph per
 input shape, dtype, grad mode and device (`dynamic=False`: exact shapes give the best kernels).
 The first call with a new shape compiles (tens of seconds on a small CPU; inductor's on-disk cache
 makes it faster in later processes), so call `warm_up` with the shapes you will use, under the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import types
 from typing import Any, Callable
 
 import torch
@@ -47,18 +46,20 @@ class FusedPrograms:
         self._seen: set[tuple] = set()  # keys compiled already
         self._eager: set[tuple] = set()  # keys where warm_up measured eager faster
 
-    def call(self, circuit: torch.nn.Module, method: Callable, args: tuple, kwargs: dict) -> Any:
-        key = call_key(method.__name__, args, kwargs)
+    def call(self, name: str, query: Callable, executor: torch.nn.Module, args: tuple) -> Any:
+        """`query(executor, *args)` (the public program `name`): compiled, or eager where `warm_up`
+        measured eager faster for these arguments."""
+        key = call_key(name, args, {})
         if key in self._eager:
-            return method(circuit, *args, **kwargs)
-        program = self._compiled.get(method.__name__)
+            return query(executor, *args)
+        program = self._compiled.get(name)
         if program is None:
-            program = torch.compile(types.MethodType(method, circuit), dynamic=False)
-            self._compiled[method.__name__] = program
+            program = torch.compile(query, dynamic=False)
+            self._compiled[name] = program
         if key in self._seen:
-            return program(*args, **kwargs)
+            return program(executor, *args)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            out = program(*args, **kwargs)
+            out = program(executor, *args)
         self._seen.add(key)
         return out
 

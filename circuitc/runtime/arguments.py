@@ -1,10 +1,12 @@
-"""Argument checks for the public programs of a `CompiledCircuit`, run first in each of them.
+"""Argument checks for the public programs of a `CompiledCircuit`: one check per program, named
+after it, run once at the public boundary before the program's query (`circuit.CompiledCircuit`).
 
 A mistake gets a `TypeError` (not a tensor, wrong dtype) or `ValueError` (wrong shape, a state out
 of range, NaN logits where a draw would silently pick a fixed state) naming the argument and what
 was expected, instead of an index error deep in a gather (or a device-side assert on a GPU). An empty
 batch (`B = 0`) or `num_samples=0` is valid and gets an empty result of the right shape: each check
-returns that result, or None when the program should run.
+returns that result, or None when the program should run. `circ` is anything with the circuit's
+sizes (`num_vars`, `num_states`, `num_params`, `num_leaves`, `num_sum_params`): the `Executor`.
 """
 
 from __future__ import annotations
@@ -86,44 +88,36 @@ def _float(circ, value: Tensor) -> torch.dtype:
 
 # ------------------------------------------------------------------ one check per public program
 
-def upward(circ, x, theta_, keep_=None, rows: int | None = None) -> Tensor | None:
-    """log_prob / log_marginal / prefix_log_marginals (`rows` columns) / leaf_log_probs."""
-    bp = theta(circ, theta_)
-    batch = _batch(circ, x, "x")
-    same_batch(bp, batch)
-    if keep_ is not None:
-        keep(circ, keep_, batch)
-    states(circ, x, "x", keep_)
-    if batch == 0:
-        return theta_.new_empty((0,) if rows is None else (0, rows), dtype=_float(circ, theta_))
-    return None
+def log_prob(circ, x, theta_) -> Tensor | None:
+    return _upward(circ, x, theta_)
 
 
-def from_leaves(circ, leaf_log_probs, sum_logits, rows: int | None = None) -> Tensor | None:
-    q, p = circ.num_leaves, circ.num_sum_params
-    leaves = _tensor(leaf_log_probs, "leaf_log_probs", f"[B, {q}]")
-    sums = _tensor(sum_logits, "sum_logits", f"[B, {p}] or [{p}]")
-    if not leaves.is_floating_point() or not sums.is_floating_point():
-        raise TypeError("leaf_log_probs and sum_logits must be floating point")
-    if leaves.dim() != 2 or leaves.shape[1] != q:
-        raise ValueError(f"leaf_log_probs must be [B, {q}], got {list(leaves.shape)}")
-    if sums.dim() not in (1, 2) or sums.shape[-1] != p:
-        raise ValueError(f"sum_logits must be [B, {p}] or [{p}], got {list(sums.shape)}")
-    if sums.dim() == 2 and (sums.shape[0] == 0 or leaves.shape[0] % sums.shape[0]):
-        raise ValueError(f"sum_logits has batch {sums.shape[0]} but leaf_log_probs has {leaves.shape[0]} "
-                         "(a multiple of it: copies that share the sum logits)")
-    if leaves.shape[0] == 0:
-        dtype = torch.float64 if torch.float64 in (leaves.dtype, sums.dtype) else torch.float32
-        return leaves.new_empty((0,) if rows is None else (0, rows), dtype=dtype)
-    return None
+def log_marginal(circ, x, keep_, theta_) -> Tensor | None:
+    return _upward(circ, x, theta_, keep_)
 
 
-def conditional(circ, x, keep_, theta_, variable) -> Tensor | None:
+def prefix_log_marginals(circ, x, theta_) -> Tensor | None:
+    return _upward(circ, x, theta_, rows=circ.num_vars)
+
+
+def leaf_log_probs(circ, x, theta_) -> Tensor | None:
+    return _upward(circ, x, theta_, rows=circ.num_leaves)
+
+
+def log_prob_from_leaves(circ, leaf_log_probs_, sum_logits) -> Tensor | None:
+    return _from_leaves(circ, leaf_log_probs_, sum_logits)
+
+
+def prefix_log_marginals_from_leaves(circ, leaf_log_probs_, sum_logits) -> Tensor | None:
+    return _from_leaves(circ, leaf_log_probs_, sum_logits, rows=circ.num_vars)
+
+
+def conditional_log_distribution(circ, x, keep_, theta_, variable) -> Tensor | None:
     if not isinstance(variable, int) or isinstance(variable, bool):
         raise TypeError(f"variable must be an int, got {type(variable).__name__}")
     if not 0 <= variable < circ.num_vars:
         raise ValueError(f"variable {variable} is out of range for a circuit over {circ.num_vars} variables")
-    empty = upward(circ, x, theta_, keep_)
+    empty = _upward(circ, x, theta_, keep_)
     return None if empty is None else empty.new_empty(0, circ.num_states)
 
 
@@ -150,6 +144,40 @@ def map_(circ, theta_, evidence, keep_) -> Tensor | None:
     finite_logits(theta_, "map")
     if batch == 0:
         return torch.empty(0, circ.num_vars, dtype=torch.long, device=theta_.device)
+    return None
+
+
+# ------------------------------------------------------------------ shared by several programs
+
+def _upward(circ, x, theta_, keep_=None, rows: int | None = None) -> Tensor | None:
+    """The programs over observed states: `rows` columns per example (None: one value)."""
+    bp = theta(circ, theta_)
+    batch = _batch(circ, x, "x")
+    same_batch(bp, batch)
+    if keep_ is not None:
+        keep(circ, keep_, batch)
+    states(circ, x, "x", keep_)
+    if batch == 0:
+        return theta_.new_empty((0,) if rows is None else (0, rows), dtype=_float(circ, theta_))
+    return None
+
+
+def _from_leaves(circ, leaf_log_probs_, sum_logits, rows: int | None = None) -> Tensor | None:
+    q, p = circ.num_leaves, circ.num_sum_params
+    leaves = _tensor(leaf_log_probs_, "leaf_log_probs", f"[B, {q}]")
+    sums = _tensor(sum_logits, "sum_logits", f"[B, {p}] or [{p}]")
+    if not leaves.is_floating_point() or not sums.is_floating_point():
+        raise TypeError("leaf_log_probs and sum_logits must be floating point")
+    if leaves.dim() != 2 or leaves.shape[1] != q:
+        raise ValueError(f"leaf_log_probs must be [B, {q}], got {list(leaves.shape)}")
+    if sums.dim() not in (1, 2) or sums.shape[-1] != p:
+        raise ValueError(f"sum_logits must be [B, {p}] or [{p}], got {list(sums.shape)}")
+    if sums.dim() == 2 and (sums.shape[0] == 0 or leaves.shape[0] % sums.shape[0]):
+        raise ValueError(f"sum_logits has batch {sums.shape[0]} but leaf_log_probs has {leaves.shape[0]} "
+                         "(a multiple of it: copies that share the sum logits)")
+    if leaves.shape[0] == 0:
+        dtype = torch.float64 if torch.float64 in (leaves.dtype, sums.dtype) else torch.float32
+        return leaves.new_empty((0,) if rows is None else (0, rows), dtype=dtype)
     return None
 
 
