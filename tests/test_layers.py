@@ -1,9 +1,11 @@
-"""The house rules of the mtpc package, read from its source with `ast`:
+"""The house rules of the packages, read from their source with `ast`:
 
-- imports run only downward: ground floor (errors, checks, tokenizer, loading) < heads < decoding <
-  training < bench < cli; a module may import its own stage and any stage below it;
-- no import cycle between modules (lazy imports inside functions count too);
-- no module imports a private name (`_x`) of another module.
+- mtpc's imports run only downward: ground floor (errors, checks, tokenizer, loading) < heads <
+  decoding < training < bench < cli; a module may import its own stage and any stage below it;
+- no import cycle between modules (files) anywhere in circuitc or mtpc: imports at module level,
+  under `if TYPE_CHECKING:` and inside functions all count; a name imported from a package's
+  `__init__` counts as an import of the module the `__init__` re-exports it from;
+- no mtpc module imports a private name (`_x`) of another module.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import networkx as nx
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtpc"
+PACKAGES = [PACKAGE.parent / "circuitc", PACKAGE]  # the cycle check covers both
 FLOORS = {"errors": 0, "files": 0, "checks": 0, "tokenizer": 0, "loading": 0, "chat": 0, "heads": 1, "decoding": 2, "training": 3,
           "bench": 4, "cli": 5}
 
@@ -35,6 +38,14 @@ def stage(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None
 
 
+def import_source(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` reads from, for a file in `package`."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    return ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
     """(imported module, imported names, line) for every mtpc import in the file, lazy ones included."""
     tree = ast.parse(path.read_text())
@@ -42,12 +53,7 @@ def imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = import_source(node, package)
             if target.split(".")[0] != "mtpc":
                 continue
             names = [a.name for a in node.names]
@@ -81,18 +87,62 @@ def test_imports_only_run_downward():
     assert not upward, "\n".join(upward)
 
 
-def test_no_import_cycles():
+def package_modules(roots: list[Path]) -> dict[str, Path]:
+    """Every module (file) of the given packages, by dotted name; a package is its `__init__.py`."""
+    found = {}
+    for root in roots:
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def from_imports(module: str, path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(source module, [(name, bound as)]) for every `from ... import` in the file, at any depth."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return [(import_source(node, package), [(a.name, a.asname or a.name) for a in node.names])
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)]
+
+
+def defining_module(source: str, name: str, known: dict[str, Path]) -> str | None:
+    """The module whose code `from source import name` runs for `name`: a submodule of that name, else
+    the module a package's `__init__` re-exports it from (followed through), else `source` itself."""
+    if f"{source}.{name}" in known:
+        return f"{source}.{name}"
+    if source not in known:
+        return None  # not one of ours
+    if known[source].name == "__init__.py":
+        for origin, names in from_imports(source, known[source]):
+            for original, bound in names:
+                if bound == name and origin != source:
+                    return defining_module(origin, original, known) or source
+    return source
+
+
+def import_graph(roots: list[Path]) -> nx.DiGraph:
+    """Module -> the modules it imports, module-level and lazy (inside functions) alike."""
+    known = package_modules(roots)
     graph = nx.DiGraph()
-    known = modules()
-    for source, target, _, _ in edges():
-        if source == "mtpc":
-            continue  # the package's lazy public API
-        while target not in known and "." in target:
-            target = target.rpartition(".")[0]
-        if target != source and not known[target].name == "__init__.py":
-            graph.add_edge(source, target)
-    cycles = list(nx.simple_cycles(graph))
-    assert not cycles, f"import cycles: {cycles}"
+    for module, path in known.items():
+        targets = set()
+        for source, names in from_imports(module, path):
+            targets |= {defining_module(source, name, known) for name, _ in names}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = alias.name
+                    while target not in known and "." in target:
+                        target = target.rpartition(".")[0]
+                    targets.add(target if target in known else None)
+        graph.add_edges_from((module, target) for target in targets - {None, module})
+    return graph
+
+
+def test_no_import_cycles_between_files():
+    """No two files of circuitc or mtpc import each other, directly or around a circle (a package's
+    re-export counts as an import of the module that defines the name)."""
+    cycles = sorted(c[c.index(min(c)):] + c[:c.index(min(c))] for c in nx.simple_cycles(import_graph(PACKAGES)))
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + c[:1]) for c in cycles)
 
 
 def test_no_private_names_cross_modules():
@@ -115,3 +165,32 @@ def test_the_checks_see_a_planted_violation(tmp_path, monkeypatch, broken):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", root)
     with pytest.raises(AssertionError):
         (test_imports_only_run_downward if broken == "upward" else test_no_private_names_cross_modules)()
+
+
+def plant(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_the_cycle_check_sees_a_planted_cycle(tmp_path, monkeypatch):
+    """A lazy import that closes a circle is found, across packages too."""
+    plant(tmp_path, {"mtpc/__init__.py": "", "mtpc/heads/__init__.py": "", "circuitc/__init__.py": "",
+                     "mtpc/heads/head.py": "from circuitc.plan import lower\n",
+                     "circuitc/plan.py": "def lower():\n    from mtpc.heads import head\n"})
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", [tmp_path / "circuitc", tmp_path / "mtpc"])
+    with pytest.raises(AssertionError, match="circuitc.plan -> mtpc.heads.head -> circuitc.plan"):
+        test_no_import_cycles_between_files()
+
+
+def test_a_re_export_counts_as_an_import_of_its_defining_module(tmp_path, monkeypatch):
+    """`stage/__init__` re-exports from `a` and `b`; `b` importing `a`'s name through the package is
+    no cycle (it runs `a`, not `b`), but `a` importing `b`'s name through it closes a real one."""
+    files = {"mtpc/__init__.py": "", "mtpc/stage/__init__.py": "from .a import A\nfrom .b import B as Bee\n",
+             "mtpc/stage/a.py": "A = 1\n", "mtpc/stage/b.py": "from . import A\n"}
+    plant(tmp_path, files)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", [tmp_path / "mtpc"])
+    test_no_import_cycles_between_files()
+    plant(tmp_path, {"mtpc/stage/a.py": "A = 1\nfrom mtpc.stage import Bee\n"})
+    with pytest.raises(AssertionError, match="mtpc.stage.a -> mtpc.stage.b -> mtpc.stage.a"):
+        test_no_import_cycles_between_files()

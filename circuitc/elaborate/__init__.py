@@ -9,9 +9,13 @@ else the declared default), so a region may be mentioned before its units are se
 
 Every error is a `CircuitError` located at the source span of the offending expression.
 
-Modules: `program` (the entry `elaborate`, includes, parameters, the final graph), `statements`,
-`expressions`, `builtin_functions`, `regions` (the graph's bookkeeping, work counting) and
-`values` (what expressions evaluate to).
+Modules, each importing only those listed after it: `program` (the entry `elaborate`: parameters,
+hoisted functions, the files run in order, the final graph), `sources` (the main file and its
+includes), `interpreter` (statements and expressions, one rule per syntax node), `state` (one
+elaboration's typed state), `operators` (binary operators on values), `builtin_functions` (`ff`,
+`cp`, ..., `len`, `range`; each sees only a `BuiltinContext`), `regions` (the region table and the
+work meter), `declarations` (what `vars` and `root` declared) and `values` (what expressions
+evaluate to).
 """
 
 from .builtin_functions import BUILTINS

@@ -53,27 +53,8 @@ class Function:
 @dataclass(frozen=True)
 class Builtin:
     name: str
-    run: Callable[..., Any]  # run(elaborator, args, kwargs, span)
+    run: Callable[..., Any]  # run(context, args, kwargs, call node): see `builtin_functions.BuiltinContext`
     signature: str
-
-
-@dataclass(frozen=True)
-class Returned:
-    value: Any
-
-
-@dataclass
-class RegionInfo:
-    scope: tuple[int, ...]
-    span: SourceSpan | None
-    units: int | None = None  # explicit units; None = settled at the end
-    units_span: SourceSpan | None = None
-
-
-@dataclass
-class Definition:
-    key: tuple  # the partitions, compared to tell a harmless repeat from a conflict
-    span: SourceSpan | None
 
 
 def describe_value(value: Any) -> str:
@@ -103,7 +84,6 @@ def describe_value(value: Any) -> str:
 
 def fail(message: str, span: SourceSpan | None) -> CircuitError:
     return CircuitError(Diagnostic(message, span))
-
 
 
 def show_argument(value: Any) -> str:
@@ -150,6 +130,7 @@ def show_value(value: Any) -> str:
 
 def union_scope(regions) -> tuple[int, ...]:
     return tuple(sorted({i for r in regions for i in r.scope}))
+
 
 def bind_call(name: str, params: dict[str, Any], args: list, kwargs: dict, node: Call,
               resolve_default=lambda default: default) -> dict[str, Any]:
