@@ -75,6 +75,8 @@ def test_resume_is_exact(tiny_lm, corpus, tmp_path):
     sa = torch.load(tmp_path / "straight" / CHECKPOINT, weights_only=False)
     sb = torch.load(tmp_path / "split" / CHECKPOINT, weights_only=False)
     assert sa["sampler"] == sb["sampler"] and sa["step"] == sb["step"] == 6
+    assert set(sb) == {"format", "step", "total_steps", "budget", "tokens", "elapsed", "trainable", "optimizer",
+                       "sampler", "rng", "settings"} and sb["format"] == "mtpc-train-checkpoint-2"  # the format kept
     for k in sa["trainable"]:
         assert torch.equal(sa["trainable"][k], sb["trainable"][k]), k
     assert any("lora" in k for k in sa["trainable"])

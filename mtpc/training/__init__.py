@@ -3,11 +3,12 @@
 
 Takes: a model folder and a data source (files, folders, globs, JSONL); hands on: head folders and
 model folders on disk (`mtpc.loading` and `mtpc.heads` read them back).
-Modules: `data` (documents, split, packing, epoch order), `trainer` (`mtpc train`; its setup,
-validation and checkpoint in `trainer_setup`, `trainer_validation`, `trainer_checkpoints`), `tiny_lm`
-(`mtpc tiny-lm`; `tiny_lm_setup`, `tiny_lm_model`, `tiny_lm_checkpoints`), `distill`
-(`mtpc distill-data`), and their shared pieces: `schedule`, `precision`, `progress`, `distributed`,
-`checkpoints` (checkpoint files, RNG state, the training log).
+Modules: `data` (documents, split, packing, epoch order), `loop` (the one training loop both
+trainers run), `trainer` (`mtpc train`; its setup, validation and checkpoint in `trainer_setup`,
+`trainer_validation`, `trainer_checkpoints`), `tiny_lm` (`mtpc tiny-lm`; `tiny_lm_setup`,
+`tiny_lm_model`, `tiny_lm_checkpoints`), `distill` (`mtpc distill-data`), and their shared pieces:
+`schedule` (budgets, learning rate), `precision`, `progress`, `distributed`, `checkpoints`
+(checkpoint files, RNG state, the training log).
 Imported lazily (`from mtpc.training import train`): its modules pull in torch and transformers.
 """
 

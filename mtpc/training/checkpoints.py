@@ -1,5 +1,5 @@
-"""What both training loops (`mtpc train`, `mtpc tiny-lm`) do with files while they run: write a
-checkpoint so a kill never leaves half of one, keep the RNG states in a form
+"""What the training loop (`loop`) and both trainers (`mtpc train`, `mtpc tiny-lm`) do with files while
+they run: write a checkpoint so a kill never leaves half of one, keep the RNG states in a form
 `torch.load(weights_only=True)` reads back, append to and trim the JSONL training log.
 
 What goes *into* a checkpoint, and which settings must match to resume, is each trainer's own.

@@ -22,12 +22,12 @@ from ..errors import InputError
 from ..heads.head import save_head
 from ..heads.nll_loss import valid_counts
 from ..tokenizer import ByteTokenizer
-from .checkpoints import append_log, trim_log, write_checkpoint
+from .checkpoints import append_log, write_checkpoint
 from .data import collate, target_validity, to_device
-from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
+from .distributed import all_sum, barrier, init_distributed, wrap_ddp
+from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype
-from .progress import advance, progress_bar
-from .schedule import cosine_lr
+from .schedule import ClockBudget, StepBudget, cosine_lr
 from .tiny_lm_checkpoints import CHECKPOINT, read_checkpoint, resume_key
 from .tiny_lm_model import LN2, JointLM, bits_per_byte, lm_nll, mtp_val_loss
 from .tiny_lm_setup import (MTP_HEAD_DIR, ShuffledOrder, TinyLMConfig, build_model, build_mtp_head, check_config,
@@ -50,8 +50,9 @@ def train_tiny_lm(cfg: TinyLMConfig) -> dict:
 
 
 class _TinyLMRun:
-    """One run of `mtpc tiny-lm`: set up in `__init__` (`tiny_lm_setup`), `run` loops over
-    `train_step`, evaluates (`tiny_lm_model`), checkpoints (`tiny_lm_checkpoints`) and `finish`es."""
+    """One run of `mtpc tiny-lm`: set up in `__init__` (`tiny_lm_setup`). `run` hands it, as the loop's
+    `Run`, to `loop.run_loop`, which calls `train_step`, `evaluate` (`tiny_lm_model`) and
+    `save_checkpoint` (`tiny_lm_checkpoints`); then `run` `finish`es (rank 0)."""
 
     def __init__(self, cfg: TinyLMConfig):
         check_config(cfg)
@@ -78,6 +79,9 @@ class _TinyLMRun:
             self.out.mkdir(parents=True, exist_ok=True)
         self.order = ShuffledOrder(len(self.train_set), cfg.seed)
         self.step, self.tokens_seen, self.elapsed, self.start_bpb = 0, 0, 0.0, None
+        self.budget = StepBudget(cfg.steps) if cfg.steps is not None else ClockBudget(cfg.minutes)
+        self.loss_ema = None  # the progress bar's smoothed loss (nats)
+        self.last_eval = 0.0  # when the last evaluation ended (periodic ones are `eval_every_s` apart)
 
     # -------------------------------------------------------------- checkpoints
 
@@ -105,68 +109,41 @@ class _TinyLMRun:
         torch.set_rng_state(state["torch_rng"])
         return True
 
-    # -------------------------------------------------------------- the loop
-
-    def log(self, record: dict) -> None:
-        if self.d.main:
-            append_log(self.out / LOG, record)
-
-    def progress(self) -> float:
-        """Fraction of the budget used (rank 0's clock decides a time budget for every rank)."""
-        if self.cfg.steps is not None:
-            return self.step / self.cfg.steps
-        done = torch.tensor([self.elapsed / (self.cfg.minutes * 60)], dtype=torch.float64, device=self.d.device)
-        return broadcast_from_main(done, self.d).item()
+    # -------------------------------------------------------------- the run
 
     def run(self) -> dict:
         cfg, d = self.cfg, self.d
-        log_path = self.out / LOG
-        if self.load_checkpoint():
-            if d.main:
-                trim_log(log_path, self.step)
-        else:
-            if d.main:
-                log_path.write_text("")
-                self.start_bpb = bits_per_byte(self.model, self.val_set, cfg.val_tokens, self.dtype)
-                self.log({"step": 0, "tokens": 0, "val_bpb": self.start_bpb})
-        total = cfg.steps if cfg.steps is not None else int(round(cfg.minutes * 60))
-        bar = progress_bar(total, "step" if cfg.steps is not None else "s", cfg.progress and d.main, "tiny-lm")
-        advance(bar, self.step if cfg.steps is not None else self.elapsed)
-        t0 = time.perf_counter() - self.elapsed
-        last_eval = time.perf_counter()
-        loss_ema = None
-        while True:
-            done = self.progress()
-            if done >= 1:
-                break
-            record = self.train_step(done)
-            now = time.perf_counter()
-            self.elapsed = now - t0
-            loss = record["loss_bits"] * LN2
-            loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
-            advance(bar, self.step if cfg.steps is not None else self.elapsed)
-            bar.set_postfix_str(f"loss {loss_ema / LN2:.3f} bits, {self.tokens_seen / self.elapsed:,.0f} tok/s, "
-                                f"lr {record['lr']:.2e}" + (f", mtp {record['mtp_loss']:.3f}" if self.head else ""))
-            record["time_s"] = round(self.elapsed, 2)
-            if d.main and now - last_eval >= cfg.eval_every_s:
-                record["val_bpb"] = bits_per_byte(self.model, self.val_set, cfg.val_tokens, self.dtype)
-                last_eval = time.perf_counter()
-            self.log(record)
-            stop = cfg.stop_after is not None and self.step >= cfg.stop_after
-            if self.step % cfg.save_every == 0 or stop:
-                self.save_checkpoint()
-            if stop and self.progress() < 1:
-                bar.close()
-                return {"stopped_at": self.step}
-        bar.close()
-        self.save_checkpoint()
+        resumed = self.load_checkpoint()
+        self.last_eval = time.perf_counter()
+        loop = LoopSettings(self.out / LOG, cfg.save_every, cfg.stop_after, cfg.progress, "tiny-lm")
+        if not run_loop(self, self.budget, loop, d, resumed):
+            return {"stopped_at": self.step}
         summary = self.finish() if d.main else {}
         barrier(d)
         return summary
 
-    def train_step(self, done: float) -> dict:
+    def first_record(self) -> dict:
+        self.start_bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype)
+        self.last_eval = time.perf_counter()
+        return {"step": 0, "tokens": 0, "val_bpb": self.start_bpb}
+
+    def evaluate(self, final: bool) -> dict:
+        """Held-out bits per byte (rank 0) when `eval_every_s` seconds have passed since the last one."""
+        if not (self.d.main and time.perf_counter() - self.last_eval >= self.cfg.eval_every_s):
+            return {}
+        bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype)
+        self.last_eval = time.perf_counter()
+        return {"val_bpb": bpb}
+
+    def postfix(self, record: dict) -> str:
+        loss = record["loss_bits"] * LN2
+        self.loss_ema = loss if self.loss_ema is None else 0.95 * self.loss_ema + 0.05 * loss
+        return (f"loss {self.loss_ema / LN2:.3f} bits, {self.tokens_seen / self.elapsed:,.0f} tok/s, "
+                f"lr {record['lr']:.2e}" + (f", mtp {record['mtp_loss']:.3f}" if self.head else ""))
+
+    def train_step(self) -> dict:
         cfg, d = self.cfg, self.d
-        lr = cosine_lr(cfg.lr, done, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
+        lr = cosine_lr(cfg.lr, self.budget.done, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
         for group in self.opt.param_groups:
             group["lr"] = lr
         indices = self.order.take(cfg.batch_size)  # the global batch, the same on every rank

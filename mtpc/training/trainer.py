@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -47,14 +46,14 @@ from torch.profiler import record_function
 from .. import loading
 from ..errors import MtpcError
 from ..heads.nll_loss import valid_counts
-from .checkpoints import append_log, rng_state, set_rng_state, trim_log, write_checkpoint
+from .checkpoints import rng_state, set_rng_state, write_checkpoint
 from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, to_device
-from .distributed import all_sum, barrier, broadcast_from_main, init_distributed, wrap_ddp
+from .distributed import all_sum, barrier, init_distributed, wrap_ddp
+from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype
-from .progress import advance, progress_bar
-from .schedule import cosine_lr
-from .trainer_checkpoints import (CHECKPOINT, CHECKPOINT_FORMAT, load_trainable, read_checkpoint, resumed_total,
-                                  settings, trainable_state)
+from .schedule import StepBudget, cosine_lr
+from .trainer_checkpoints import (CHECKPOINT, CHECKPOINT_FORMAT, load_trainable, read_checkpoint, settings,
+                                  trainable_state)
 from .trainer_setup import (LORA_DIR, DraftModel, TrainConfig, build_head, check_inputs, load_init_head,
                             load_lm, vocabulary_choice)
 from . import trainer_validation
@@ -65,8 +64,9 @@ LOG = "train_log.jsonl"
 
 
 class Trainer:
-    """One run of `mtpc train`: set up in `__init__` (`trainer_setup`), `run` loops over `train_step`,
-    validates (`trainer_validation`) and checkpoints (`trainer_checkpoints`)."""
+    """One run of `mtpc train`: set up in `__init__` (`trainer_setup`). `run` hands it, as the loop's
+    `Run`, to `loop.run_loop`, which calls `train_step`, `evaluate` (validation, `trainer_validation`)
+    and `save_checkpoint` (`trainer_checkpoints`); then `run` writes the head."""
 
     def __init__(self, cfg: TrainConfig, announce: Callable[[str], None] | None = None):
         self.cfg, self.d = cfg, init_distributed(cfg.device)
@@ -91,7 +91,10 @@ class Trainer:
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.opt = self._optimizer()
         self.sampler = EpochSampler(len(self.train_set), cfg.seed)
-        self.step, self.total_steps, self.tokens, self.elapsed = 0, cfg.steps, 0, 0.0
+        # --minutes: a step count re-sized after every step (from the checkpoint's time per step on a resume)
+        self.budget = StepBudget(cfg.steps, None if cfg.steps is not None else cfg.minutes)
+        self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.last_val = None  # the validation of the final step, reused for the summary
 
     def _data(self) -> tuple[PackedDataset, PackedDataset]:
         docs, self.data_stats = load_documents(self.cfg.data, self.tok)
@@ -117,9 +120,8 @@ class Trainer:
         batch["window_mask"] = self._window_mask(batch["tokens"].shape)
         normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v,
                                   batch["window_mask"]).to(d.device)
-        progress = self.step / self.total_steps if self.total_steps else 0.0  # unknown until a time budget is sized
         for group in self.opt.param_groups:
-            group["lr"] = cosine_lr(group["base_lr"], progress, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
+            group["lr"] = cosine_lr(group["base_lr"], self.budget.done, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
         self.opt.zero_grad(set_to_none=True)
         micro = cfg.batch_size // cfg.grad_accum
         loss_sum = torch.zeros((), device=d.device)
@@ -144,7 +146,8 @@ class Trainer:
             self.opt.step()
         self.step += 1
         self.tokens += int(batch["tokens"].numel())
-        return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"]}
+        return {"step": self.step, "loss": total, "grad_norm": float(grad_norm), "lr": self.opt.param_groups[0]["lr"],
+                "tokens": self.tokens}
 
     def _window_mask(self, shape: torch.Size) -> torch.Tensor:
         """`[B, T]`: positions `t` with `(t + step) % window_stride == 0` (all with stride 1)."""
@@ -160,6 +163,23 @@ class Trainer:
     def validate(self) -> dict:
         return trainer_validation.validate(self.module, self.val_set, self.cfg, self.d.device)
 
+    def first_record(self) -> dict:
+        return {"step": 0, **self.validate()}
+
+    def evaluate(self, final: bool) -> dict:
+        """Validation (rank 0) every `val_every` steps and at the last one."""
+        val = {}
+        if self.step % self.cfg.val_every == 0 or final:
+            if self.d.main:
+                val = self.validate()
+                self.last_val = val if final else None
+            barrier(self.d)
+        return val
+
+    def postfix(self, record: dict) -> str:
+        return (f"loss {record['loss']:.3f}, {self.tokens / max(self.elapsed, 1e-9):,.0f} tok/s"
+                + (f", accepted {record['val_accepted']:.2f}" if "val_accepted" in record else ""))
+
     # -------------------------------------------------------------- checkpoints and outputs
 
     def save_checkpoint(self) -> None:
@@ -167,7 +187,7 @@ class Trainer:
             return
         self._check_finite()
         state = {
-            "format": CHECKPOINT_FORMAT, "step": self.step, "total_steps": self.total_steps,
+            "format": CHECKPOINT_FORMAT, "step": self.step, "total_steps": self.budget.total,
             "budget": {"steps": self.cfg.steps, "minutes": self.cfg.minutes}, "tokens": self.tokens,
             "elapsed": self.elapsed, "trainable": trainable_state(self.module), "optimizer": self.opt.state_dict(),
             "sampler": self.sampler.state_dict(), "rng": rng_state(), "settings": settings(self.cfg, self.graph),
@@ -183,7 +203,6 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
         self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
-        self.total_steps = resumed_total(self.cfg, state)
         set_rng_state(state["rng"])
         return True
 
@@ -212,54 +231,17 @@ class Trainer:
                   if self.cfg.lora_layers > 0 else None, "world_size": self.d.world, **summary}
         (self.out / "train_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
-    # -------------------------------------------------------------- the loop
-
-    def log(self, record: dict) -> None:
-        if self.d.main:
-            append_log(self.out / LOG, record)
+    # -------------------------------------------------------------- the run
 
     def run(self) -> dict:
         cfg, d = self.cfg, self.d
         resumed = self.load_checkpoint()
         if d.main:
             self.out.mkdir(parents=True, exist_ok=True)
-            if resumed:
-                trim_log(self.out / LOG, self.step)
-            else:
-                (self.out / LOG).write_text("")
-                self.log({"step": 0, **self.validate()})
-        barrier(d)
-        bar = progress_bar(self.total_steps or 0, "step", cfg.progress and d.main, "mtpc train")
-        advance(bar, self.step)
-        start = time.perf_counter() - self.elapsed
-        last_val = None  # the validation of the final step, reused for the summary
-        while self.total_steps is None or self.step < self.total_steps:
-            record = self.train_step()
-            self.elapsed = time.perf_counter() - start
-            if cfg.steps is None and self.step >= 2:  # a time budget: sized from the mean step so far
-                self.total_steps = self._steps_for_budget()
-                bar.total = self.total_steps
-                advance(bar, self.step)
-            record.update(tokens=self.tokens, time_s=round(self.elapsed, 2))
-            if self.step % cfg.val_every == 0 or self.step == self.total_steps:
-                if d.main:
-                    val = self.validate()
-                    record.update(val)
-                    last_val = val if self.step == self.total_steps else None
-                barrier(d)
-            self.log(record)
-            advance(bar, self.step)
-            bar.set_postfix_str(f"loss {record['loss']:.3f}, {self.tokens / max(self.elapsed, 1e-9):,.0f} tok/s"
-                                + (f", accepted {record['val_accepted']:.2f}" if "val_accepted" in record else ""))
-            stop = cfg.stop_after is not None and self.step >= cfg.stop_after
-            if self.step % cfg.save_every == 0 or self.step == self.total_steps or stop:
-                self.save_checkpoint()
-                barrier(d)
-            if stop and self.step != self.total_steps:
-                bar.close()
-                return {"stopped_at": self.step}
-        bar.close()
-        final = (last_val if last_val is not None else self.validate()) if d.main else {}
+        loop = LoopSettings(self.out / LOG, cfg.save_every, cfg.stop_after, cfg.progress, "mtpc train")
+        if not run_loop(self, self.budget, loop, d, resumed):
+            return {"stopped_at": self.step}
+        final = (self.last_val if self.last_val is not None else self.validate()) if d.main else {}
         stats = self.data_stats
         rate = round(self.tokens / self.elapsed) if self.elapsed > 0 else None  # of the whole run, resumes included
         summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
@@ -269,14 +251,6 @@ class Trainer:
         self.save_outputs(summary)
         barrier(d)
         return summary
-
-    def _steps_for_budget(self) -> int:
-        """Steps a `--minutes` budget allows at the mean time per step so far, re-sized after every step:
-        the time per step drifts over a run (slow first steps, the other jobs on the machine), and a count
-        fixed after two steps ended a 15-minute run in 12."""
-        per_step = broadcast_from_main(torch.tensor([self.elapsed / self.step], dtype=torch.float64,
-                                                  device=self.d.device), self.d)  # NCCL: on the GPU
-        return max(self.step, int(self.cfg.minutes * 60 / per_step.item()))
 
 
 def train(cfg: TrainConfig, announce: Callable[[str], None] | None = None) -> dict:

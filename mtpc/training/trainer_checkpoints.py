@@ -1,5 +1,6 @@
 """`mtpc train`, its checkpoint: which settings a checkpoint must share with the command resuming
-it, reading one back (refused when damaged or of other settings) and the run's length after a resume.
+it, and reading one back (refused when damaged or of other settings). A resumed `--minutes` run re-sizes its
+step count from the checkpoint's time per step (`schedule.StepBudget`); `--steps` is taken as given now.
 
 `OUT/checkpoint.pt` holds only tensors and plain values, read with `torch.load(weights_only=True)`,
 so a planted file cannot run code; `mtpc.training.checkpoints` writes it (temporary file + rename).
@@ -81,16 +82,3 @@ def load_trainable(module: torch.nn.Module, state: dict, path: Path) -> None:
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: p.detach().cpu().clone() for k, p in module.named_parameters() if p.requires_grad}
-
-
-def resumed_total(cfg: TrainConfig, state: dict) -> int | None:
-    """The run's length after a resume: `--steps` as given now; `--minutes` as before if unchanged,
-    else re-sized from the checkpoint's time per step (unknown before step 2)."""
-    if cfg.steps is not None:
-        return cfg.steps
-    if cfg.minutes == state["budget"]["minutes"]:
-        return state["total_steps"]
-    step = state["step"]
-    if step < 2:
-        return None
-    return max(step, int(cfg.minutes * 60 / (state["elapsed"] / step)))
