@@ -5,10 +5,19 @@ Takes: a model folder, head folders and prompts; hands on: the report dict and i
 Modules: `config` (what to measure), `prompts`, `timing` (one timed generation), `peers` (transformers'
 prompt lookup and assisted generation, static-cache plain decoding), `run` (load, interleave,
 measure), `report` (metrics, table, markdown, plots).
+Imported lazily (`from mtpc.bench import run_bench`): its modules pull in torch, which `config` (what
+the command line reads its options from) does not.
 """
 
-from .config import BenchConfig, Variant
-from .report import format_table, plot_tradeoff, write_markdown
-from .run import run_bench
+import importlib
 
-__all__ = ["BenchConfig", "Variant", "run_bench", "format_table", "plot_tradeoff", "write_markdown"]
+_EXPORTS = {"BenchConfig": "config", "Variant": "config", "run_bench": "run", "format_table": "report",
+            "plot_tradeoff": "report", "write_markdown": "report"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mtpc.bench' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
