@@ -9,15 +9,10 @@ Imported lazily (`from mtpc.bench import run_bench`): its modules pull in torch,
 the command line reads its options from) does not.
 """
 
-import importlib
+from ..lazy import lazy_getattr
 
 _EXPORTS = {"BenchConfig": "config", "Variant": "config", "run_bench": "run", "format_table": "report",
             "plot_tradeoff": "report", "write_markdown": "report"}
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mtpc.bench' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

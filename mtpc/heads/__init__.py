@@ -9,7 +9,7 @@ Imported lazily (`from mtpc.heads import MTPHead`): its modules pull in torch, w
 settings do not need (`constants`: the names and sizes they refer to).
 """
 
-import importlib
+from ..lazy import lazy_getattr
 
 _EXPORTS = {
     "MTPHead": "head", "FullHead": "head", "SharedHead": "head", "FactorisedHead": "head", "TiedHead": "head",
@@ -20,9 +20,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mtpc.heads' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
