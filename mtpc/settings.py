@@ -52,21 +52,21 @@ def options(config: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(config) if _KEY in f.metadata]
 
 
-def field_default(f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field) -> Any:
     """A field's default value (a fresh one from its factory); MISSING when the field has none."""
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
 
 
-def flag_of(f: dataclasses.Field) -> str:
+def _flag(f: dataclasses.Field) -> str:
     """The option string of a field: its `flag`, else `--` and the name with dashes."""
     return f.metadata[_KEY]["flag"] or "--" + f.name.replace("_", "-")
 
 
 def _argument(f: dataclasses.Field) -> tuple[list[str], dict]:
     """(option strings, add_argument keywords) of one option field."""
-    option, default, flag = f.metadata[_KEY], field_default(f), flag_of(f)
+    option, default, flag = f.metadata[_KEY], _default(f), _flag(f)
     kwargs: dict[str, Any] = {"help": option["help"]}
     if not flag.startswith("-"):
         return [f.name], {**kwargs, "nargs": "?", "default": default, "metavar": option["metavar"]}
@@ -130,7 +130,7 @@ def config_from_args(config: type, args: argparse.Namespace, **given: Any):
             value = option["parse"](value)
         elif isinstance(choices, Mapping):
             value = choices[value]
-        elif isinstance(value, list) and isinstance(field_default(f), tuple):
+        elif isinstance(value, list) and isinstance(_default(f), tuple):
             value = tuple(value)
         values[f.name] = value
     return config(**values)

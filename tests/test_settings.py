@@ -16,7 +16,8 @@ from mtpc.settings import add_settings, config_from_args, options, setting
 REQUIRED = {
     "tiny-lm": (["--out", "o"], {"out": "o"}),
     "train": (["--model", "m", "--out", "o", "--steps", "1"], {"model": "m", "out": "o", "steps": 1}),
-    "bench": (["--model", "m", "--heads", "h", "--corpus", "stdlib"], {"model": "m", "heads": ["h"], "corpus": "stdlib"}),
+    "bench": (["--model", "m", "--heads", "h", "--corpus", "stdlib"],
+              {"model": "m", "heads": ["h"], "corpus": "stdlib"}),
     "distill-data": (["--model", "m", "--out", "o.jsonl"], {"model": "m", "out": "o.jsonl"}),
     "generate": (["--model", "m"], {"model": "m"}),
 }

@@ -63,7 +63,8 @@ class BenchConfig:
         help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams (degenerate "
              "loops; reported)")
     dtype: str = setting("fp32", choices=tuple(DTYPES), help="the LM's dtype")
-    head_dtype: str | None = setting(None, choices=tuple(DTYPES), help="cast the heads for inference (default: as saved)")
+    head_dtype: str | None = setting(None, choices=tuple(DTYPES),
+                                     help="cast the heads for inference (default: as saved)")
     device: str = setting("auto", help="auto, cpu, cuda, cuda:1, ...")
     threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")
     seed: int = setting(0, type=parse_seed, help="random seed (prompt choice, sampling)")

@@ -1,12 +1,16 @@
 """The `mtpc` command line: one `add_*` (arguments) and one `run_*` (action) function per subcommand.
 
+A subcommand's options are its config dataclass's option fields (`mtpc.settings`: type, default and
+help written once, in the field), and `command_config(args)` builds the config from them.
+
 Every subcommand shares one error path (`main`): a mistake is one `mtpc: error: <message>` line on
 stderr with exit status 2 (usage and input errors: bad flags, missing or damaged files, unsupported
 models), a run that fails exits with 1, and tracebacks are printed only with `--debug`. Parsers made
 by `sub.add_parser(...)` inherit this (and `--debug`, and defaults in `--help`) from `Parser`.
 
-Importing this module must stay cheap (`mtpc --help` runs in a fraction of a second): torch,
-transformers and the training/decoding modules are imported inside the `run_*` functions only.
+Importing this module must stay cheap (`mtpc --help` runs in a fraction of a second): the config
+modules import no torch; torch, transformers and the modules that run the commands are imported
+inside the `run_*` functions only.
 """
 
 from __future__ import annotations

@@ -137,8 +137,9 @@ class TinyLMConfig:
     # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
     mtp_circuit: str | None = setting(  # None: next-byte loss only
         None, metavar="FILE.pc", group=MTP_GROUP, help="the head's circuit structure")
-    mtp_bindings: dict = setting(factory=dict, flag="-D", metavar="K=V", repeat=True, parse=parse_defines,
-                                 group=MTP_GROUP, help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
+    mtp_bindings: dict = setting(
+        factory=dict, flag="-D", metavar="K=V", repeat=True, parse=parse_defines, group=MTP_GROUP,
+        help="bind a .pc parameter of --mtp-circuit, e.g. -D n=8 (repeatable)")
     mtp_weight: float = setting(  # normalised by sum_j gamma^(j-1)
         0.1, type=non_negative_float, group=MTP_GROUP,
         help="weight of the MTP loss, a gamma-weighted average over window positions")
