@@ -129,11 +129,11 @@ class TinyLMConfig:
     precision: str = setting("auto", choices=PRECISIONS, help=HELP_PRECISION)
     device: str = setting("auto", help=HELP_DEVICE)
     seed: int = setting(0, type=parse_seed, help="random seed")
-    progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
     save_every: int = setting(  # rerunning the command resumes from OUT/checkpoint.pt
         100, type=positive_int, help="steps between checkpoints (OUT/checkpoint.pt)")
     resume: bool = setting(True, flag="--no-resume", help=HELP_RESUME)
     stop_after: int | None = setting(None, type=positive_int, help=HELP_STOP_AFTER)  # pre-emptible jobs, tests
+    progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
     # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
     mtp_circuit: str | None = setting(  # None: next-byte loss only
         None, metavar="FILE.pc", group=MTP_GROUP, help="the head's circuit structure")
