@@ -2,8 +2,8 @@
 
 The package follows its pipeline; imports run only downward (tests/test_layers.py checks it):
 
-    errors, checks, files, tokenizer,    ground floor: used by every stage
-    chat, loading
+    errors, checks, settings, files,     ground floor: used by every stage
+    tokenizer, chat, loading, lazy
     heads/       hidden state -> circuit parameters; the NLL and KL losses
     decoding/    backbone split, proposals, acceptance, the one speculative loop
     training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
@@ -28,9 +28,9 @@ _EXPORTS = {
     "DataStats": "training.data", "Document": "training.data", "PackedDataset": "training.data",
     "load_documents": "training.data", "split_documents": "training.data",
     "mtp_loss": "heads.nll_loss", "teacher_forced_accepted": "heads.nll_loss", "kl_loss": "heads.kl_loss",
-    "TinyLMConfig": "training.tiny_lm", "train_tiny_lm": "training.tiny_lm",
+    "TinyLMConfig": "training.config", "train_tiny_lm": "training.tiny_lm",
     "ByteTokenizer": "tokenizer",
-    "TrainConfig": "training.trainer", "train": "training.trainer",
+    "TrainConfig": "training.config", "train": "training.trainer",
     "InputError": "errors", "MtpcError": "errors",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]

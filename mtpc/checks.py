@@ -3,7 +3,8 @@
 Two kinds live here:
 
 - argparse `type=` functions for numeric flags (`positive_int`, `positive_float`, `probability`, ...):
-  they refuse NaN, infinities and out-of-range values while the command line is parsed;
+  they refuse NaN, infinities and out-of-range values while the command line is parsed, and
+  `parse_defines` for the `-D NAME=VALUE` bindings of a circuit's parameters;
 - checks of paths the user names for output or data (`output_folder`, `data_source`) and of how
   loaded things fit together (`states_fit_vocabulary`, `hidden_sizes_match`).
 
@@ -89,6 +90,30 @@ def probability(text: str) -> float:
 def unit_interval(text: str) -> float:
     """A number in [0, 1] (a share, such as --greedy-fraction)."""
     return _number(text, float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+def parse_defines(items: list[str]) -> dict:
+    """`-D` bindings of circuit parameters: `["n=16", "name=x"]` -> `{"n": 16, "name": "x"}` (ints and
+    floats parsed); a malformed or repeated name is an `InputError`."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise InputError(f"-D expects NAME=VALUE with NAME a parameter name, got {item!r}")
+        if key in out:
+            raise InputError(f"-D {key} is given twice")
+        out[key] = _scalar(value.strip())
+    return out
+
+
+def _scalar(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ------------------------------------------------------------------ paths and fits

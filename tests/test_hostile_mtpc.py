@@ -93,7 +93,8 @@ def fails(capsys, argv, status, *fragments):
 
 
 def test_help_does_not_import_torch_and_shows_defaults():
-    code = ("import sys\nfrom mtpc.cli import main\nfor cmd in ([], ['train'], ['tiny-lm'], ['bench']):\n"
+    code = ("import sys\nfrom mtpc.cli import main\n"
+            "for cmd in ([], ['train'], ['tiny-lm'], ['bench'], ['distill-data'], ['generate']):\n"
             "    assert main([*cmd, '--help']) == 0\n"
             "heavy = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]\n"
             "print('HEAVY', heavy)\n")

@@ -1,51 +1,77 @@
-"""What `mtpc bench` is asked to measure (`BenchConfig`) and the decoder variants it builds (`Variant`)."""
+"""What `mtpc bench` is asked to measure (`BenchConfig`, whose fields are also the command's options:
+`mtpc.settings`) and the decoder variants it builds (`Variant`). Importable without torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+from ..checks import MAX_THREADS, int_in, positive_float, positive_int, probability, unit_interval, width_or_adaptive
+from ..checks import seed as parse_seed
+from ..settings import setting
+from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
 
-from ..decoding import HeadEntry, SpeculativeDecoder
+if TYPE_CHECKING:
+    from ..decoding import HeadEntry, SpeculativeDecoder
 
-__all__ = ["BenchConfig", "Variant", "DTYPES"]
+__all__ = ["BenchConfig", "Variant", "DTYPES", "MODES", "LOOKUP_MODES"]
 
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+DTYPES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}  # a --dtype name -> its torch dtype's name
+MODES = ("greedy", "sample")
+LOOKUP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # --lookup -> BenchConfig.lookup
+MAX_LOOKUP_TOKENS = 1024
 
 
 @dataclass
 class BenchConfig:
-    model: str
-    heads: Sequence[str]
-    prompts: str | None = None  # a .txt (one prompt per line) or .jsonl file
-    corpus: str | None = None  # or: sample prompts from the held-out documents of a corpus ("stdlib": Python's)
-    num_prompts: int = 8  # prompts per set
-    repeats: int = 3  # K disjoint prompt sets
-    prompt_len: int = 128  # corpus prompts: tokens per prompt
-    max_new_tokens: int = 256
-    mode: str = "greedy"  # greedy | sample
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    lookup: Sequence[bool] = (False,)  # heads without and/or with prompt-lookup drafting
-    lookup_tokens: int = 10  # tokens a lookup match proposes
-    windows: Sequence[int | str | None] = (None,)  # verify widths to compare (None: the head's n; "adaptive")
-    peers: Sequence[str] = ()  # "prompt-lookup[:K]", "assisted:DIR"
-    compile: bool = False  # also plain decoding with a static cache, eager and torch.compile'd, and every
-    # speculative variant again with its cycle step compiled
-    max_repetition: float | None = None  # leave out prompts whose plain continuation repeats more
-    dtype: str = "fp32"  # the LM's dtype
-    head_dtype: str | None = None  # cast heads for inference (None: as saved)
-    device: str = "auto"
-    threads: int | None = None
-    seed: int = 0
+    model: str = setting(help=HELP_MODEL)
+    heads: Sequence[str] = setting(nargs="+", metavar="DIR", help="head folders written by mtpc train")
+    allow_non_byte_vocab: bool = setting(  # ids 0..255 taken as bytes
+        False, help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
+    trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
+    prompts: str | None = setting(None, exclusive="source",
+                                  help=".txt (one prompt per line) or .jsonl (strings or {\"prompt\": ...})")
+    corpus: str | None = setting(None, exclusive="source",  # "stdlib": Python's
+                                 help="sample prompts from the held-out documents of this corpus ('stdlib': the "
+                                      "Python standard library, mtpc tiny-lm's default)")
+    num_prompts: int = setting(8, type=positive_int, help="prompts per set")
+    repeats: int = setting(3, type=positive_int, help="K disjoint prompt sets; mean ± std over them")
+    prompt_len: int = setting(128, type=positive_int, help="corpus prompts: tokens per prompt")
+    max_new_tokens: int = setting(256, type=positive_int, help="tokens generated per prompt")
+    mode: str = setting("greedy", choices=MODES, help="decoding mode")
+    temperature: float = setting(1.0, type=positive_float, help="sampling temperature")
+    top_k: int | None = setting(None, type=positive_int, help="sample: keep the k most likely tokens")
+    top_p: float | None = setting(None, type=probability, help="sample: nucleus mass in (0, 1]")
+    lookup: Sequence[bool] = setting(  # heads without and/or with prompt-lookup drafting
+        (False,), choices=LOOKUP_MODES,
+        help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
+    lookup_tokens: int = setting(10, type=int_in(1, MAX_LOOKUP_TOKENS), help="tokens a lookup match proposes")
+    windows: Sequence[int | str | None] = setting(  # None: the head's n
+        (None,), flag="--window", nargs="+", type=width_or_adaptive, metavar="K",
+        help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or 'adaptive' "
+             "(each window's width chosen from its draft's probabilities); default: n")
+    peers: Sequence[str] = setting(
+        (), nargs="+", metavar="PEER",
+        help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR (a small draft "
+             "LM folder) and/or static (generate with cache_implementation=\"static\")")
+    compile: bool = setting(
+        False, help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
+                    "variant again with its cycle (draft, verify, accept) compiled as one graph (compiled in the "
+                    "warm-up); speed-ups are then reported against the compiled baseline too")
+    max_repetition: float | None = setting(
+        None, type=unit_interval, metavar="R",
+        help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams (degenerate "
+             "loops; reported)")
+    dtype: str = setting("fp32", choices=tuple(DTYPES), help="the LM's dtype")
+    head_dtype: str | None = setting(None, choices=tuple(DTYPES),
+                                     help="cast the heads for inference (default: as saved)")
+    device: str = setting("auto", help="auto, cpu, cuda, cuda:1, ...")
+    threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")
+    seed: int = setting(0, type=parse_seed, help="random seed (prompt choice, sampling)")
+    out: str | None = setting(None, help="folder for bench.json, bench.md, tradeoff.png")
+    progress: bool = setting(True, flag="--no-progress", help="no progress bar")
     warmup_tokens: int = 32
     val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
-    out: str | None = None
-    progress: bool = True
-    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
-    trust_remote_code: bool = False  # allow model folders whose config names their own modelling code (auto_map)
 
 
 @dataclass

@@ -56,7 +56,7 @@ from ..decoding import (AdaptiveWidth, PhaseClock, PromptLookup, SpeculativeDeco
 from ..decoding.head_entry import HeadEntry
 from ..errors import InputError, MtpcError
 from ..tokenizer import ByteTokenizer
-from .config import DTYPES, BenchConfig, Variant
+from .config import DTYPES, MODES, BenchConfig, Variant
 from .peers import Peer, build_peers, parse_peer
 from .prompts import load_prompts
 from .report import build_report, drop_repetitive, write_outputs
@@ -104,11 +104,11 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = loading.resolve_device(cfg.device)
-    dtype = DTYPES[cfg.dtype]
+    dtype = getattr(torch, DTYPES[cfg.dtype])
     tok = ByteTokenizer.load(cfg.model)
     load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
     base = load_model(cfg.model, dtype, device)
-    head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
+    head_dtype = getattr(torch, DTYPES[cfg.head_dtype]) if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
@@ -131,7 +131,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
 
 
 def _check_config(cfg: BenchConfig) -> None:
-    if cfg.mode not in ("greedy", "sample"):
+    if cfg.mode not in MODES:
         raise InputError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
     if not cfg.heads:
         raise InputError("give at least one head folder")

@@ -25,7 +25,6 @@ import codecs
 import math
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -36,39 +35,12 @@ from ..checks import MAX_THREADS
 from ..errors import InputError, MtpcError
 from ..files import regular_file
 from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
+from .generate_config import DEFAULT_NEW_TOKENS, MAX_LOOKUP, GenerateConfig
 
 __all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "load_prompt"]
 
-DEFAULT_NEW_TOKENS = 256
 MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
-MAX_LOOKUP = 1024  # tokens one prompt-lookup match may propose
 MAX_PROMPT_BYTES = 64 * 2**20
-
-
-@dataclass
-class GenerateConfig:
-    model: str
-    head: str | None = None
-    lora: str | None = None  # the draft path's adapter (default: HEAD/lora when the head has one)
-    lora_layers: int | None = None  # checked against the adapter's layers when given
-    prompt: str | None = None
-    prompt_file: str | None = None
-    stdin: bytes | None = None  # the prompt read from standard input, when neither of the above
-    max_new_tokens: int | None = None  # None: DEFAULT_NEW_TOKENS, fewer when the context has less room
-    temperature: float = 0.0  # 0: greedy
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    chat: bool = False
-    stream: bool = True
-    stats: bool = False
-    compare: bool = False
-    device: str = "cpu"
-    threads: int | None = None
-    lookup: int | None = None  # prompt-lookup drafting inside the speculative decoder (tokens per match)
-    window: int | None = None  # verify width of the circuit window, 2 .. the head's n (None: n)
-    compile: bool = False  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
-    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
 class Utf8Streamer:

@@ -5,13 +5,19 @@ Takes: a compiled circuit (`circuitc.compile`) and the LM's hidden size; hands o
 (`theta = head(h)`, the layout `circuitc`'s programs read), saved and loaded as a head folder.
 Modules: `head` (the parameterisations, save/load), `windows` (which targets a window scores),
 `nll_loss` (the fused, chunked windowed NLL), `kl_loss` (distillation against the LM's own conditionals).
+Imported lazily (`from mtpc.heads import MTPHead`): its modules pull in torch, which the command line's
+settings do not need (`constants`: the names and sizes they refer to).
 """
 
-from .head import PARAMETERISATIONS, FactorisedHead, FullHead, MTPHead, SharedHead, TiedHead, load_head, save_head
-from .kl_loss import kl_loss, lm_teacher, logits_teacher
-from .nll_loss import mtp_loss, teacher_forced_accepted, valid_counts
-from .windows import target_validity, window_targets
+from ..lazy import lazy_getattr
 
-__all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "PARAMETERISATIONS", "load_head", "save_head",
-           "mtp_loss", "teacher_forced_accepted", "valid_counts", "kl_loss", "lm_teacher", "logits_teacher",
-           "target_validity", "window_targets"]
+_EXPORTS = {
+    "MTPHead": "head", "FullHead": "head", "SharedHead": "head", "FactorisedHead": "head", "TiedHead": "head",
+    "load_head": "head", "save_head": "head", "PARAMETERISATIONS": "constants",
+    "mtp_loss": "nll_loss", "teacher_forced_accepted": "nll_loss", "valid_counts": "nll_loss",
+    "kl_loss": "kl_loss", "lm_teacher": "kl_loss", "logits_teacher": "kl_loss",
+    "target_validity": "windows", "window_targets": "windows",
+}
+__all__ = list(_EXPORTS)
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -66,14 +66,12 @@ from torch import nn
 from ..errors import InputError, first_line
 from ..files import describe, field, inside, read_json
 from ..loading import MAX_HIDDEN, readable_folder, safetensors_header
+from .constants import DEFAULT_ADAPTER_RANK, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "save_head", "load_head",
            "PARAMETERISATIONS", "HEAD_FORMAT"]
 
 HEAD_FORMAT = "mtpc-head/1"
-PARAMETERISATIONS = ("full", "shared", "factorised", "tied")
-DEFAULT_ADAPTER_RANK = 16
-DEFAULT_FACTOR_RANK = 64
 
 
 def _load_and_compile(source):

@@ -32,9 +32,8 @@ import torch
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from .constants import DEFAULT_CHUNK_ELEMENTS
 from .windows import target_validity, window_targets
-
-DEFAULT_CHUNK_ELEMENTS = 1 << 22  # logits materialised at once by the chunked leaves (16 MiB in float32)
 
 
 @dataclass

@@ -3,27 +3,23 @@
 
 Takes: a model folder and a data source (files, folders, globs, JSONL); hands on: head folders and
 model folders on disk (`mtpc.loading` and `mtpc.heads` read them back).
-Modules: `data` (documents, split, packing, epoch order), `loop` (the one training loop both
-trainers run), `trainer` (`mtpc train`; its setup, validation and checkpoint in `trainer_setup`,
-`trainer_validation`, `trainer_checkpoints`), `tiny_lm` (`mtpc tiny-lm`; `tiny_lm_setup`,
-`tiny_lm_model`, `tiny_lm_checkpoints`), `distill` (`mtpc distill-data`), and their shared pieces:
-`schedule` (budgets, learning rate), `precision`, `progress`, `distributed`, `checkpoints`
-(checkpoint files, RNG state, the training log).
-Imported lazily (`from mtpc.training import train`): its modules pull in torch and transformers.
+Modules: `config` (the three commands' settings, torch-free), `data` (documents, split, packing,
+epoch order), `loop` (the one training loop both trainers run), `trainer` (`mtpc train`; its setup,
+validation and checkpoint in `trainer_setup`, `trainer_validation`, `trainer_checkpoints`), `tiny_lm`
+(`mtpc tiny-lm`; `tiny_lm_setup`, `tiny_lm_model`, `tiny_lm_checkpoints`), `distill`
+(`mtpc distill-data`), and their shared pieces: `schedule` (budgets, learning rate), `precision`,
+`progress`, `distributed`, `checkpoints` (checkpoint files, RNG state, the training log).
+Imported lazily (`from mtpc.training import train`): its modules pull in torch and transformers
+(all but `config`).
 """
 
-import importlib
+from ..lazy import lazy_getattr
 
 _EXPORTS = {
     "DataStats": "data", "Document": "data", "PackedDataset": "data", "load_documents": "data",
-    "split_documents": "data", "TrainConfig": "trainer", "train": "trainer", "TinyLMConfig": "tiny_lm",
-    "train_tiny_lm": "tiny_lm", "DistillConfig": "distill", "distill_data": "distill",
+    "split_documents": "data", "TrainConfig": "config", "train": "trainer", "TinyLMConfig": "config",
+    "train_tiny_lm": "tiny_lm", "DistillConfig": "config", "distill_data": "distill",
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mtpc.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

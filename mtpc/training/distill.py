@@ -38,7 +38,6 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,37 +46,10 @@ import torch
 from .. import loading
 from ..errors import InputError, MtpcError, first_line
 from ..files import OutputLock, atomic_write, read_json
+from .config import DistillConfig
 
 META_SUFFIX = ".meta.json"
 NEWLINE = ord("\n")
-
-
-@dataclass
-class DistillConfig:
-    model: str
-    out: str
-    data: str | None = None  # None or "stdlib": the Python standard library sources
-    num_prompts: int = 1024
-    prompt_len: int = 64  # bytes per prompt
-    max_new_tokens: int = 448
-    temperature: float = 1.0
-    top_p: float | None = None
-    greedy_fraction: float = 0.0  # on-policy by default: every record sampled at the decoding temperature
-    seed: int = 0
-    head: str | None = None
-    batch_size: int = 16  # records generated together by plain batched sampling (without --head)
-    val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
-    progress: bool = True
-    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
-
-    def settings(self) -> dict:
-        """What the records depend on (not how many there are, nor the progress bar)."""
-        keep = asdict(self)
-        for key in ("num_prompts", "progress", "out", "batch_size", "trust_remote_code"):
-            keep.pop(key)
-        keep["model"] = str(Path(self.model).resolve())
-        keep["head"] = str(Path(self.head).resolve()) if self.head else None
-        return keep
 
 
 def distill_data(cfg: DistillConfig) -> dict:

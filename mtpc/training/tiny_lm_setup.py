@@ -1,4 +1,4 @@
-"""`mtpc tiny-lm`, setting up: the settings (`TinyLMConfig`) and their checks, the fresh LM and the
+"""`mtpc tiny-lm`, setting up: the checks of its settings (`TinyLMConfig`, in `config`), the fresh LM and the
 jointly trained head, the data and its order, the optimizer.
 
 User mistakes are reported by `check_config` and `mtp_graph` before any slow work.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,49 +17,10 @@ from .. import loading
 from ..errors import InputError
 from ..heads.head import PARAMETERISATIONS, MTPHead
 from ..tokenizer import ByteTokenizer
+from .config import TinyLMConfig
 from .data import DataStats, EpochSampler, PackedDataset, load_documents, split_documents
 
 MTP_HEAD_DIR = "mtp_head"  # the jointly trained head's folder inside the LM's (mtpc.load_head reads it)
-
-
-@dataclass
-class TinyLMConfig:
-    out: str
-    data: str | None = None  # None: the Python standard library sources
-    minutes: float = 10.0
-    steps: int | None = None  # a fixed number of steps instead of the time budget
-    context: int = 1024
-    # the reference shape (models/README.md): d = 192 beat d = 256 at equal wall-clock time on a CPU
-    d_model: int = 192
-    layers: int = 4
-    heads: int = 4
-    ffn: int = 512
-    vocab_size: int | None = None  # None: 256 bytes + the tokenizer's specials
-    batch_size: int = 4  # sequences per step (small: a 10-minute CPU budget is step-limited)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    val_fraction: float = 0.02
-    val_tokens: int = 65536  # per periodic evaluation
-    final_val_tokens: int = 1 << 18
-    eval_every_s: float = 120.0
-    precision: str = "auto"  # auto | fp32 | bf16
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
-    seed: int = 0
-    progress: bool = True
-    save_every: int = 100  # steps between checkpoints (OUT/checkpoint.pt; rerunning the command resumes)
-    resume: bool = True
-    stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
-    # MTP-aware pretraining: a circuit head trained jointly, loss = CE + mtp_weight * Eq. 5 loss
-    mtp_circuit: str | None = None  # .pc file; None: next-byte loss only
-    mtp_bindings: dict = field(default_factory=dict)
-    mtp_weight: float = 0.1  # weight of the per-position MTP loss (normalised by sum_j gamma^(j-1))
-    mtp_parameterisation: str = "full"  # full | shared | factorised (see mtpc.heads.head)
-    mtp_window_stride: int = 1  # score the windows at every s-th position (shifting with the step)
-    mtp_gamma: float = 0.9
-    mtp_sum_init_std: float = 0.02
 
 
 def build_model(cfg: TinyLMConfig, tok: ByteTokenizer):

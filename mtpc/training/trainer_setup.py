@@ -1,4 +1,4 @@
-"""`mtpc train`, setting up: the settings (`TrainConfig`) and their checks, and the model pieces the
+"""`mtpc train`, setting up: the checks of its settings (`TrainConfig`, in `config`), and the model pieces the
 loop trains (`DraftModel`: the LM's draft path feeding the head; the backbone with its LoRA; the head,
 fresh or continued from `--init-head`).
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,56 +19,11 @@ from torch.profiler import record_function
 from .. import checks, loading
 from ..errors import InputError
 from ..heads.kl_loss import kl_loss, lm_teacher
-from ..heads.nll_loss import DEFAULT_CHUNK_ELEMENTS, mtp_loss
+from ..heads.nll_loss import mtp_loss
+from .config import LOSSES, TrainConfig
 from .precision import autocast
 
 LORA_DIR = "lora"
-LOSSES = ("nll", "kl", "nll+kl")
-
-
-@dataclass
-class TrainConfig:
-    model: str
-    out: str
-    circuit: str | None = None  # .pc/.json path or text; optional with init_head
-    bindings: dict = field(default_factory=dict)
-    data: str | None = None  # None: the Python standard library sources
-    lora_layers: int = 0
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    init_head: str | None = None  # a trained head's folder to continue from (two-stage schedule)
-    seq_len: int = 512
-    batch_size: int = 8  # sequences per optimizer step, over all ranks and micro-batches
-    grad_accum: int = 1
-    steps: int | None = None
-    minutes: float | None = None  # alternatively: a wall-clock budget (steps re-sized after every step)
-    lr: float = 2e-3
-    lora_lr: float = 2e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    gamma: float = 0.9
-    loss: str = "nll"  # nll | kl | nll+kl (see mtpc.training.trainer)
-    window_stride: int = 1  # score the windows at every s-th position (shifting with the step): s x cheaper heads
-    sum_init_std: float = 0.02
-    parameterisation: str = "full"  # full | shared | factorised | tied (see mtpc.heads.head; tied suits any vocabulary)
-    adapter_rank: int = 16  # shared/factorised: rank of the per-unit adapters
-    factor_rank: int = 64  # factorised: rank of the per-position unembedding
-    val_fraction: float = 0.02
-    val_every: int = 50
-    val_sequences: int = 8
-    val_windows: int = 1024  # windows scored for the accepted length
-    save_every: int = 50
-    precision: str = "auto"  # auto | fp32 | bf16
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
-    seed: int = 0
-    progress: bool = True
-    resume: bool = True
-    stop_after: int | None = None  # leave the run at this step with a checkpoint (pre-emptible jobs, tests)
-    allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
-    trust_remote_code: bool = False  # allow a model folder whose config names its own modelling code (auto_map)
 
 
 # ------------------------------------------------------------------ model pieces
