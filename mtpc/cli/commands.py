@@ -391,6 +391,11 @@ def add_generate(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph "
                         "(static caches, one graph per verify width; compiled before the first cycle)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="with --head: decode the prompts of FILE (one per line, or JSONL: a string or "
+                        "{\"prompt\": ...} per line) as batches; one JSON line per prompt on stdout")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="with --prompts: prompts per batch (default: all of them in one batch)")
     p.set_defaults(func=run_generate)
 
 
@@ -398,14 +403,15 @@ def run_generate(args) -> int:
     from .generate import GenerateConfig, run_generate as generate
 
     stdin = None
-    if args.prompt is None and args.prompt_file is None and not sys.stdin.isatty():
+    if args.prompt is None and args.prompt_file is None and args.prompts is None and not sys.stdin.isatty():
         stdin = sys.stdin.buffer.read()
     cfg = GenerateConfig(model=args.model, head=args.head, lora=args.lora, lora_layers=args.lora_layers,
                          prompt=args.prompt, prompt_file=args.prompt_file, stdin=stdin,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, chat=args.chat, stream=args.stream, stats=args.stats,
                          compare=args.compare, device=args.device, threads=args.threads, lookup=args.lookup,
-                         window=args.window, compile=args.compile, trust_remote_code=args.trust_remote_code)
+                         window=args.window, compile=args.compile, trust_remote_code=args.trust_remote_code,
+                         prompts=args.prompts, batch_size=args.batch_size)
     summary = generate(cfg)
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0
 

@@ -279,7 +279,7 @@ class SpeculativeDecoder:
         check_budget(max_new_tokens)
         check_eval(self.backbone.model)
         B, T = prompt.shape
-        self._check_batch(B, T, max_new_tokens, generator, prompt.device)
+        self.check_batch(B, T, max_new_tokens, prompt.device, generator)
         target = Target(do_sample, temperature, top_k, top_p)
         eos = eos_set(eos_token_id)
         stats = DecodeStats()
@@ -417,8 +417,10 @@ class SpeculativeDecoder:
         """The model's context in positions, if its config says."""
         return getattr(self.backbone.config, "max_position_embeddings", None)
 
-    def _check_batch(self, B: int, T: int, max_new_tokens: int, generator, device: torch.device) -> None:
-        """What the batch needs, before anything is allocated for it."""
+    def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
+        """Refuse (`ValueError`) a batch of `B` prompts `[B, T]` this decoder cannot run, before anything is
+        allocated for it: a batch of a model without a family adapter, one generator per row of the wrong
+        count, or caches and cycle tensors that would not fit in the device's available memory."""
         if B > 1 and self.backbone.whole_model:
             raise ValueError(f"a batch of {B} prompts needs the split loop's per-row caches, and mtpc has no "
                              f"adapter for model_type {getattr(self.backbone.config, 'model_type', None)!r}: "
