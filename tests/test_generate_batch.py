@@ -20,7 +20,7 @@ def alone(folders, capsys, prompt: str, *args) -> str:  # noqa: F811
 @pytest.mark.parametrize("layout", ["lines", "jsonl"])
 @pytest.mark.parametrize("batch_size", [None, "3"])
 def test_prompts_file_decodes_each_prompt_as_alone(folders, capsys, tmp_path, layout, batch_size):  # noqa: F811
-    path = tmp_path / "prompts.txt"
+    path = tmp_path / ("prompts.txt" if layout == "lines" else "prompts.jsonl")
     if layout == "lines":
         path.write_text("\n".join(PROMPTS) + "\n\n")  # an empty line is no prompt
     else:
@@ -63,8 +63,6 @@ def test_bad_batch_options_are_refused(folders, capsys, tmp_path):  # noqa: F811
     (tmp_path / "empty.txt").write_text("\n \n")
     refused(model + head + ["--prompts", str(tmp_path / "empty.txt")], capsys, "no prompts")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{"text": 3}\n')
-    refused(model + head + ["--prompts", str(tmp_path / "bad.jsonl")], capsys, "line 2 must be a JSON string")
+    refused(model + head + ["--prompts", str(tmp_path / "bad.jsonl")], capsys, "bad.jsonl:2: expected a JSON string")
     (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
-    refused(model + head + ["--prompts", str(tmp_path / "broken.jsonl")], capsys, "line 2 is not JSON")
-    (tmp_path / "bytes.txt").write_bytes(b"a\n\xff\n")
-    refused(model + head + ["--prompts", str(tmp_path / "bytes.txt")], capsys, "not UTF-8 text")
+    refused(model + head + ["--prompts", str(tmp_path / "broken.jsonl")], capsys, "broken.jsonl:2: invalid JSON")

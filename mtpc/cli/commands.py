@@ -392,7 +392,7 @@ def add_generate(sub) -> None:
                    help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph "
                         "(static caches, one graph per verify width; compiled before the first cycle)")
     p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="with --head: decode the prompts of FILE (one per line, or JSONL: a string or "
+                   help="with --head: decode the prompts of FILE (one per line, or .jsonl: a string or "
                         "{\"prompt\": ...} per line) as batches; one JSON line per prompt on stdout")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                    help="with --prompts: prompts per batch (default: all of them in one batch)")

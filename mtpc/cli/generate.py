@@ -17,7 +17,7 @@ stderr, so stdout holds only the text: bytes per cycle, tok/s (prefill excluded)
 breakdown measured inside the decoding loop with `mtpc.decoding.clock`; `--compare` decodes the same
 prompt plainly too and reports the speed-up and whether the greedy outputs are identical.
 
-`--prompts FILE` (one prompt per line, or JSONL: a JSON string or an object with a "prompt" per line)
+`--prompts FILE` (one prompt per line, or `.jsonl`: a JSON string or an object with a "prompt" per line)
 decodes the prompts as left-padded batches of `--batch-size` (default: all of them) with the
 speculative decoder (`SpeculativeDecoder.generate(ids [B, T], attention_mask=...)`) and writes one JSON
 line per prompt, in order, to stdout: `{"prompt": ..., "text": ...}`; `--stats` reports each batch.
@@ -228,31 +228,16 @@ def load_prompt(cfg: GenerateConfig) -> bytes:
 
 
 def load_prompts(path: str) -> list[bytes]:
-    """The prompts of a --prompts file: one per non-empty line, or JSONL (every non-empty line a JSON
-    string or an object with a "prompt" string), UTF-8."""
+    """The prompts of a --prompts file, as `mtpc bench --prompts` reads them (`.jsonl`: a JSON string or
+    an object with a "prompt" string per line; otherwise one prompt per non-empty line)."""
+    from ..bench.prompts import prompt_texts
+
     file = Path(path)
     if not file.exists():
         raise InputError(f"--prompts {path}: no such file")
-    raw = regular_file(file, "--prompts", MAX_PROMPT_BYTES).read_bytes()
-    try:
-        lines = [line for line in raw.decode("utf-8").splitlines() if line.strip()]
-    except UnicodeDecodeError as e:
-        raise InputError(f"--prompts {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if not lines:
+    prompts = [to_bytes(text) for text in prompt_texts(regular_file(file, "--prompts", MAX_PROMPT_BYTES))]
+    if not prompts:
         raise InputError(f"--prompts {path}: no prompts (the file has no non-empty line)")
-    if not all(line.lstrip().startswith(("{", '"')) for line in lines):
-        return [to_bytes(line) for line in lines]
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"--prompts {path}: line {number} is not JSON ({e.msg})") from None
-        text = item.get("prompt") if isinstance(item, dict) else item
-        if not isinstance(text, str):
-            raise InputError(f"--prompts {path}: line {number} must be a JSON string or an object with a "
-                             "\"prompt\" string")
-        prompts.append(to_bytes(text))
     return prompts
 
 
