@@ -46,6 +46,7 @@ class BenchConfig:
     progress: bool = True
     allow_non_byte_vocab: bool = False  # accept a model whose vocabulary is not bytes (ids 0..255 taken as bytes)
     trust_remote_code: bool = False  # allow model folders whose config names their own modelling code (auto_map)
+    batch_size: int | None = None  # decode batches of this many left-padded prompts (`mtpc.bench.batch`)
 
 
 @dataclass

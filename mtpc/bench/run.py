@@ -100,6 +100,10 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     `decoder_cls` builds the decoders (`SpeculativeDecoder` or a subclass, e.g. to study a change)."""
     _check_config(cfg)
     _check_inputs(cfg)
+    if cfg.batch_size is not None:
+        from .batch import run_batch_bench
+
+        return run_batch_bench(cfg, decoder_cls)
     specs = [parse_peer(text) for text in cfg.peers]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -144,6 +148,11 @@ def _check_config(cfg: BenchConfig) -> None:
         raise InputError(f"lookup tokens must be >= 1, got {cfg.lookup_tokens}")
     if cfg.max_repetition is not None and not 0 <= cfg.max_repetition <= 1:
         raise InputError(f"max repetition is a share of 8-grams in [0, 1], got {cfg.max_repetition}")
+    if cfg.batch_size is not None and not (isinstance(cfg.batch_size, int) and cfg.batch_size >= 1):
+        raise InputError(f"batch size must be an integer >= 1, got {cfg.batch_size!r}")
+    if cfg.batch_size is not None and (cfg.peers or cfg.max_repetition is not None):
+        raise InputError("--batch-size measures batches against plain batched decoding and transformers' batched "
+                         "generate; --peers and --max-repetition are per-prompt options")
     labels = [Path(p).name for p in cfg.heads]
     if len(set(labels)) != len(labels):
         raise InputError(f"head folders must have distinct names (they label the report): {labels}")

@@ -274,6 +274,10 @@ def add_bench(sub) -> None:
     p.add_argument("--max-repetition", type=unit_interval, default=None, metavar="R",
                    help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams "
                         "(degenerate loops; reported)")
+    p.add_argument("--batch-size", type=int_in(1, 4096), default=None, metavar="B",
+                   help="decode batches of B left-padded prompts (--num-prompts a multiple of B) and report tok/s "
+                        "over the batch against plain batched decoding (eager; with --compile also compiled) and "
+                        "transformers' batched generate")
     p.add_argument("--dtype", choices=("fp32", "fp64", "bf16"), default="fp32", help="the LM's dtype")
     p.add_argument("--head-dtype", choices=("fp32", "fp64", "bf16"), default=None,
                    help="cast the heads for inference (default: as saved)")
@@ -298,8 +302,16 @@ def run_bench(args) -> int:
                       max_repetition=args.max_repetition, dtype=args.dtype,
                       head_dtype=args.head_dtype, device=args.device, threads=args.threads, seed=args.seed,
                       out=args.out, progress=not args.no_progress, allow_non_byte_vocab=args.allow_non_byte_vocab,
-                      trust_remote_code=args.trust_remote_code)
+                      trust_remote_code=args.trust_remote_code, batch_size=args.batch_size)
     report = bench(cfg)
+    if cfg.batch_size is not None:
+        from ..bench.batch import format_batch_table
+
+        print(format_batch_table(report))
+        if args.out:
+            print(f"wrote {args.out}/bench.json, bench.md")
+        mismatches = sum(row.get("greedy_mismatches", 0) for row in report["rows"])
+        return 1 if mismatches else 0
     print(format_table(report))
     if report["context_warning"]:
         print(f"warning: {report['context_warning']}")
