@@ -39,7 +39,7 @@ from ..decoding.inputs import eos_set
 from ..decoding.verify import CACHE_ROUNDING
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer
-from .config import DTYPES, BenchConfig
+from .config import DTYPES, BenchConfig, build_variants
 from .prompts import load_prompts
 from .timing import synchronized
 
@@ -122,8 +122,6 @@ class BatchedPlainDecoder:
 def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     """Measure the heads, plain batched decoding and transformers' batched generate on batches of
     `cfg.batch_size`; returns the report (and writes bench.json and bench.md into `cfg.out`)."""
-    from .run import build_variants
-
     B = cfg.batch_size
     if cfg.num_prompts % B:
         raise InputError(f"--batch-size {B}: --num-prompts ({cfg.num_prompts}) must be a multiple of it (every "

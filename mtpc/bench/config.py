@@ -1,15 +1,18 @@
-"""What `mtpc bench` is asked to measure (`BenchConfig`) and the decoder variants it builds (`Variant`)."""
+"""What `mtpc bench` is asked to measure (`BenchConfig`) and the decoder variants it builds (`Variant`,
+`build_variants`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+import itertools
+from typing import Callable, Sequence
 
 import torch
 
-from ..decoding import HeadEntry, SpeculativeDecoder
+from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder
+from ..errors import InputError
 
-__all__ = ["BenchConfig", "Variant", "DTYPES"]
+__all__ = ["BenchConfig", "Variant", "DTYPES", "build_variants"]
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
@@ -58,3 +61,29 @@ class Variant:
     decoder: SpeculativeDecoder
     compiled: bool = False  # the cycle step runs through torch.compile
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
+
+
+def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
+                   lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
+                   windows: Sequence[int | str | None] = (None,)) -> list[Variant]:
+    """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
+    x eager/compiled. A window wider than a head's circuit is an input error."""
+    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
+    for entry in entries:
+        widest = max(entry.info["n"], 2)
+        wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
+        if wrong:
+            raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
+    variants = []
+    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
+        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/compile" if c else ""))
+        window = AdaptiveWidth() if width == "adaptive" else width
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
+                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                              **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
+        window = decoder.span if use else min(decoder.width, entry.info["n"])
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
+    return variants
+
+def _width_label(width: int | str | None) -> str:
+    return "" if width is None else "/adaptive" if width == "adaptive" else f"/w{width}"

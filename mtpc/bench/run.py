@@ -44,52 +44,22 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 from __future__ import annotations
 
 import functools
-import itertools
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from .. import checks, loading
-from ..decoding import (AdaptiveWidth, PhaseClock, PromptLookup, SpeculativeDecoder, backbone_marks,
-                        generate_autoregressive, load_head_entry)
-from ..decoding.head_entry import HeadEntry
+from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive, load_head_entry
 from ..errors import InputError, MtpcError
 from ..tokenizer import ByteTokenizer
-from .config import DTYPES, BenchConfig, Variant
+from .config import DTYPES, BenchConfig, Variant, build_variants
 from .peers import Peer, build_peers, parse_peer
 from .prompts import load_prompts
 from .report import build_report, drop_repetitive, write_outputs
 from .timing import Run, run_one
 
 __all__ = ["run_bench", "build_variants", "measure"]
-
-# --------------------------------------------------------------------------- variants
-
-def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
-                   lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
-                   windows: Sequence[int | str | None] = (None,)) -> list[Variant]:
-    """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
-    x eager/compiled. A window wider than a head's circuit is an input error."""
-    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
-    for entry in entries:
-        widest = max(entry.info["n"], 2)
-        wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
-        if wrong:
-            raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
-    variants = []
-    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
-        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/compile" if c else ""))
-        window = AdaptiveWidth() if width == "adaptive" else width
-        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
-                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
-                              **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
-        window = decoder.span if use else min(decoder.width, entry.info["n"])
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
-    return variants
-
-def _width_label(width: int | str | None) -> str:
-    return "" if width is None else "/adaptive" if width == "adaptive" else f"/w{width}"
 
 # --------------------------------------------------------------------------- the bench
 
