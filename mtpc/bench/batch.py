@@ -22,7 +22,6 @@ token with the eager plain batched rows (`greedy_mismatches`).
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import time
@@ -31,15 +30,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import loading
-from ..decoding import DecodeStats, GenerateOutput, Target, load_head_entry
+from ..decoding import DecodeStats, GenerateOutput, Target
 from ..decoding.backbone import BackboneState, SplitBackbone
 from ..decoding.compiling import compile_step
 from ..decoding.inputs import eos_set
 from ..decoding.verify import CACHE_ROUNDING
 from ..errors import InputError
-from ..tokenizer import ByteTokenizer
-from .config import DTYPES, BenchConfig, build_variants
+from .config import BenchConfig, load_bench
 from .prompts import load_prompts
 from .timing import synchronized
 
@@ -126,18 +123,8 @@ def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     if cfg.num_prompts % B:
         raise InputError(f"--batch-size {B}: --num-prompts ({cfg.num_prompts}) must be a multiple of it (every "
                          "prompt set is cut into whole batches)")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = loading.resolve_device(cfg.device)
-    dtype = DTYPES[cfg.dtype]
-    tok = ByteTokenizer.load(cfg.model)
-    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
-    base = load_model(cfg.model, dtype, device)
-    head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
-    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
-               for p in cfg.heads]
-    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
-                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+    loaded = load_bench(cfg, decoder_cls)
+    device, tok, base, variants = loaded.device, loaded.tok, loaded.base, loaded.variants
     prompts = load_prompts(cfg, tok)
     sets = [[_batch(prompts[k * cfg.num_prompts + i:k * cfg.num_prompts + i + B], tok.pad_id, device)
              for i in range(0, cfg.num_prompts, B)] for k in range(cfg.repeats)]

@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import itertools
 from typing import Callable, Sequence
 
 import torch
 
-from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder
+from .. import loading
+from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder, load_head_entry
 from ..errors import InputError
+from ..tokenizer import ByteTokenizer
 
-__all__ = ["BenchConfig", "Variant", "DTYPES", "build_variants"]
+__all__ = ["BenchConfig", "Variant", "DTYPES", "build_variants", "Loaded", "load_bench"]
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
@@ -87,3 +90,32 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
 
 def _width_label(width: int | str | None) -> str:
     return "" if width is None else "/adaptive" if width == "adaptive" else f"/w{width}"
+
+
+@dataclass
+class Loaded:
+    """What a bench runs on: the device, the LM's dtype, its byte tokenizer, the LM, the loader of
+    further models (peers) and every head variant."""
+
+    device: torch.device
+    dtype: torch.dtype
+    tok: ByteTokenizer
+    base: torch.nn.Module
+    load_model: Callable
+    variants: list[Variant]
+
+
+def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder]) -> Loaded:
+    """Set the threads, load the LM and the heads, and build the variants of `cfg`."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = loading.resolve_device(cfg.device)
+    dtype = DTYPES[cfg.dtype]
+    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
+    base = load_model(cfg.model, dtype, device)
+    head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
+    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
+               for p in cfg.heads]
+    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
+                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+    return Loaded(device, dtype, ByteTokenizer.load(cfg.model), base, load_model, variants)

@@ -43,17 +43,15 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from .. import checks, loading
-from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive, load_head_entry
+from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive
 from ..errors import InputError, MtpcError
-from ..tokenizer import ByteTokenizer
-from .config import DTYPES, BenchConfig, Variant, build_variants
+from .config import DTYPES, BenchConfig, Variant, build_variants, load_bench
 from .peers import Peer, build_peers, parse_peer
 from .prompts import load_prompts
 from .report import build_report, drop_repetitive, write_outputs
@@ -75,22 +73,12 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
 
         return run_batch_bench(cfg, decoder_cls)
     specs = [parse_peer(text) for text in cfg.peers]
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = loading.resolve_device(cfg.device)
-    dtype = DTYPES[cfg.dtype]
-    tok = ByteTokenizer.load(cfg.model)
-    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
-    base = load_model(cfg.model, dtype, device)
-    head_dtype = DTYPES[cfg.head_dtype] if cfg.head_dtype else None
-    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
-               for p in cfg.heads]
-    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
-                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+    loaded = load_bench(cfg, decoder_cls)
+    device, dtype, tok, base, variants = loaded.device, loaded.dtype, loaded.tok, loaded.base, loaded.variants
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
-    peers = build_peers(cfg, base, specs, load_model, dtype, device, tok.eos_id, max_len)
+    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, tok.eos_id, max_len)
     runs = measure(cfg, base, variants, peers, sets, device, tok.eos_id)
     dropped = None
     if cfg.max_repetition is not None:
