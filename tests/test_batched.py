@@ -135,6 +135,16 @@ def test_streaming_follows_row_0():
     assert sum((p[0] for p in recorder.puts[1:]), []) == out.sequences[0, ids.shape[1]:].tolist()
 
 
+def test_a_padded_batch_through_transformers_custom_generate():
+    model = tiny_lm(12, scale=3.0)
+    head = random_head("btree", 4, 12, seed=8, init_from=model.lm_head.weight)
+    decoder = SpeculativeDecoder(model, head)
+    ids, mask = left_padded([[2, 7, 1], [3, 4, 5, 6], [9]])
+    kwargs = {"attention_mask": mask, "pad_token_id": PAD, "max_new_tokens": 7, "do_sample": False}
+    ours = model.generate(ids, custom_generate=decoder.custom_generate, **kwargs)
+    assert torch.equal(ours, model.generate(ids, **kwargs))
+
+
 # --------------------------------------------------------------------------- sampling: exact per row, independent
 
 ROWS = [[1, 3], [4, 0, 2]]  # two prompts of different lengths
