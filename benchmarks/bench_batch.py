@@ -15,7 +15,8 @@ of 96-128 bytes, 128 new bytes, sampling at T = 1:
 Usage:
     python benchmarks/bench_batch.py [--model models/byte-lm] [--heads models/heads/ff8 ...]
         (--prompts FILE | --corpus PATH) [--batch-sizes 1 2 4 8 16] [--num-prompts 16] [--repeats 3]
-        [--max-new-tokens 128] [--mode greedy|sample] [--compile] [--threads 1] [--out DIR]
+        [--max-new-tokens 128] [--mode greedy|sample] [--compile] [--window K|adaptive ...] [--threads 1]
+        [--out DIR]
 
 Writes `DIR/batch.json` (every report, by batch size), `DIR/batch.md` (one table) and `DIR/speedup.png`.
 """
@@ -36,6 +37,10 @@ from mtpc.bench import BenchConfig, run_bench  # noqa: E402
 from mtpc.bench.batch import HF, PLAIN, PLAIN_COMPILED  # noqa: E402
 
 
+def width(text: str) -> int | str:
+    return text if text == "adaptive" else int(text)
+
+
 def reports_by_batch(args) -> dict[int, dict]:
     reports = {}
     for B in args.batch_sizes:
@@ -43,7 +48,7 @@ def reports_by_batch(args) -> dict[int, dict]:
                           num_prompts=args.num_prompts, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                           mode=args.mode, compile=args.compile, threads=args.threads, seed=args.seed,
                           device=args.device, batch_size=B, progress=not args.no_progress,
-                          prompt_len=args.prompt_len)
+                          prompt_len=args.prompt_len, windows=tuple(args.window))
         reports[B] = run_bench(cfg)
         print(f"B = {B}: " + ", ".join(f"{row['label']} {row['tok_s']['mean']:.1f} tok/s"
                                         for row in reports[B]["rows"]), flush=True)
@@ -121,6 +126,9 @@ def main(argv=None) -> dict[int, dict]:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--mode", choices=("greedy", "sample"), default="sample")
     parser.add_argument("--compile", action="store_true", help="also the compiled decoders (heads and plain)")
+    parser.add_argument("--window", nargs="+", type=width, default=[None], metavar="K",
+                        help="verify widths to compare (2 .. n, or 'adaptive'; default: n): at a larger B a verified "
+                             "position costs more of a cycle, so a narrower window may win")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
