@@ -107,7 +107,7 @@ class Verdict:
 
 def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
                   hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor | None,
-                  uniforms: torch.Tensor | None) -> Verdict:
+                  uniforms: torch.Tensor | None, widths: torch.Tensor | None = None) -> Verdict:
     """Accept a prefix of every row of `window` `[B, W]` (`window[:, 0]` already committed) against the
     verifier's `logits` `[B, W, V]` (`logits[b, j]` is the target of `window[b, j + 1]`) and `hidden`
     `[B, W, d]`. Rows are independent: each accepts its own count.
@@ -116,8 +116,10 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     capped by its budget; 1 tests nothing), and none after an EOS (`eos` `[E]` long ids). Sampling:
     `rows` `[B, W, V]` is the proposal row of every position (a point mass at lookup tokens),
     `uniforms` `[B, W]` float64 in [0, 1) are the windows' randomness (`uniforms[b, j - 1]` tests
-    `window[b, j]`, `uniforms[b, limit[b] - 1]`, which no test uses, draws the next first token by
-    inverse CDF), and after a rejection at `a` the next target is `rule.residual(p_{a-1}, rows[b, a])`.
+    `window[b, j]`, `uniforms[b, widths[b] - 1]`, which no test uses, draws the next first token by
+    inverse CDF; `widths` `[B]` long: each row's own verify width, None: all `W`, so a row draws as it
+    would in a batch of its own), and after a rejection at `a` the next target is
+    `rule.residual(p_{a-1}, rows[b, a])`.
     Randomness comes in as a tensor, not a generator, so the function is pure and `torch.compile`
     traces it whole (`cycle_uniforms` draws them).
     """
@@ -137,25 +139,22 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     run = (ok & tested).long().cumprod(1)  # [B, W-1] 1 while every token so far was accepted
     accepted = 1 + run.sum(1)  # [B]
     last = accepted - 1  # [B] index of each row's last committed token
-    # the token after `last` was tested and failed
-    rejected = (accepted < W) & row_at(tested, last.clamp_max(W - 2))  # [B]
-    carried = row_at(probs, last)  # [B, V]
+    # `x[b, index[b]]` for every row with the indices on the device (reading them to the host would be a
+    # device sync, and a graph break under `torch.compile`)
+    batch = torch.arange(B, device=window.device)  # [B]
+    rejected = (accepted < W) & tested[batch, last.clamp_max(W - 2)]  # [B] the token after `last` failed its test
+    carried = probs[batch, last]  # [B, V]
     if target.do_sample:
-        residual = rule.residual(carried, row_at(rows, accepted.clamp_max(W - 1)).to(carried.dtype))
+        residual = rule.residual(carried, rows[batch, accepted.clamp_max(W - 1)].to(carried.dtype))
         carried = torch.where(rejected[:, None], residual, carried)
-        next_first = inverse_cdf(carried, row_at(uniforms, limit - 1))
+        if widths is None:
+            draw = uniforms[:, -1]  # [B]
+        else:
+            draw = uniforms[batch, (widths - 1).clamp_max(W - 1)]  # [B] (a finished row's width may be stale)
+        next_first = inverse_cdf(carried, draw)
     else:
         next_first = carried.argmax(-1)
-    return Verdict(accepted, carried, next_first, row_at(hidden, last))
-
-
-def row_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`x[b, index[b]]` for every row: `x` `[B, W, ...]`, `index` `[B]` long on the device -> `[B, ...]`,
-    without reading the indices to the host (a host read is a device sync, and a graph break under
-    `torch.compile`)."""
-    B = x.shape[0]
-    at = index.view(B, *([1] * (x.dim() - 1))).expand(B, 1, *x.shape[2:])  # [B, 1, ...]
-    return x.gather(1, at)[:, 0]
+    return Verdict(accepted, carried, next_first, hidden[batch, last])
 
 
 def cycle_uniforms(rows: int, size: int, generator, device) -> torch.Tensor:

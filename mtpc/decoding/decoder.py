@@ -380,13 +380,14 @@ class SpeculativeDecoder:
         (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`),
         draft the next windows. `uniforms` `[B, 2n + S]` float64 (sampling; None when greedy): per row
         `[:n]` draw the next window, `[n:2n]` a lookup window's circuit tokens (see `_lookup_window`),
-        `[2n:2n + W]` decide this one."""
+        `[2n:2n + W]` decide this one (each row's next `x_0` with the uniform after its own width's tests)."""
         n, W = self.n, places.slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
         logits, hidden = self.verifier.forward(tokens, places)  # [B, W, V], [B, W, d]
         rows = None if window.rows is None else window.rows[:, :W]
         tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
-        verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests)
+        verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests,
+                                window.width)
         draws = None if uniforms is None else uniforms[:, :n]
         nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws)
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)

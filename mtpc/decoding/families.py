@@ -238,19 +238,20 @@ class SlotCache(Cache):
         self.max_len = max_len
         self.slots: torch.Tensor | None = None
         self.starts: torch.Tensor | None = None
+        self.index: torch.Tensor | None = None
 
     def place(self, slots: torch.Tensor, starts: torch.Tensor) -> None:
         """Where the next call writes (`slots` `[B, T]`) and where each row's text begins (`starts` `[B]`)."""
         self.slots, self.starts = slots, starts
+        self.index = slots[:, None, :, None]  # [B, 1, T, 1], made once for every layer's write
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Write `[B, H, T, D]` keys and values at the placed slots; return the whole `[B, H, max_len, D]`."""
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
-        index = self.slots[:, None, :, None]  # [B, 1, T, 1]
-        layer.keys.scatter_(2, index.expand_as(key_states), key_states)
-        layer.values.scatter_(2, index.expand_as(value_states), value_states)
+        layer.keys.scatter_(2, self.index.expand_as(key_states), key_states)
+        layer.values.scatter_(2, self.index.expand_as(value_states), value_states)
         return layer.keys, layer.values
 
     def mask(self, config, dtype: torch.dtype, kind: str) -> torch.Tensor:
@@ -271,12 +272,13 @@ def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_length: int, window:
     """`[B, 1, T, kv_length]` bool, True where the query written at `slots` `[B, T]` may attend: the slots
     from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window layer), and
     always its own slot. Built on the device without reading anything to the host."""
-    kv = torch.arange(kv_length, device=slots.device)[None, None, None, :]  # [1, 1, 1, kv]
+    kv = torch.arange(kv_length, device=slots.device)  # [kv]
     query = slots[:, None, :, None]  # [B, 1, T, 1]
-    allowed = (kv >= starts[:, None, None, None]) & (kv <= query)
+    first = torch.minimum(starts[:, None, None, None], query)  # [B, 1, T, 1] a padding query: its own slot
+    allowed = (kv >= first) & (kv <= query)
     if window is not None:
         allowed = allowed & (kv > query - window)
-    return allowed | (kv == query)
+    return allowed
 
 
 @functools.lru_cache(maxsize=None)
