@@ -6,8 +6,8 @@ and each target (greedy, sampling at T=1), on the real hidden state of a prompt,
 its own, eagerly and through `mtpc.decoding.compiling.compile_step` (as the decoder compiles):
 
 - `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows and verify width),
-- `verify`: `decoder.verifier.forward` of one window of the circuit's full width (the write position is
-  put back afterwards),
+- `verify`: `decoder.verifier.forward` of one window of the circuit's full width (nothing is committed:
+  every call writes the same slots after the prompt),
 - `accept`: `mtpc.decoding.acceptance.accept_window` (the whole window's acceptance),
 - `cycle`: `decoder.cycle_step` at the full width, the three in one function; compiled, one graph (what
   `SpeculativeDecoder(compile=True)` runs per cycle). `sum` - `cycle` is what one graph saves.
@@ -52,13 +52,13 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
     """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
     and of the decoder's whole cycle step (the three in one function: one graph when compiled)."""
     ids = torch.tensor([list(PROMPT)])
-    logits, h = decoder.verifier.start(ids, 4 * decoder.span)
-    first = (target.probs(logits) if target.do_sample else logits).argmax()  # []
+    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
+    first = (target.probs(logits) if target.do_sample else logits).argmax(-1)  # [1]
     n, W = decoder.n, decoder.width
     eos = torch.tensor([-1])
-    uniforms = cycle_uniforms(2 * n + decoder.span, None, h.device) if target.do_sample else None
-    base, positions = decoder.verifier.length, decoder.verifier.positions(W)
-    limit = torch.tensor(min(n, W))
+    uniforms = cycle_uniforms(1, 2 * n + decoder.span, None, h.device) if target.do_sample else None
+    places = decoder.verifier.places(W)  # nothing is committed here: every call writes the same slots
+    limit = torch.tensor([min(n, W)])
 
     def compiled_or_eager(step):
         return compile_step(step, False) if compiled else step
@@ -68,31 +68,23 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
     accept = compiled_or_eager(accept_window)
     cycle_step = compiled_or_eager(decoder.cycle_step)
 
-    def rewind():  # the verify call wrote W rows after the prompt: forget them
-        decoder.verifier.written(W)
-        decoder.verifier.commit(base)
-
     def draft():
-        return circuit_window(h, first, None if uniforms is None else uniforms[:n])
+        return circuit_window(h, first, None if uniforms is None else uniforms[:, :n])
 
     window = draft()
-    tokens, rows = window.tokens[:W], None if window.rows is None else window.rows[:W]
+    tokens, rows = window.tokens[:, :W], None if window.rows is None else window.rows[:, :W]
 
     def verify():
-        out = verify_call(tokens, positions)
-        rewind()
-        return out
+        return verify_call(tokens, places)
 
     verified_logits, hidden = verify()
 
     def accept_step():
-        tests = None if uniforms is None else uniforms[2 * n:2 * n + W]
+        tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
         return accept(target, decoder.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
 
     def cycle():
-        out = cycle_step(target, window, positions, limit, eos, uniforms)
-        rewind()
-        return out
+        return cycle_step(target, window, places, limit, eos, uniforms)
 
     return {"draft_ms": median_ms(draft, repeats, WARMUP), "verify_ms": median_ms(verify, repeats, WARMUP),
             "accept_ms": median_ms(accept_step, repeats, WARMUP), "cycle_ms": median_ms(cycle, repeats, WARMUP)}

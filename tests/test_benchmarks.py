@@ -118,6 +118,21 @@ def test_bench_cycle_compiled(lab, tmp_path):
     assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
 
 
+def test_bench_batch_runs_every_batch_size_and_draws_the_plot(lab, tmp_path, capsys):
+    out = tmp_path / "batch"
+    reports = script("bench_batch").main(["--model", lab["model"], "--heads", lab["heads"]["ff4"], "--prompts",
+                                          str(lab["root"] / "prompts.txt"), "--batch-sizes", "1", "2",
+                                          "--num-prompts", "2", "--repeats", "1", "--max-new-tokens", "4",
+                                          "--window", "4", "2", "--no-progress", "--out", str(out)])
+    assert sorted(reports) == [1, 2] and all(r["batch_size"] == B for B, r in reports.items())
+    assert [row["label"] for row in reports[2]["rows"]] == ["plain (batched)", "hf generate (batched)", "ff4/w4",
+                                                            "ff4/w2"]
+    assert json.loads((out / "batch.json").read_text())["2"]["mode"] == "sample"
+    assert (out / "speedup.png").stat().st_size > 0
+    assert "ff4/w2 x hf generate (batched)" in (out / "batch.md").read_text()
+    assert f"wrote {out}/batch.json" in capsys.readouterr().out
+
+
 def test_layered_draft_equals_the_draft_program():
     """The script's `conditional/layered` baseline is the same draft, computed the old way."""
     from circuitc import builders

@@ -127,14 +127,14 @@ def test_draft_windows_match_the_cpu(structure):
     gpu_head = copy.deepcopy(head).to(CUDA)
     cpu_drafter, gpu_drafter = (Drafter(h, (2, 3, 4), 0.08, 4, 12) for h in (head, gpu_head))
     for seed in range(3):
-        h = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-        first = torch.tensor(seed + 2)
-        u = torch.rand(4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        h = torch.randn(2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))  # a batch of 2
+        first = torch.tensor([seed + 2, seed + 3])
+        u = torch.rand(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
         for uniforms in (None, u):
             want = cpu_drafter.circuit_window(h, first, uniforms)
             got = gpu_drafter.circuit_window(h.to(CUDA), first.to(CUDA), None if uniforms is None else u.to(CUDA))
             assert got.tokens.device.type == "cuda" and torch.equal(got.tokens.cpu(), want.tokens)
-            assert int(got.tokens[0]) == seed + 2 and int(got.width) == int(want.width)
+            assert got.tokens[:, 0].tolist() == [seed + 2, seed + 3] and torch.equal(got.width.cpu(), want.width)
 
 
 def test_fused_programs_on_cuda_match_eager():

@@ -121,14 +121,14 @@ def test_device_acceptance_equals_the_loop_over_positions(sample):
         eos = {int(window[2])} if seed % 5 == 0 else set()
         eos_ids = torch.tensor(sorted(eos) or [-1])
         u = torch.rand(W, generator=gen, dtype=torch.float64)
-        verdict = accept_window(target, rule, window, logits, hidden, torch.tensor(limit), eos_ids, rows,
-                                u if sample else None)
+        verdict = accept_window(target, rule, window[None], logits[None], hidden[None], torch.tensor([limit]),
+                                eos_ids, rows[None], u[None] if sample else None)
         a, rejected = loop_acceptance(target, rule, window, logits, limit, eos, rows, u[:-1])
-        assert int(verdict.accepted) == a, seed
-        assert torch.equal(verdict.hidden, hidden[a - 1])
+        assert verdict.accepted.tolist() == [a], seed
+        assert torch.equal(verdict.hidden, hidden[a - 1][None])
         probs = target.probs(logits[a - 1]) if sample else logits[a - 1]
         expected = rule.residual(probs, rows[a]) if rejected and sample else probs
-        assert torch.allclose(verdict.carried, expected), seed
+        assert torch.allclose(verdict.carried, expected[None]), seed
 
 
 @pytest.mark.parametrize("structure", ["ff", "btree"])
@@ -260,10 +260,10 @@ def test_the_cycle_step_traces_as_one_graph(sample):
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head)
     target = Target(sample)
-    logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3]]), 16)
-    uniforms = torch.rand(2 * n + decoder.span, dtype=torch.float64) if sample else None
-    window = decoder.drafter.circuit_window(h, logits.argmax(), None if uniforms is None else uniforms[:n])
-    args = (target, window, decoder.verifier.positions(n), torch.tensor(n), torch.tensor([-1]), uniforms)
+    logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3], [0, 4, 5]]), [0, 1], 16)  # a batch of 2
+    uniforms = torch.rand(2, 2 * n + decoder.span, dtype=torch.float64) if sample else None
+    window = decoder.drafter.circuit_window(h, logits.argmax(-1), None if uniforms is None else uniforms[:, :n])
+    args = (target, window, decoder.verifier.places(n), torch.tensor([n, n]), torch.tensor([-1]), uniforms)
     decoder.cycle_step(*args)  # the draft program's plans are built on first use
     explained = torch._dynamo.explain(decoder.cycle_step)(*args)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

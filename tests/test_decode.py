@@ -329,8 +329,6 @@ def test_bad_input_gets_a_clear_error():
     model = tiny_lm(12)
     head = random_head("cp", 3, 12, seed=9)
     decoder = SpeculativeDecoder(model, head)
-    with pytest.raises(ValueError, match="batch size 1; got a batch of 2"):
-        decoder.generate(torch.zeros(2, 3, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="prompt is empty"):
         decoder.generate(torch.zeros(1, 0, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="0..11"):

@@ -20,6 +20,7 @@ DTYPES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}  # a --dtype
 MODES = ("greedy", "sample")
 LOOKUP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # --lookup -> BenchConfig.lookup
 MAX_LOOKUP_TOKENS = 1024
+MAX_BATCH = 4096  # rows of one --batch-size batch (the decoder also checks memory before allocating)
 
 
 @dataclass
@@ -70,6 +71,10 @@ class BenchConfig:
     seed: int = setting(0, type=parse_seed, help="random seed (prompt choice, sampling)")
     out: str | None = setting(None, help="folder for bench.json, bench.md, tradeoff.png")
     progress: bool = setting(True, flag="--no-progress", help="no progress bar")
+    batch_size: int | None = setting(  # `mtpc.bench.batch`
+        None, type=int_in(1, MAX_BATCH), metavar="B",
+        help="decode the prompts in batches of B left-padded rows, against plain batched decoding and "
+             "transformers' batched generate (--num-prompts must be a multiple of B)")
     warmup_tokens: int = 32
     val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
 

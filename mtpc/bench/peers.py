@@ -200,6 +200,7 @@ class StaticCacheDecoder:
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(1)
             stats.draft_accepted_per_cycle.append(0)
+            stats.rows_per_cycle.append(1)
             if done:
                 break
         return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=input_ids.device), stats)

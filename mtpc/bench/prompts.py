@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer
 
-__all__ = ["load_prompts", "prompts_from_file", "prompts_from_corpus", "repetition"]
+__all__ = ["load_prompts", "prompts_from_file", "prompt_texts", "prompts_from_corpus", "repetition"]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -29,8 +29,12 @@ def load_prompts(cfg, tok: ByteTokenizer) -> list[list[int]]:
 
 
 def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
-    """`.jsonl`: one JSON string or `{"prompt": ...}` per line; otherwise one prompt per non-empty line.
-    Each prompt starts with `<bos>`, like the training documents."""
+    """The prompts of `prompt_texts(path)`, each starting with `<bos>`, like the training documents."""
+    return [tok.encode(text, add_bos=True) for text in prompt_texts(path)]
+
+
+def prompt_texts(path: Path) -> list[str]:
+    """`.jsonl`: one JSON string or `{"prompt": ...}` per line; otherwise one prompt per non-empty line."""
     prompts = []
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="surrogateescape").splitlines(), 1):
         if not line.strip():
@@ -46,7 +50,7 @@ def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
             text = record.get("prompt") if isinstance(record, dict) else record
             if not isinstance(text, str):
                 raise InputError(f"{path}:{number}: expected a JSON string or an object with a string 'prompt'")
-        prompts.append(tok.encode(text, add_bos=True))
+        prompts.append(text)
     return prompts
 
 

@@ -43,53 +43,22 @@ there is any). Timing: `time.perf_counter` (the decoder's own cycle clock) on CP
 
 from __future__ import annotations
 
-import functools
-import itertools
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from .. import checks, loading
-from ..decoding import (AdaptiveWidth, PhaseClock, PromptLookup, SpeculativeDecoder, backbone_marks,
-                        generate_autoregressive, load_head_entry)
-from ..decoding.head_entry import HeadEntry
+from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive
 from ..errors import InputError, MtpcError
-from ..tokenizer import ByteTokenizer
 from .config import DTYPES, MODES, BenchConfig, Variant
+from .variants import load_bench
 from .peers import Peer, build_peers, parse_peer
 from .prompts import load_prompts
 from .report import build_report, drop_repetitive, write_outputs
 from .timing import Run, run_one
 
-__all__ = ["run_bench", "build_variants", "measure"]
-
-# --------------------------------------------------------------------------- variants
-
-def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
-                   lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
-                   windows: Sequence[int | str | None] = (None,)) -> list[Variant]:
-    """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
-    x eager/compiled. A window wider than a head's circuit is an input error."""
-    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
-    for entry in entries:
-        widest = max(entry.info["n"], 2)
-        wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
-        if wrong:
-            raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
-    variants = []
-    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
-        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/compile" if c else ""))
-        window = AdaptiveWidth() if width == "adaptive" else width
-        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
-                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
-                              **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
-        window = decoder.span if use else min(decoder.width, entry.info["n"])
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
-    return variants
-
-def _width_label(width: int | str | None) -> str:
-    return "" if width is None else "/adaptive" if width == "adaptive" else f"/w{width}"
+__all__ = ["run_bench", "measure"]
 
 # --------------------------------------------------------------------------- the bench
 
@@ -100,23 +69,17 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     `decoder_cls` builds the decoders (`SpeculativeDecoder` or a subclass, e.g. to study a change)."""
     _check_config(cfg)
     _check_inputs(cfg)
+    if cfg.batch_size is not None:
+        from .batch import run_batch_bench
+
+        return run_batch_bench(cfg, decoder_cls)
     specs = [parse_peer(text) for text in cfg.peers]
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = loading.resolve_device(cfg.device)
-    dtype = getattr(torch, DTYPES[cfg.dtype])
-    tok = ByteTokenizer.load(cfg.model)
-    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
-    base = load_model(cfg.model, dtype, device)
-    head_dtype = getattr(torch, DTYPES[cfg.head_dtype]) if cfg.head_dtype else None
-    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
-               for p in cfg.heads]
-    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
-                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+    loaded = load_bench(cfg, decoder_cls)
+    device, dtype, tok, base, variants = loaded.device, loaded.dtype, loaded.tok, loaded.base, loaded.variants
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
-    peers = build_peers(cfg, base, specs, load_model, dtype, device, tok.eos_id, max_len)
+    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, tok.eos_id, max_len)
     runs = measure(cfg, base, variants, peers, sets, device, tok.eos_id)
     dropped = None
     if cfg.max_repetition is not None:
@@ -144,6 +107,11 @@ def _check_config(cfg: BenchConfig) -> None:
         raise InputError(f"lookup tokens must be >= 1, got {cfg.lookup_tokens}")
     if cfg.max_repetition is not None and not 0 <= cfg.max_repetition <= 1:
         raise InputError(f"max repetition is a share of 8-grams in [0, 1], got {cfg.max_repetition}")
+    if cfg.batch_size is not None and not (isinstance(cfg.batch_size, int) and cfg.batch_size >= 1):
+        raise InputError(f"batch size must be an integer >= 1, got {cfg.batch_size!r}")
+    if cfg.batch_size is not None and (cfg.peers or cfg.max_repetition is not None):
+        raise InputError("--batch-size measures batches against plain batched decoding and transformers' batched "
+                         "generate; --peers and --max-repetition are per-prompt options")
     labels = [Path(p).name for p in cfg.heads]
     if len(set(labels)) != len(labels):
         raise InputError(f"head folders must have distinct names (they label the report): {labels}")

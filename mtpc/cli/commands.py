@@ -138,7 +138,16 @@ def add_bench(sub) -> None:
 def run_bench(args) -> int:
     from ..bench import format_table, run_bench as bench
 
-    report = bench(command_config(args))
+    cfg = command_config(args)
+    report = bench(cfg)
+    if cfg.batch_size is not None:
+        from ..bench.batch import format_batch_table
+
+        print(format_batch_table(report))
+        if cfg.out:
+            print(f"wrote {cfg.out}/bench.json, bench.md")
+        mismatches = sum(row.get("greedy_mismatches", 0) for row in report["rows"])
+        return 1 if mismatches else 0
     print(format_table(report))
     if report["context_warning"]:
         print(f"warning: {report['context_warning']}")
@@ -182,7 +191,7 @@ def run_generate(args) -> int:
     from .generate import run_generate as generate
 
     stdin = None
-    if args.prompt is None and args.prompt_file is None and not sys.stdin.isatty():
+    if args.prompt is None and args.prompt_file is None and args.prompts is None and not sys.stdin.isatty():
         stdin = sys.stdin.buffer.read()
     summary = generate(command_config(args, stdin=stdin))
     return 1 if summary.get("compare", {}).get("greedy_identical") is False else 0

@@ -3,6 +3,7 @@
     mtpc generate --model DIR [--head DIR] [--lora DIR --lora-layers k] [PROMPT | --prompt-file F | stdin]
                   [--max-new-tokens N] [--temperature T --top-k K --top-p P] [--seed S] [--chat]
                   [--stream/--no-stream] [--stats] [--compare]
+    mtpc generate --model DIR --head DIR --prompts FILE [--batch-size B] [...]
 
 The prompt is taken as bytes (a file or stdin exactly as stored) after a `<bos>`, as `mtpc tiny-lm`
 and `mtpc train` saw their documents (a subword model's prompt: its own tokenizer's ids after its bos
@@ -16,12 +17,18 @@ stderr, so stdout holds only the text: bytes per cycle, tok/s (prefill excluded)
 breakdown measured inside the decoding loop with `mtpc.decoding.clock`; `--compare` decodes the same
 prompt plainly too and reports the speed-up and whether the greedy outputs are identical.
 
+`--prompts FILE` (one prompt per line, or `.jsonl`: a JSON string or an object with a "prompt" per line)
+decodes the prompts as left-padded batches of `--batch-size` (default: all of them) with the
+speculative decoder (`SpeculativeDecoder.generate(ids [B, T], attention_mask=...)`) and writes one JSON
+line per prompt, in order, to stdout: `{"prompt": ..., "text": ...}`; `--stats` reports each batch.
+
 Everything the user gave is checked before a model is loaded (`InputError`).
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import math
 import sys
 from contextlib import contextmanager
@@ -41,6 +48,7 @@ __all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "l
 
 MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
 MAX_PROMPT_BYTES = 64 * 2**20
+MAX_BATCH = 4096  # prompts in one batch (--batch-size); the decoder also refuses a batch the memory cannot hold
 
 
 class Utf8Streamer:
@@ -133,6 +141,23 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError(f"--lookup must be at most {MAX_LOOKUP} tokens a match proposes, got {cfg.lookup}")
     if not (isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**63):
         raise InputError(f"--seed must be an integer in 0..2**63-1, got {cfg.seed!r}")
+    check_batch_config(cfg)
+
+
+def check_batch_config(cfg: GenerateConfig) -> None:
+    if cfg.batch_size is not None and cfg.prompts is None:
+        raise InputError("--batch-size splits the prompts of --prompts FILE into batches: give --prompts too")
+    if cfg.batch_size is not None and not (isinstance(cfg.batch_size, int) and 1 <= cfg.batch_size <= MAX_BATCH):
+        raise InputError(f"--batch-size must be an integer in 1..{MAX_BATCH}, got {cfg.batch_size!r}")
+    if cfg.prompts is None:
+        return
+    if cfg.prompt is not None or cfg.prompt_file is not None:
+        raise InputError("give the prompts either with --prompts FILE or as one prompt (argument, --prompt-file), "
+                         "not both")
+    if cfg.head is None:
+        raise InputError("--prompts decodes its prompts in batches with the speculative decoder: give --head too")
+    if cfg.compare:
+        raise InputError("--compare measures one prompt against plain decoding; it does not take --prompts")
 
 
 def model_config(path: str) -> dict:
@@ -170,6 +195,20 @@ def load_prompt(cfg: GenerateConfig) -> bytes:
     if cfg.stdin is not None:
         return cfg.stdin
     raise InputError("no prompt: give it as an argument, with --prompt-file F, or on standard input")
+
+
+def load_prompts(path: str) -> list[bytes]:
+    """The prompts of a --prompts file, as `mtpc bench --prompts` reads them (`.jsonl`: a JSON string or
+    an object with a "prompt" string per line; otherwise one prompt per non-empty line)."""
+    from ..bench.prompts import prompt_texts
+
+    file = Path(path)
+    if not file.exists():
+        raise InputError(f"--prompts {path}: no such file")
+    prompts = [to_bytes(text) for text in prompt_texts(regular_file(file, "--prompts", MAX_PROMPT_BYTES))]
+    if not prompts:
+        raise InputError(f"--prompts {path}: no prompts (the file has no non-empty line)")
+    return prompts
 
 
 def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTokenizer) -> tuple[list[int], set[int]]:
@@ -223,7 +262,13 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     check_config(cfg)
     config = model_config(cfg.model)
     tok = _model_tokenizer(cfg, config)
-    ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
+    if cfg.prompts is not None:
+        texts = load_prompts(cfg.prompts)
+        rows = [prompt_ids(cfg, text, tok) for text in texts]
+        ids, eos = max((r[0] for r in rows), key=len), rows[0][1]
+    else:
+        texts, rows = None, None
+        ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
     check_context(len(ids), cfg, config)
     head = None
     if cfg.head is not None:
@@ -243,10 +288,12 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         base = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
         decode = _plain(base, sampling, eos)
         if head is not None:
-            decode = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos, cfg.lookup,
-                                  cfg.window, cfg.compile, cfg.trust_remote_code)
+            decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
+                                           cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
+    if rows is not None:
+        return _run_batches(decode, decoder, texts, [r[0] for r in rows], eos, tok, cfg, device, out, err)
     streamer = None if not cfg.stream else Utf8Streamer(out) if isinstance(tok, ByteTokenizer) else \
         TokenStreamer(out, tok)
     run = _measure(decode, prompt, cfg, streamer)
@@ -270,6 +317,48 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         err.write(format_comparison(summary["compare"], torch.get_num_threads()) + "\n")
     err.flush()
     return summary
+
+
+def _run_batches(decode, decoder, texts: list[bytes], rows: list[list[int]], eos: set[int], tok,
+                 cfg: GenerateConfig, device, out: TextIO, err: TextIO) -> dict:
+    """Decode the prompts of --prompts in left-padded batches of --batch-size (each checked by the decoder
+    before anything is allocated for it); one JSON line per prompt, in order."""
+    size = cfg.batch_size or len(rows)
+    summary = {"prompts": [], "texts": [], "batches": []}
+    for first in range(0, len(rows), size):
+        batch = rows[first:first + size]
+        ids, mask = left_padded(batch, tok.pad_id, device)
+        try:
+            decoder.check_batch(len(batch), ids.shape[1], cfg.max_new_tokens, device)
+        except ValueError as e:
+            raise InputError(f"--batch-size {len(batch)}: {e}") from None
+        run = _measure(decode, ids, cfg, None, attention_mask=mask)
+        for text, row, sequence in zip(texts[first:first + size], batch, run["sequences"]):
+            new = row_tokens(sequence[ids.shape[1]:], eos)
+            line = {"prompt": text.decode("utf-8", errors="replace"), "text": tok.decode(new)}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            summary["prompts"].append(row)
+            summary["texts"].append(line["text"])
+        out.flush()
+        summary["batches"].append(run)
+        if cfg.stats:
+            err.write(format_stats(f"speculative, batch of {len(batch)}", run) + "\n")
+    err.flush()
+    return summary
+
+
+def row_tokens(tail: list[int], eos: set[int]) -> list[int]:
+    """A batch row's new tokens: up to and with its first EOS (the padding after it dropped), else all."""
+    end = next((i for i, t in enumerate(tail) if t in eos), None)
+    return tail if end is None else tail[:end + 1]
+
+
+def left_padded(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[B, T]` ids of the rows padded on the left with `pad`, and their attention mask."""
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (T - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids, mask
 
 
 @contextmanager
@@ -350,8 +439,9 @@ def _compiled_plain(base, sampling: dict, eos: set[int], max_len: int):
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False):
-    """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it). `compile`: its
-    cycle step through torch.compile; the decoder then stamps its steps (no hooks in a compiled call)."""
+    """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
+    its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
+    the decoder then stamps its steps (no hooks in a compiled call)."""
     from ..decoding import PhaseClock, SpeculativeDecoder
 
     model = loading.load_model(model_path, torch.float32, device, trust_remote_code=trust_remote_code)
@@ -362,7 +452,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile)
     parts = decoder.backbone.parts
 
-    def decode(ids, budget, generator, streamer):
+    def decode(ids, budget, generator, streamer, attention_mask=None):
         cuda = ids.device.type == "cuda"
         if compile:  # no hooks inside compiled steps (the head runs in the draft's graph): the decoder stamps
             clock = PhaseClock(None, None, [], cuda=cuda)
@@ -371,26 +461,27 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=cuda), {}
         with clock:
             out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, streamer=streamer,
-                                   **sampling, **extra)
+                                   attention_mask=attention_mask, **sampling, **extra)
         return out, clock
 
-    return decode
+    return decode, decoder
 
 
-def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer) -> dict:
+def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer, **batch) -> dict:
     """One generation (after an untimed warm-up: 4 tokens, or with --compile the whole budget, so that the
     caches the compiled cycle is specialised on are allocated, and compiled for, once), with its stats and
-    per-cycle breakdown."""
+    per-cycle breakdown. `batch`: a batch's `attention_mask` (its rows are in "sequences")."""
     from ..decoding import split_phases
 
     warm = cfg.max_new_tokens if cfg.compile else min(4, cfg.max_new_tokens)
-    decode(prompt, warm, torch.Generator(prompt.device).manual_seed(cfg.seed), None)
-    out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer)
+    decode(prompt, warm, torch.Generator(prompt.device).manual_seed(cfg.seed), None, **batch)
+    out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer,
+                        **batch)
     phases, _ = split_phases(clock.times())
     stats = out.stats
     return {**stats.as_dict(), "decode_seconds": sum(stats.cycle_seconds),
             "phase_ms_per_cycle": {k: 1e3 * v / max(stats.cycles, 1) for k, v in phases.items()},
-            "sequence": out.sequences[0].tolist()}
+            "sequence": out.sequences[0].tolist(), **({"sequences": out.sequences.tolist()} if batch else {})}
 
 
 def comparison(spec: dict, plain: dict, greedy: bool, baseline: str = "eager") -> dict:

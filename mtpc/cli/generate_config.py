@@ -49,9 +49,14 @@ class GenerateConfig:
              "proposes), chosen per cycle by past acceptance; still lossless")
     window: int | None = setting(  # verify width of the circuit window, 2 .. the head's n (None: n)
         None, type=int_in(2, MAX_WINDOW), metavar="K",
-        help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n (default: each "
-             "window's width chosen from its own draft's probabilities)")
+        help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n (default: n)")
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
         False, help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph (static "
                     "caches, one graph per verify width; compiled before the first cycle)")
+    prompts: str | None = setting(
+        None, metavar="FILE",
+        help="with --head: decode the prompts of FILE (one per line, or .jsonl: a string or {\"prompt\": ...} per "
+             "line) as batches; one JSON line per prompt on stdout")
+    batch_size: int | None = setting(
+        None, type=positive_int, metavar="B", help="with --prompts: prompts per batch (default: all of them in one batch)")
     stdin: bytes | None = None  # the prompt read from standard input, when neither PROMPT nor --prompt-file

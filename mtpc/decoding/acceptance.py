@@ -4,10 +4,10 @@
 transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule. The decoder
 (`mtpc.decoding.decoder`) applies both to every drafted token, whatever proposed it.
 
-`accept_window` decides a whole verified window at once on the tensors' device (no host reads): every
-position is tested, the first rejection found by a cumulative product, the residual formed at that
-position only, and the next cycle's target, first token and hidden state gathered at the accepted
-index. `Verdict.accepted` is the one number the host needs per cycle.
+`accept_window` decides a batch of verified windows at once on the tensors' device (no host reads):
+every position of every row is tested, each row's first rejection found by a cumulative product, the
+residual formed at that position only, and the next cycle's target, first token and hidden state
+gathered at each row's accepted index. `Verdict.accepted` is what the host needs per cycle.
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ class AcceptanceRule:
         return u * q_x < p_x
 
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """`[V]`, `[V]` -> `[V]`: the distribution of the token after a rejection."""
+        """`[..., V]`, `[..., V]` -> `[..., V]`: the distribution of the token after a rejection (per row)."""
         r = (p - q).clamp_min(0)
-        total = r.sum()
+        total = r.sum(-1, keepdim=True)
         # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
         return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
@@ -94,10 +94,10 @@ class AcceptanceRule:
 
 @dataclass
 class Verdict:
-    """One verified window, decided on the device. `accepted` `[]` long: tokens committed (1..W);
-    `next_first` `[]` long: the next cycle's first token, drawn from (or the argmax of) `carried`, the
-    next cycle's target `[V]` (logits when greedy, probabilities when sampling); `hidden` `[d]` the
-    draft hidden state at the last committed token."""
+    """A batch of verified windows, decided on the device. `accepted` `[B]` long: tokens each row
+    committed (1..W); `next_first` `[B]` long: each row's next first token, drawn from (or the argmax of)
+    `carried`, its next target `[B, V]` (logits when greedy, probabilities when sampling); `hidden`
+    `[B, d]` the draft hidden state at each row's last committed token."""
 
     accepted: torch.Tensor
     carried: torch.Tensor
@@ -107,52 +107,61 @@ class Verdict:
 
 def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
                   hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor | None,
-                  uniforms: torch.Tensor | None) -> Verdict:
-    """Accept a prefix of `window` `[W]` (`window[0]` already committed) against the verifier's
-    `logits` `[W, V]` (row `j` is the target of `window[j + 1]`) and `hidden` `[W, d]`.
+                  uniforms: torch.Tensor | None, widths: torch.Tensor | None = None) -> Verdict:
+    """Accept a prefix of every row of `window` `[B, W]` (`window[:, 0]` already committed) against the
+    verifier's `logits` `[B, W, V]` (`logits[b, j]` is the target of `window[b, j + 1]`) and `hidden`
+    `[B, W, d]`. Rows are independent: each accepts its own count.
 
-    Only `window[1 .. limit - 1]` are tested (`limit` `[]` long: the real window length, capped by the
-    budget), and none after an EOS (`eos` `[E]` long ids). Sampling: `rows` `[W, V]` is the proposal
-    row of every position (a point mass at lookup tokens), `uniforms` `[W]` float64 in [0, 1) are the
-    window's randomness (`uniforms[j - 1]` tests `window[j]`, `uniforms[W - 1]` draws the next first
-    token by inverse CDF), and after a rejection at `a` the next target is `rule.residual(p_{a-1},
-    rows[a])`. Randomness comes in as a tensor, not a generator, so the function is pure and
-    `torch.compile` traces it whole (`cycle_uniforms` draws them).
+    Only `window[b, 1 .. limit[b] - 1]` are tested (`limit` `[B]` long: the row's real window length,
+    capped by its budget; 1 tests nothing), and none after an EOS (`eos` `[E]` long ids). Sampling:
+    `rows` `[B, W, V]` is the proposal row of every position (a point mass at lookup tokens),
+    `uniforms` `[B, W]` float64 in [0, 1) are the windows' randomness (`uniforms[b, j - 1]` tests
+    `window[b, j]`, `uniforms[b, widths[b] - 1]`, which no test uses, draws the next first token by
+    inverse CDF; `widths` `[B]` long: each row's own verify width, None: all `W`, so a row draws as it
+    would in a batch of its own), and after a rejection at `a` the next target is
+    `rule.residual(p_{a-1}, rows[b, a])`.
+    Randomness comes in as a tensor, not a generator, so the function is pure and `torch.compile`
+    traces it whole (`cycle_uniforms` draws them).
     """
-    W = window.shape[0]
-    drafted = window[1:]  # [W-1]
+    B, W = window.shape
+    drafted = window[:, 1:]  # [B, W-1]
     position = torch.arange(1, W, device=window.device)  # [W-1] window index of each tested token
-    after_eos = torch.isin(window[:-1], eos).long().cumsum(0) > 0  # [W-1] an EOS at or before j - 1
-    tested = (position < limit) & ~after_eos  # [W-1]
+    after_eos = torch.isin(window[:, :-1], eos).long().cumsum(1) > 0  # [B, W-1] an EOS at or before j - 1
+    tested = (position[None] < limit[:, None]) & ~after_eos  # [B, W-1]
     if target.do_sample:
-        probs = target.probs(logits)  # [W, V] float64
-        p_x = probs[:-1].gather(1, drafted[:, None])[:, 0]  # [W-1]
-        q_x = rows[1:].gather(1, drafted[:, None])[:, 0].to(probs.dtype)  # [W-1]
-        ok = torch.as_tensor(rule.accept(p_x, q_x, uniforms[:-1]), device=window.device).expand(W - 1)
+        probs = target.probs(logits)  # [B, W, V] float64
+        p_x = probs[:, :-1].gather(2, drafted[..., None])[..., 0]  # [B, W-1]
+        q_x = rows[:, 1:].gather(2, drafted[..., None])[..., 0].to(probs.dtype)  # [B, W-1]
+        ok = torch.as_tensor(rule.accept(p_x, q_x, uniforms[:, :-1]), device=window.device).expand(B, W - 1)
     else:
         probs = logits
-        ok = drafted == logits[:-1].argmax(-1)
-    run = (ok & tested).long().cumprod(0)  # [W-1] 1 while every token so far was accepted
-    accepted = 1 + run.sum()  # []
-    last = accepted - 1  # index of the last committed token
-    rejected = (accepted < W) & at(tested, last.clamp_max(W - 2))  # the token after `last` was tested and failed
-    carried = at(probs, last)  # [V]
+        ok = drafted == logits[:, :-1].argmax(-1)
+    run = (ok & tested).long().cumprod(1)  # [B, W-1] 1 while every token so far was accepted
+    accepted = 1 + run.sum(1)  # [B]
+    last = accepted - 1  # [B] index of each row's last committed token
+    # `x[b, index[b]]` for every row with the indices on the device (reading them to the host would be a
+    # device sync, and a graph break under `torch.compile`)
+    batch = torch.arange(B, device=window.device)  # [B]
+    rejected = (accepted < W) & tested[batch, last.clamp_max(W - 2)]  # [B] the token after `last` failed its test
+    carried = probs[batch, last]  # [B, V]
     if target.do_sample:
-        residual = rule.residual(carried, at(rows, accepted.clamp_max(W - 1)).to(carried.dtype))
-        carried = torch.where(rejected, residual, carried)
-        next_first = inverse_cdf(carried, uniforms[-1])
+        residual = rule.residual(carried, rows[batch, accepted.clamp_max(W - 1)].to(carried.dtype))
+        carried = torch.where(rejected[:, None], residual, carried)
+        if widths is None:
+            draw = uniforms[:, -1]  # [B]
+        else:
+            draw = uniforms[batch, (widths - 1).clamp_max(W - 1)]  # [B] (a finished row's width may be stale)
+        next_first = inverse_cdf(carried, draw)
     else:
-        next_first = carried.argmax()
-    return Verdict(accepted, carried, next_first, at(hidden, last))
+        next_first = carried.argmax(-1)
+    return Verdict(accepted, carried, next_first, hidden[batch, last])
 
 
-def at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`x[index]` for a 0-d device index without reading it to the host (`x[t]` with a 0-d tensor `t`
-    converts it to a Python int: a device sync, and a graph break under `torch.compile`)."""
-    return x.index_select(0, index.view(1))[0]
-
-
-def cycle_uniforms(size: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """`[size]` float64 uniforms in [0, 1): every draw of one sampling cycle (the circuit's window and
-    the acceptance's tests) comes from them, eager and compiled alike (one draw from `generator`)."""
-    return torch.rand(size, generator=generator, dtype=torch.float64, device=device)
+def cycle_uniforms(rows: int, size: int, generator, device) -> torch.Tensor:
+    """`[rows, size]` float64 uniforms in [0, 1): every draw of one sampling cycle (the circuit's windows
+    and the acceptance's tests) comes from them, eager and compiled alike. `generator`: None (torch's
+    default), one `torch.Generator` (one draw for the whole batch) or a list of one per row (each row
+    draws its own: a row's text then depends only on its own generator)."""
+    if isinstance(generator, (list, tuple)):
+        return torch.stack([torch.rand(size, generator=g, dtype=torch.float64, device=device) for g in generator])
+    return torch.rand(rows, size, generator=generator, dtype=torch.float64, device=device)

@@ -16,10 +16,13 @@ other Hugging Face families plug in by adding an adapter.
 
 Positions: the backbone keeps no state of its own; a `BackboneState` holds the caches and the number
 of tokens they hold, and `crop(state, length)` forgets everything after `length` tokens. With
-`new_state(max_len=...)` the caches are preallocated (transformers `StaticLayer`s): a call writes its
-rows at positions `length ..`, cropping only moves the write position back (a rejected suffix is
-overwritten by the next call, and the causal mask by position hides it until then), and the same
-state serves generation after generation (`crop(state, 0)`).
+`new_state(max_len=...)` the caches are preallocated (`SlotCache`: transformers `StaticLayer`s in which
+each row of a batch writes at its own slots): a call gives its rows' `slots` `[B, T]` (where they are
+written), `position_ids` `[B, T]` (their positions in their own text: a left-padded row's slots run
+ahead of its positions by its padding) and `starts` `[B]` (each row's first real slot); the mask
+hides everything before a row's start and after the query's slot, so a rejected suffix stays hidden
+until the next call overwrites it, and the same state serves generation after generation. The
+caller (`mtpc.decoding.verify.Verifier`) keeps each row's length.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache
 
-from .families import BackboneFamily, LlamaFamily, WholeModelPath, decoder_layers, family_for, split_family
+from .families import BackboneFamily, LlamaFamily, SlotCache, WholeModelPath, decoder_layers, family_for, split_family
 
 __all__ = [
     "BackboneFamily",
@@ -202,7 +205,7 @@ class SplitBackbone:
             # preallocated caches are full-attention layers for the same reason.
             if max_len is None or self.whole_model:
                 return DynamicCache()
-            return Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in range(self.num_layers)])
+            return SlotCache(self.num_layers, max_len)
 
         return BackboneState(cache(), cache() if with_draft else None, draft_path=draft)
 
@@ -224,12 +227,16 @@ class SplitBackbone:
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, state: BackboneState, keep: int | None = None,
-                position_ids: torch.Tensor | None = None) -> BackboneOutput:
+                position_ids: torch.Tensor | None = None, slots: torch.Tensor | None = None,
+                starts: torch.Tensor | None = None) -> BackboneOutput:
         """Process `input_ids` `[B, T]` after the `state.length` cached tokens; update both caches.
 
         Returns verifier logits and draft hidden states for the last `keep` positions (all if None).
-        `position_ids` `[1, T]`: `state.length ..` given as a tensor (a compiled caller passes it so the
-        position is an input of the graph, not a constant baked into it).
+        `position_ids` `[B, T]` (or `[1, T]`): `state.length ..` unless given as a tensor (a compiled
+        caller passes it so the position is an input of the graph, not a constant baked into it).
+        Preallocated caches (`new_state(max_len=...)`): `slots` `[B, T]` and `starts` `[B]` say where each
+        row writes and where its text begins (default: at the positions, from slot 0; see the module
+        docstring).
         """
         if self.whole_model:
             logits, hidden = self.family.run(self.base, input_ids, state.verifier, keep)
@@ -239,6 +246,13 @@ class SplitBackbone:
         T = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(state.length, state.length + T, device=input_ids.device)[None]  # [1, T]
+        if isinstance(state.verifier, SlotCache):
+            B = input_ids.shape[0]
+            slots = position_ids.expand(B, T) if slots is None else slots  # [B, T]
+            starts = slots.new_zeros(B) if starts is None else starts  # [B]
+            for cache in (state.verifier, state.draft):
+                if cache is not None:
+                    cache.place(slots, starts)
         x = family.embed(parts, input_ids, position_ids)  # [B, T, d]
         masks = family.masks(self.config, x, state.verifier, position_ids, self.num_layers)
         pos_emb = family.position_embeddings(self.config, parts, x, position_ids, self.num_layers)

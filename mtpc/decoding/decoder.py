@@ -1,36 +1,46 @@
 """Lossless self-speculative decoding with a circuit draft head (MtPC, Algorithm 2), and plain decoding.
 
-One loop, eager or compiled alike. Before a cycle the decoder holds, on the device, the next `Window`
-`[x_0, d_1 .. d_{S-1}]`: `x_0` already decided (the verifier's next token: its argmax, or a draw
-from its target or from a residual), the circuit's draft conditioned on it, the proposal rows and
-its verify width (the decoder's fixed width, or with `AdaptiveWidth` the one the draft chose). A cycle is one fixed-shape step, `cycle_step`:
+One loop and one step for every batch size, eager or compiled alike. `generate` takes one prompt or a
+batch of left-padded prompts `[B, T]` with their `attention_mask`; every row keeps its own length and
+positions in the static caches, and rows advance by different amounts each cycle. Before a cycle the
+decoder holds, on the device, each row's next `Window` `[x_0, d_1 .. d_{S-1}]`: `x_0` already decided
+(the verifier's next token: its argmax, or a draw from its target or from a residual), the circuit's
+draft conditioned on it, the proposal rows and its verify width (the decoder's fixed width, or with
+`AdaptiveWidth` the one the row's draft chose). A cycle is one fixed-shape step, `cycle_step`, for the
+whole batch:
 
-1. one backbone call on the window's first `width` tokens at explicit positions into static caches
-   (`Verifier.forward`): the verifier's targets `p_1 .. p_width` and the draft path's hidden states;
-2. `accept_window` decides every drafted token at once on the device (greedy: equal to `argmax
-   p_j`; sampling: the Leviathan/Chen rule against the proposal's exact conditionals) and draws the
-   next `x_0` from the target at the last accepted position, or from the residual `norm(max(0, p_j -
-   r_j))` after a rejection at `j` (so the deferred token is still exactly distributed);
-3. the circuit drafts the next window after that `x_0`, from the hidden state there
+1. one backbone call on the windows' first `W` tokens (`W` the widest row's width: every row verifies
+   the same width, each tests only its own) at each row's own slots and positions in static caches
+   (`Verifier.forward`): the verifier's targets `p_1 .. p_W` and the draft path's hidden states;
+2. `accept_window` decides every drafted token of every row at once on the device (greedy: equal to
+   `argmax p_j`; sampling: the Leviathan/Chen rule against the proposal's exact conditionals) and
+   draws each row's next `x_0` from the target at its last accepted position, or from the residual
+   `norm(max(0, p_j - r_j))` after a rejection at `j` (so the deferred token is still exactly
+   distributed);
+3. the circuit drafts each row's next window after that `x_0`, from the hidden state there
    (`Drafter.circuit_window`), with its verify width.
 
-The host then reads one small tensor (`CyclePacket`: accepted count, the next `x_0` and width, the
-window's tokens), moves the caches' write position back to the committed tokens (rejected rows stay
-in the static caches, hidden by the causal mask by position, and are overwritten by the next call),
-and starts the next cycle. Every cycle makes one backbone call and commits 1 .. width tokens; greedy
-output equals plain greedy decoding, sampled output is exactly distributed as the verifier's shaped
-target. Every draw of a sampling cycle comes from one uniforms tensor (`cycle_uniforms`), so a seed
-gives the same text eager and compiled; with `compile=True` the step is one graph per verify width.
+The host then reads one small tensor for the batch (`CyclePacket`: per row the accepted count, the
+next `x_0` and width, the window's tokens), advances each row's length in the caches by its committed
+tokens (rejected rows stay in the static caches, hidden by the mask, and are overwritten by the row's
+next call), and starts the next cycle. Rows that finished (EOS or budget) still ride in the
+fixed-shape step but test nothing and their results are dropped. Every cycle makes one backbone call
+and commits 1 .. width tokens per row; greedy output equals plain greedy decoding of each row alone,
+sampled output is exactly distributed as the verifier's shaped target, row by row. Every draw of a
+sampling cycle comes from one uniforms tensor per row (`cycle_uniforms`), so a seed gives the same text
+eager and compiled, and with one generator per row a row's text depends on its own generator only;
+with `compile=True` the step is one graph per verify width.
 
 Prompt lookup (`lookup=K` or a `mtpc.decoding.proposals.PromptLookup`; off by default): before a
-cycle the host may replace the circuit's window with `x_0`, the `K` tokens that followed the latest
-earlier occurrence of the text's last few tokens (point-mass proposals: accepted with probability
+cycle the host may replace a row's circuit window with `x_0`, the `K` tokens that followed the latest
+earlier occurrence of the row's last few tokens (point-mass proposals: accepted with probability
 `p(c)`, residual `p` without `c`, renormalised), and the circuit's draft after them; the choice
-reads only the past (`LookupState.use`), so decoding stays exact. It enters the same step.
+reads only the row's past (`LookupState.use`), so decoding stays exact. It enters the same step.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`
 (transformers 5.x accepts a callable; see `SpeculativeDecoder.custom_generate`). Streaming: any
-transformers `BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`) as `generate(..., streamer=)`.
+transformers `BaseStreamer` (`TextStreamer`, `TextIteratorStreamer`) as `generate(..., streamer=)`;
+in a batch it streams row 0.
 """
 
 from __future__ import annotations
@@ -50,9 +60,10 @@ from .backbone import SplitBackbone, lora_depth
 from .compiling import compile_step
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
-from .inputs import check_budget, check_eval, check_processors, check_prompt, eos_set
+from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
+                     check_prompt, eos_set)
 from .proposals import LookupState, PromptLookup
-from .verify import Verifier
+from .verify import Places, Verifier
 
 __all__ = ["AdaptiveWidth", "CyclePacket", "DecodeStats", "GenerateOutput", "SpeculativeDecoder", "StepOutput",
            "generate_autoregressive"]
@@ -62,17 +73,19 @@ __all__ = ["AdaptiveWidth", "CyclePacket", "DecodeStats", "GenerateOutput", "Spe
 
 @dataclass
 class DecodeStats:
-    """Per-generation measurements. `accepted_per_cycle[c]` = tokens committed by cycle `c` (1..width;
-    the paper's accepted length), `draft_accepted_per_cycle[c]` = how many of them were drafted
-    tokens (all but `x_0`), `width_per_cycle[c]` = the positions it verified (0: no backbone call,
-    its `x_0` ended the generation). Times exclude the prefill."""
+    """Per-generation measurements, over the batch. `accepted_per_cycle[c]` = tokens committed by cycle
+    `c` over all rows (at batch size 1: 1..width, the paper's accepted length),
+    `draft_accepted_per_cycle[c]` = how many of them were drafted tokens (all but each row's `x_0`),
+    `rows_per_cycle[c]` = the rows that committed tokens in it, `width_per_cycle[c]` = the positions
+    it verified (0: no backbone call, each row's `x_0` ended its generation). Times exclude the prefill."""
 
     prefill_seconds: float = 0.0
     cycle_seconds: list[float] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     draft_accepted_per_cycle: list[int] = field(default_factory=list)
     width_per_cycle: list[int] = field(default_factory=list)
-    lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
+    rows_per_cycle: list[int] = field(default_factory=list)
+    lookup_cycles: int = 0  # windows (one per row and cycle) drafted by prompt lookup
 
     @property
     def cycles(self) -> int:
@@ -84,7 +97,9 @@ class DecodeStats:
 
     @property
     def mean_accepted(self) -> float:
-        return self.new_tokens / self.cycles if self.cycles else 0.0
+        """Tokens a row commits per cycle, on average."""
+        windows = sum(self.rows_per_cycle)
+        return self.new_tokens / windows if windows else 0.0
 
     @property
     def mean_cycle_latency(self) -> float:
@@ -95,17 +110,27 @@ class DecodeStats:
         total = sum(self.cycle_seconds)
         return self.new_tokens / total if total > 0 else 0.0
 
+    def record(self, seconds: float, committed: list[list[int]], width: int) -> None:
+        """One cycle: its time, each row's committed tokens (empty for a row that was done), its width."""
+        rows = [len(c) for c in committed if c]
+        self.cycle_seconds.append(seconds)
+        self.accepted_per_cycle.append(sum(rows))
+        self.draft_accepted_per_cycle.append(sum(rows) - len(rows))
+        self.width_per_cycle.append(width)
+        self.rows_per_cycle.append(len(rows))
+
     def as_dict(self) -> dict:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
                 "prefill_seconds": self.prefill_seconds, "accepted_per_cycle": list(self.accepted_per_cycle),
                 "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
-                "width_per_cycle": list(self.width_per_cycle), "lookup_cycles": self.lookup_cycles}
+                "width_per_cycle": list(self.width_per_cycle), "rows_per_cycle": list(self.rows_per_cycle),
+                "lookup_cycles": self.lookup_cycles}
 
 
 @dataclass
 class GenerateOutput:
-    sequences: torch.Tensor  # [1, prompt + new] long
+    sequences: torch.Tensor  # [B, T + new] long: the prompts as given, then each row's tokens, then padding
     stats: DecodeStats
 
 
@@ -113,8 +138,9 @@ class GenerateOutput:
 
 @dataclass
 class StepOutput:
-    """What `cycle_step` returns, on the device: the `packet` the host reads, the next `window` and the
-    draft hidden state `hidden` `[d]` at the last committed token (a lookup window is drafted from it)."""
+    """What `cycle_step` returns, on the device: the `packet` the host reads, the next windows and the
+    draft hidden states `hidden` `[B, d]` at each row's last committed token (a lookup window is drafted
+    from it)."""
 
     packet: torch.Tensor
     window: Window
@@ -126,34 +152,51 @@ torch.utils._pytree.register_dataclass(StepOutput)
 
 @dataclass
 class CyclePacket:
-    """The one tensor a cycle reads to the host, `[3 + width]` long, and its fields once read: how many
-    tokens the window committed, the next window's `x_0` and verify width, and the window's tokens
-    (the first `accepted` are the committed ones)."""
+    """The one tensor a cycle reads to the host, `[B, 3 + W]` long, and its fields once read, per row:
+    how many tokens the window committed, the next window's `x_0` and verify width, and the window's
+    tokens (the first `accepted[b]` are row `b`'s committed ones)."""
 
-    accepted: int
-    next_first: int
-    next_width: int
-    tokens: list[int]
+    accepted: list[int]
+    next_first: list[int]
+    next_width: list[int]
+    tokens: list[list[int]]
 
     @staticmethod
     def pack(accepted: torch.Tensor, next_window: Window, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.stack([accepted, next_window.tokens[0], next_window.width]), tokens])
+        heads = torch.stack([accepted, next_window.tokens[:, 0], next_window.width], 1)  # [B, 3]
+        return torch.cat([heads, tokens], 1)
 
     @classmethod
     def read(cls, host_reads: HostReads, packet: torch.Tensor) -> "CyclePacket":
-        accepted, next_first, next_width, *tokens = host_reads(packet)
-        return cls(accepted, next_first, next_width, tokens)
+        rows = host_reads(packet)
+        return cls([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3:] for r in rows])
 
 
 @dataclass
 class Pending:
-    """The host's view of the next cycle: its window on the device with its first token and verify
-    width as read, and the draft hidden state at the last committed token."""
+    """The host's view of the next cycle: the windows on the device with each row's first token and
+    verify width as read, and the draft hidden states `[B, d]` at each row's last committed token."""
 
     window: Window
-    first: int
-    width: int
+    first: list[int]
+    width: list[int]
     hidden: torch.Tensor
+
+
+@dataclass
+class Rows:
+    """The host's view of each row of a generation: its new tokens, its budget left, whether it is done."""
+
+    new: list[list[int]]
+    left: list[int]
+    live: list[bool]
+
+    def add(self, committed: list[list[int]], eos: set[int]) -> None:
+        for b, tokens in enumerate(committed):
+            if tokens:
+                self.new[b] += tokens
+                self.left[b] -= len(tokens)
+                self.live[b] = self.left[b] > 0 and tokens[-1] not in eos
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -172,7 +215,7 @@ class SpeculativeDecoder:
     only to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.
 
     The host reads one small tensor per cycle through `host_reads` (its `count` is what the sync
-    tests check), and one after the prefill.
+    tests check), and one after the prefill, whatever the batch size.
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
@@ -211,9 +254,18 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  eos_token_id: int | Iterable[int] | None = None,
-                 generator: torch.Generator | None = None, streamer=None, phase_clock=None) -> GenerateOutput:
-        """Generate up to `max_new_tokens` tokens after `input_ids` (`[1, T]` or `[T]`), stopping after the
-        first EOS. Greedy by default; `do_sample` samples the shaped target exactly.
+                 generator: torch.Generator | list[torch.Generator] | None = None, streamer=None, phase_clock=None,
+                 attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None) -> GenerateOutput:
+        """Generate up to `max_new_tokens` tokens after each prompt of `input_ids` (`[B, T]`, or `[T]`),
+        each row stopping after its first EOS. Greedy by default; `do_sample` samples the shaped target
+        exactly.
+
+        A batch: `attention_mask` `[B, T]` (1 for real tokens, 0 for padding) marks left-padded prompts
+        of different lengths (None: no padding). `sequences` is `[B, T + m]`, `m` the longest row's new
+        tokens (`max_new_tokens` unless every row ended early): the prompt columns as given, then each
+        row's tokens, then `pad_token_id` (default: the model's pad id, else the first EOS id, else 0)
+        after a row's end. `generator`: one `torch.Generator` for the batch, or a list of one per row
+        (a row's text then depends on its own generator alone).
 
         `phase_clock`: a `PhaseClock`; for a compiled decoder one without hooks (a hook inside a compiled
         call would be traced by the compiler). The decoder stamps the start (`backbone_start`) and end
@@ -222,16 +274,17 @@ class SpeculativeDecoder:
 
         `streamer`: any transformers `BaseStreamer`, fed as transformers' own loops feed it: `put` the
         prompt `[1, T]`, then `put` each cycle's committed tokens `[1, k]` (as assisted decoding does),
-        then `end()` once."""
-        prompt = check_prompt(input_ids, self.backbone.vocab_size)
+        then `end()` once; in a batch, row 0's (its prompt without the padding)."""
+        prompt, pads = check_batch(input_ids, attention_mask, self.backbone.vocab_size, self._context())
         check_budget(max_new_tokens)
         check_eval(self.backbone.model)
+        B, T = prompt.shape
+        self.check_batch(B, T, max_new_tokens, prompt.device, generator)
         target = Target(do_sample, temperature, top_k, top_p)
         eos = eos_set(eos_token_id)
         stats = DecodeStats()
-        tokens = prompt[0].tolist()
         if streamer is not None:
-            streamer.put(prompt.cpu())
+            streamer.put(prompt[:1, pads[0]:].cpu())
         if max_new_tokens == 0:
             _end(streamer)
             return GenerateOutput(prompt.clone(), stats)
@@ -239,146 +292,197 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
         stamp("backbone_start")
-        logits, h = self.verifier.start(prompt, max_new_tokens + self.span)
+        logits, h = self.verifier.start(prompt, pads, max_new_tokens + self.span)
         stamp("backbone_end")
         eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         if self.compile:
             self._warm(h, target, eos_ids)
         pending = self._first(target, logits, h, generator)
-        lookup = None
+        lookups = None
         if self.lookup is not None:
-            lookup = LookupState(self.lookup)
-            lookup.extend(tokens)
+            lookups = [LookupState(self.lookup) for _ in range(B)]
+            for b, lookup in enumerate(lookups):
+                lookup.extend(prompt[b, pads[b]:].tolist())
         stats.prefill_seconds = time.perf_counter() - start
 
-        left = max_new_tokens
-        while left > 0:
+        rows = Rows([[] for _ in range(B)], [max_new_tokens] * B, [True] * B)
+        while any(rows.live):
             start = time.perf_counter()
-            if left == 1 or pending.first in eos:  # its first token ends the generation: nothing to verify
-                committed, width, source = [pending.first], 0, "circuit"
-            else:
-                committed, width, source, pending = self._cycle(pending, left, target, eos_ids, generator, lookup,
-                                                                stamp)
-            stats.cycle_seconds.append(time.perf_counter() - start)
-            stats.accepted_per_cycle.append(len(committed))
-            stats.draft_accepted_per_cycle.append(len(committed) - 1)
-            stats.width_per_cycle.append(width)
-            stats.lookup_cycles += source == "lookup"
-            tokens += committed
-            left -= len(committed)
-            if streamer is not None:
-                streamer.put(torch.tensor([committed], dtype=torch.long))
-            if committed[-1] in eos:
-                break
+            committed, width, pending = self._cycle(pending, rows, eos, target, eos_ids, generator, lookups, stats,
+                                                    stamp)
+            stats.record(time.perf_counter() - start, committed, width)
+            rows.add(committed, eos)
+            if streamer is not None and committed[0]:
+                streamer.put(torch.tensor([committed[0]], dtype=torch.long))
         _end(streamer)
-        return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=prompt.device), stats)
+        return GenerateOutput(self._sequences(prompt, rows.new, eos, pad_token_id), stats)
 
     # ----------------------------------------------------------------- one cycle
 
     def _first(self, target: Target, logits: torch.Tensor, h: torch.Tensor, generator) -> Pending:
-        """The first window, after the prefill: `x_0` from the target at the prompt's last token, the
-        circuit's draft after it, and the one read of its first token and width."""
+        """The first windows, after the prefill: each row's `x_0` from the target at its prompt's last
+        token, the circuit's draft after it, and the one read of the first tokens and widths."""
         n = self.n
-        uniforms = self._uniforms(target, generator, h.device)
+        uniforms = self._uniforms(target, generator, h)
         if target.do_sample:
-            first = inverse_cdf(target.probs(logits), uniforms[2 * n])
+            first = inverse_cdf(target.probs(logits), uniforms[:, 2 * n])  # [B]
         else:
-            first = logits.argmax()
-        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:n])
-        first_token, width = self.host_reads(torch.stack([window.tokens[0], window.width]))
-        return Pending(window, first_token, width, h)
+            first = logits.argmax(-1)  # [B]
+        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :n])
+        first_tokens, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
+        return Pending(window, first_tokens, widths, h)
 
-    def _cycle(self, pending: Pending, left: int, target: Target, eos_ids, generator, lookup: LookupState | None,
-               stamp) -> tuple[list[int], int, str, Pending]:
-        """Verify and accept `pending`'s window (or a lookup window in its place), draft the next one.
-        Returns (committed ids, the verified width, the window's source, the next pending window)."""
-        uniforms = self._uniforms(target, generator, pending.hidden.device)
-        window, width, length, source = pending.window, pending.width, min(pending.width, self.n), "circuit"
-        if lookup is not None:
-            chosen = self._lookup_window(pending, lookup, uniforms)
-            if chosen is not None:
-                window, width, length = chosen
-                source = "lookup"
-        base = self.verifier.length
-        limit = torch.tensor(min(length, left), device=pending.hidden.device)
-        step = self._step_for(target, eos_ids, width)
+    def _cycle(self, pending: Pending, rows: Rows, eos: set[int], target: Target, eos_ids, generator,
+               lookups: list[LookupState] | None, stats: DecodeStats, stamp) -> tuple[list[list[int]], int, Pending]:
+        """Verify and accept the live rows' windows (a lookup window in place of a row's circuit window
+        where its lookup prefers it), draft the next ones. A row whose `x_0` ends it (EOS, or its last
+        token of budget) commits it without verifying. Returns (each row's committed ids, the verified
+        width, 0 when nothing was verified, the next pending windows)."""
+        B = len(rows.live)
+        ends = [live and (left == 1 or first in eos) for live, left, first in zip(rows.live, rows.left, pending.first)]
+        verify = [live and not end for live, end in zip(rows.live, ends)]
+        committed = [[first] if end else [] for first, end in zip(pending.first, ends)]
+        if not any(verify):
+            return committed, 0, pending
+        uniforms = self._uniforms(target, generator, pending.hidden)
+        window, widths = pending.window, list(pending.width)
+        lengths = [min(w, self.n) for w in widths]  # the real tokens of each row's window
+        from_lookup = [False] * B
+        if lookups is not None:
+            for b in (b for b in range(B) if verify[b]):
+                chosen = self._lookup_window(pending, b, lookups[b], uniforms)
+                if chosen is not None:
+                    window = window.with_row(b, chosen[0])
+                    widths[b], lengths[b], from_lookup[b] = chosen[1], chosen[2], True
+            stats.lookup_cycles += sum(from_lookup)
+        W = max(w for w, v in zip(widths, verify) if v)
+        limit = [min(length, left) if v else 1 for length, left, v in zip(lengths, rows.left, verify)]
+        step = self._step_for(target, eos_ids, W, B)
         stamp("backbone_start")  # a compiled step is one graph: its acceptance and draft count as the backbone's
-        out = step(target, window, self.verifier.positions(width), limit, eos_ids, uniforms)
+        out = step(target, window, self.verifier.places(W), torch.tensor(limit, device=pending.hidden.device),
+                   eos_ids, uniforms)
         stamp("step_end")
-        self.verifier.written(width)
         packet = CyclePacket.read(self.host_reads, out.packet)
-        self.verifier.commit(base + packet.accepted)
-        committed = packet.tokens[:packet.accepted]
-        if lookup is not None:
-            if source == "circuit":
-                lookup.record_circuit(packet.accepted - 1)
-            lookup.extend(committed[1:])  # x_0 was added when choosing the window
-        return committed, width, source, Pending(out.window, packet.next_first, packet.next_width, out.hidden)
+        accepted = [a if v else 0 for a, v in zip(packet.accepted, verify)]
+        self.verifier.commit(accepted)
+        for b in (b for b in range(B) if verify[b]):
+            committed[b] = packet.tokens[b][:accepted[b]]
+            if lookups is not None:
+                if not from_lookup[b]:
+                    lookups[b].record_circuit(accepted[b] - 1)
+                lookups[b].extend(committed[b][1:])  # x_0 was added when choosing the window
+        return committed, W, Pending(out.window, packet.next_first, packet.next_width, out.hidden)
 
-    def cycle_step(self, target: Target, window: Window, positions: torch.Tensor, limit: torch.Tensor,
+    def cycle_step(self, target: Target, window: Window, places: Places, limit: torch.Tensor,
                    eos_ids: torch.Tensor, uniforms: torch.Tensor | None) -> StepOutput:
-        """A cycle as one function of fixed-shape tensors (with `compile=True` one graph): verify the
-        window's first `W` tokens at `positions` `[1, W]`, accept (`limit` `[]`: the tokens that may be
-        committed; `eos_ids` `[E]`), draft the next window. `uniforms` `[2n + S]` float64 (sampling;
-        None when greedy): `[:n]` draw the next window, `[n:2n]` a lookup window's circuit tokens (see
-        `_lookup_window`), `[2n:2n + W]` decide this one."""
-        n, W = self.n, positions.shape[1]
-        tokens = window.tokens[:W]  # [W]
-        logits, hidden = self.verifier.forward(tokens, positions)  # [W, V], [W, d]
-        rows = None if window.rows is None else window.rows[:W]
-        tests = None if uniforms is None else uniforms[2 * n:2 * n + W]
-        verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests)
-        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, None if uniforms is None else uniforms[:n])
+        """A cycle of the whole batch as one function of fixed-shape tensors (with `compile=True` one
+        graph): verify the windows' first `W` tokens at `places` (`[B, W]` slots and positions), accept
+        (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`),
+        draft the next windows. `uniforms` `[B, 2n + S]` float64 (sampling; None when greedy): per row
+        `[:n]` draw the next window, `[n:2n]` a lookup window's circuit tokens (see `_lookup_window`),
+        `[2n:2n + W]` decide this one (each row's next `x_0` with the uniform after its own width's tests)."""
+        n, W = self.n, places.slots.shape[1]
+        tokens = window.tokens[:, :W]  # [B, W]
+        logits, hidden = self.verifier.forward(tokens, places)  # [B, W, V], [B, W, d]
+        rows = None if window.rows is None else window.rows[:, :W]
+        tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
+        verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests,
+                                window.width)
+        draws = None if uniforms is None else uniforms[:, :n]
+        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws)
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
-    def _lookup_window(self, pending: Pending, lookup: LookupState, uniforms) -> tuple[Window, int, int] | None:
-        """A lookup window in place of the circuit's, when the lookup has a match it prefers (read from the
-        past only): (window, verify width, real tokens), or None."""
-        lookup.extend([pending.first])
+    def _lookup_window(self, pending: Pending, b: int, lookup: LookupState,
+                       uniforms) -> tuple[Window, int, int] | None:
+        """A lookup window for row `b` in place of the circuit's, when its lookup has a match it prefers
+        (read from the past only): (one row's window, verify width, real tokens), or None."""
+        lookup.extend([pending.first[b]])
         proposal = lookup.propose()
         if proposal is None or not lookup.use(proposal):
             return None
         tokens = proposal.tokens[:lookup.length(proposal, self.width)]
         length = self.drafter.lookup_length(tokens)
         width = next((w for w in self.widths if w >= length), self.span)
-        fill = None if uniforms is None else uniforms[self.n:2 * self.n]  # never the next window's draws
-        return self.drafter.lookup_window(pending.hidden, pending.first, tokens, width, fill), width, length
+        fill = None if uniforms is None else uniforms[b, self.n:2 * self.n]  # never the next window's draws
+        return self.drafter.lookup_window(pending.hidden[b], pending.first[b], tokens, width, fill), width, length
 
-    def _uniforms(self, target: Target, generator, device) -> torch.Tensor | None:
-        return cycle_uniforms(2 * self.n + self.span, generator, device) if target.do_sample else None
+    def _uniforms(self, target: Target, generator, h: torch.Tensor) -> torch.Tensor | None:
+        """`[B, 2n + S]` (`h` `[B, d]` gives the batch and device), or None when greedy."""
+        if not target.do_sample:
+            return None
+        return cycle_uniforms(h.shape[0], 2 * self.n + self.span, generator, h.device)
+
+    # ----------------------------------------------------------------- batches
+
+    def _context(self) -> int | None:
+        """The model's context in positions, if its config says."""
+        return getattr(self.backbone.config, "max_position_embeddings", None)
+
+    def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
+        """Refuse (`ValueError`) a batch of `B` prompts `[B, T]` this decoder cannot run, before anything is
+        allocated for it: a batch of a model without a family adapter, one generator per row of the wrong
+        count, or caches and cycle tensors that would not fit in the device's available memory."""
+        if B > 1 and self.backbone.whole_model:
+            raise ValueError(f"a batch of {B} prompts needs the split loop's per-row caches, and mtpc has no "
+                             f"adapter for model_type {getattr(self.backbone.config, 'model_type', None)!r}: "
+                             "decode its prompts one at a time, or pass family=LlamaFamily() if its decoder "
+                             "follows the Llama layout")
+        if isinstance(generator, (list, tuple)) and len(generator) != B:
+            raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
+        check_memory(self._batch_bytes(B, T, max_new_tokens), available_memory(device), B)
+
+    def _batch_bytes(self, B: int, T: int, max_new_tokens: int) -> int:
+        """About the memory a batch takes: its keys and values in every cache layer (an upper bound: the
+        hidden size for the heads' width), the prefill's activations and a cycle's logits and rows."""
+        backbone = self.backbone
+        element = backbone.parts.lm_head.weight.element_size()
+        slots = T + max_new_tokens + self.span
+        caches = 2 * (backbone.num_layers + backbone.k) * slots * backbone.hidden_size * element
+        prefill = 16 * T * backbone.hidden_size * element
+        cycle = 3 * self.span * backbone.vocab_size * 8  # logits, probabilities and proposal rows (float64)
+        return B * (caches + prefill + cycle)
+
+    def _sequences(self, prompt: torch.Tensor, new: list[list[int]], eos: set[int], pad: int | None) -> torch.Tensor:
+        """`[B, T + longest]`: the prompts as given, each row's new tokens, then padding."""
+        if pad is None:
+            pad = getattr(self.backbone.config, "pad_token_id", None)
+        if pad is None:
+            pad = min(eos) if eos else 0
+        longest = max(len(tokens) for tokens in new)
+        tail = torch.tensor([tokens + [pad] * (longest - len(tokens)) for tokens in new], dtype=torch.long)
+        return torch.cat([prompt, tail.to(prompt.device)], 1)
 
     # ----------------------------------------------------------------- compiled steps
 
-    def _step_for(self, target: Target, eos_ids: torch.Tensor, width: int):
+    def _step_for(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int):
         """The compiled step if this variant was compiled in a warm-up, else the eager one: a cycle never
         compiles."""
-        return self._compiled_step if self._variant(target, eos_ids, width) in self._compiled else self.cycle_step
+        key = self._variant(target, eos_ids, width, batch)
+        return self._compiled_step if key in self._compiled else self.cycle_step
 
-    def _variant(self, target: Target, eos_ids: torch.Tensor, width: int) -> tuple:
-        # a compiled step specialises on the target, the EOS count, the verify width, and the cache
-        # tensors it writes (new ones after every allocation)
-        return target, eos_ids.numel(), self.verifier.allocations, width
+    def _variant(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int) -> tuple:
+        # a compiled step specialises on the target, the EOS count, the verify width, the batch size and the
+        # cache tensors it writes (new ones after every allocation)
+        return target, eos_ids.numel(), self.verifier.allocations, width, batch
 
     def _warm(self, h: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
         """Compile now, on this generation's caches and on inputs of the cycles' shapes, the step variant
         of every verify width this decoder's windows take. The rows written here are overwritten by the
         first cycle."""
+        B = h.shape[0]
         widths = set(self.widths) | ({self.span} if self.lookup is not None else set())
-        uniforms = self._uniforms(target, None, h.device)
-        first = torch.zeros((), dtype=torch.long, device=h.device)
-        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:self.n])
+        uniforms = self._uniforms(target, None, h)
+        first = torch.zeros(B, dtype=torch.long, device=h.device)
+        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :self.n])
         for width in sorted(widths):
-            key = self._variant(target, eos_ids, width)
+            key = self._variant(target, eos_ids, width, B)
             if key in self._compiled:
                 continue
             # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
             # them built would be recompiled on the next call
             for step in (self.cycle_step, self._compiled_step):
-                base = self.verifier.length
-                step(target, window, self.verifier.positions(width), torch.tensor(width, device=h.device), eos_ids,
-                     uniforms)
-                self.verifier.written(width)
-                self.verifier.commit(base)
+                limit = torch.full((B,), width, device=h.device)
+                step(target, window, self.verifier.places(width), limit, eos_ids, uniforms)
             self._compiled.add(key)
 
     # ----------------------------------------------------------------- transformers integration
@@ -393,23 +497,22 @@ class SpeculativeDecoder:
         transformers and nothing after it.
 
         transformers 5.x prepares the generation config (max length, do_sample, temperature, top_k,
-        top_p, eos) and calls this as the decoding loop; we read those settings and run `generate`.
-        Other logits processors or stopping criteria are refused (they would change the target). Returns
-        the sequences `[1, prompt + new]` (a `GenerateDecoderOnlyOutput` with `return_dict_in_generate`);
-        use `decoder.generate` for the stats.
+        top_p, eos, pad) and calls this as the decoding loop; we read those settings and run `generate`
+        (a left-padded batch with its `attention_mask` as well). Other logits processors or stopping
+        criteria are refused (they would change the target). Returns the sequences `[B, prompt + new]`
+        (a `GenerateDecoderOnlyOutput` with `return_dict_in_generate`); use `decoder.generate` for the
+        stats.
         """
         if model is not self.backbone.base and model is not self.backbone.model:
             raise ValueError("custom_generate belongs to a SpeculativeDecoder built for another model")
-        mask = model_kwargs.get("attention_mask")
-        if mask is not None and not bool((mask == 1).all()):
-            raise ValueError("padded input is not supported: speculative decoding runs at batch size 1")
         check_processors(logits_processor, stopping_criteria)
         cfg = generation_config
         top_k = cfg.top_k if cfg.do_sample else None
         top_p = cfg.top_p if cfg.do_sample else None
         out = self.generate(input_ids, max_new_tokens=cfg.max_length - input_ids.shape[-1], do_sample=bool(cfg.do_sample),
                             temperature=cfg.temperature if cfg.do_sample and cfg.temperature is not None else 1.0,
-                            top_k=top_k, top_p=top_p, eos_token_id=cfg.eos_token_id, streamer=mtpc_streamer)
+                            top_k=top_k, top_p=top_p, eos_token_id=cfg.eos_token_id, streamer=mtpc_streamer,
+                            attention_mask=model_kwargs.get("attention_mask"), pad_token_id=cfg.pad_token_id)
         if cfg.return_dict_in_generate:
             from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -452,6 +555,7 @@ def generate_autoregressive(model: nn.Module, input_ids: torch.Tensor, max_new_t
         stats.cycle_seconds.append(time.perf_counter() - start)
         stats.accepted_per_cycle.append(1)
         stats.draft_accepted_per_cycle.append(0)
+        stats.rows_per_cycle.append(1)
         if done:
             break
     _end(streamer)

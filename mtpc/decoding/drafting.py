@@ -33,14 +33,24 @@ __all__ = ["AdaptiveWidth", "Drafter", "Window", "window_widths"]
 
 @dataclass
 class Window:
-    """One window on the device. `tokens` `[S]` long (`tokens[0]` = the committed `x_0`, padding after
-    the real tokens); `rows` `[S, V]` float64 (sampling; None when greedy): row `j` is the proposal of
-    position `j` (the circuit's exact conditional, or a point mass at a lookup token); `width` `[]`
-    long: how many positions to verify (2 .. S)."""
+    """A batch of windows on the device, one per row. `tokens` `[B, S]` long (`tokens[:, 0]` = the
+    committed `x_0`, padding after the real tokens); `rows` `[B, S, V]` float64 (sampling; None when
+    greedy): `rows[b, j]` is the proposal of position `j` (the circuit's exact conditional, or a point
+    mass at a lookup token); `width` `[B]` long: how many positions each row verifies (2 .. S)."""
 
     tokens: torch.Tensor
     rows: torch.Tensor | None
     width: torch.Tensor
+
+    def with_row(self, b: int, row: "Window") -> "Window":
+        """This batch with row `b` replaced by `row` (a one-row window: `[S]`, `[S, V]`, `[]`). Eager."""
+        tokens, width = self.tokens.clone(), self.width.clone()
+        tokens[b], width[b] = row.tokens, row.width
+        rows = None
+        if self.rows is not None:
+            rows = self.rows.clone()
+            rows[b] = row.rows
+        return Window(tokens, rows, width)
 
 
 torch.utils._pytree.register_dataclass(Window)  # a compiled step takes and returns it as one graph's tensors
@@ -112,33 +122,46 @@ class Drafter:
         return self.head(h.to(self.head.dtype))
 
     def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None) -> Window:
-        """One fixed-shape draft: `h` `[d]`, `first` `[]` long (the committed `x_0`), `uniforms` `[n]`
-        float64 (sampling; None: greedy) -> the circuit's window after `x_0`."""
+        """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`),
+        `uniforms` `[B, n]` float64 (sampling; None: greedy) -> the circuit's windows after them."""
         # a first token the circuit has no state for (a special token past its `v`) conditions the draft
         # as its last state would: any function of the past is a valid proposal, and the rows say which
-        prefix = first.clamp_max(self.v - 1).view(1)
-        theta = self.theta(h)
-        adaptive = len(self.widths) > 1
-        if uniforms is None and not adaptive:  # a fixed width needs no probabilities: the cheapest draft
-            drafted, conditionals = self.program.greedy(theta, prefix), None  # [n]
-        elif uniforms is None:
-            drafted, conditionals = self.program.greedy(theta, prefix, with_rows=True)  # [n], [n, v]
+        prefix = first.clamp_max(self.v - 1)  # [B]
+        theta = self.theta(h)  # [B, P]
+        drafted, conditionals = self._drafts(theta, prefix, uniforms)  # [B, n], [B, n, v] or None
+        tokens = self._padded(torch.cat([first[:, None], drafted[:, 1:]], 1))  # [B, S]
+        if len(self.widths) > 1:
+            width = self._width(conditionals[:, 1:].gather(2, drafted[:, 1:, None])[..., 0])  # from c_j, [B, n-1]
         else:
-            drafted, conditionals = self.program.sample(theta, None, prefix, uniforms)
-        tokens = self._padded(torch.cat([first.view(1), drafted[1:]]))  # [S]
-        if adaptive:
-            width = self._width(conditionals[1:].gather(1, drafted[1:, None])[:, 0])  # from c_j, [n-1]
-        else:
-            width = self._fixed_width.to(h.device)
+            width = self._fixed_width.to(h.device).expand(h.shape[0])
         if uniforms is None:
             return Window(tokens, None, width)
         return Window(tokens, self._rows(conditionals, h.device), width)
 
+    def _drafts(self, theta: torch.Tensor, prefix: torch.Tensor, uniforms: torch.Tensor | None):
+        """Every row's draft `[B, n]` and, when sampling or choosing widths, its conditionals `[B, n, v]`.
+        The draft program drafts one row; a batch runs it under `torch.func.vmap` (B = 1 calls it as is)."""
+        if uniforms is None and len(self.widths) == 1:  # a fixed width needs no probabilities: the cheapest draft
+            draft = lambda t, x: (self.program.greedy(t, x.view(1)), None)  # noqa: E731
+        elif uniforms is None:
+            draft = lambda t, x: self.program.greedy(t, x.view(1), with_rows=True)  # noqa: E731
+        else:
+            draft = lambda t, x, u: self.program.sample(t, None, x.view(1), u)  # noqa: E731
+        args = (theta, prefix) if uniforms is None else (theta, prefix, uniforms)
+        if theta.shape[0] == 1:
+            drafted, conditionals = draft(*(a[0] for a in args))
+            return drafted[None], None if conditionals is None else conditionals[None]
+        if uniforms is None and len(self.widths) == 1:
+            return torch.func.vmap(lambda *a: draft(*a)[0])(*args), None
+        return torch.func.vmap(draft)(*args)
+
     def lookup_window(self, h: torch.Tensor, first: int, proposal: list[int], width: int,
                       uniforms: torch.Tensor | None) -> Window:
-        """`[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its `n`
-        positions when they end earlier and the circuit can observe them all. `width`: the verify width;
-        `uniforms` as for `circuit_window`. Eager (a lookup window's prefix length varies)."""
+        """One row's window (`tokens` `[S]`, `rows` `[S, V]`, `width` `[]`; the decoder puts it in its
+        batch): `[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its
+        `n` positions when they end earlier and the circuit can observe them all. `h` `[d]`; `width`: the
+        verify width; `uniforms` `[n]` as for `circuit_window`. Eager (a lookup window's prefix length
+        varies)."""
         given = [first] + proposal
         device = h.device
         prefix = torch.tensor(given, dtype=torch.long, device=device)
@@ -167,22 +190,27 @@ class Drafter:
     # ----------------------------------------------------------------- helpers
 
     def _width(self, own: torch.Tensor) -> torch.Tensor:
-        """`[]` long: the verify width, of `widths`, with the most expected tokens per unit of cost."""
+        """`[B]` long: per row, the verify width, of `widths`, with the most expected tokens per unit of cost."""
         candidates = self._candidates.to(own.device)  # [K]
-        survive = own.double().cumprod(0)  # [n-1] the circuit's probability that d_1 .. d_j are all right
-        expected = 1 + torch.cat([survive.new_zeros(1), survive.cumsum(0)])  # [n] tokens a width of j + 1 commits
-        gain = expected[candidates - 1] / (1 + self.position_cost * (candidates - 1))  # [K]
-        return candidates[gain.argmax()]
+        survive = own.double().cumprod(-1)  # [B, n-1] the circuit's probability that d_1 .. d_j are all right
+        # [B, n] tokens a width of j + 1 commits
+        expected = 1 + torch.cat([survive.new_zeros(*survive.shape[:-1], 1), survive.cumsum(-1)], -1)
+        gain = expected[..., candidates - 1] / (1 + self.position_cost * (candidates - 1))  # [B, K]
+        return candidates[gain.argmax(-1)]
 
     def _padded(self, tokens: torch.Tensor) -> torch.Tensor:
-        """`[m]` -> `[span]` long: zeros after the tokens (verified only past the width's real ones: never)."""
-        if tokens.shape[0] >= self.span:
-            return tokens[:self.span]
-        return torch.cat([tokens, tokens.new_zeros(self.span - tokens.shape[0])])
+        """`[..., m]` -> `[..., span]` long: zeros after the tokens (verified only past the width's real ones: never)."""
+        m = tokens.shape[-1]
+        if m >= self.span:
+            return tokens[..., :self.span]
+        return torch.cat([tokens, tokens.new_zeros(*tokens.shape[:-1], self.span - m)], -1)
 
-    def _rows(self, conditionals: torch.Tensor | None, device) -> torch.Tensor:
-        """`[span, V]` float64: the circuit's conditionals `[n, v]` (zero beyond `v` and `n`)."""
-        rows = torch.zeros(self.span, self.vocab, dtype=torch.float64, device=device)
+    def _rows(self, conditionals: torch.Tensor | None, device, batch: tuple[int, ...] = ()) -> torch.Tensor:
+        """`[..., span, V]` float64: the circuit's conditionals `[..., n, v]` (zero beyond `v` and `n`);
+        all zero for `batch` rows when there are none."""
+        shape = conditionals.shape[:-2] if conditionals is not None else batch
+        rows = torch.zeros(*shape, self.span, self.vocab, dtype=torch.float64, device=device)
         if conditionals is not None:
-            rows[:conditionals.shape[0], :conditionals.shape[1]] = conditionals[:self.span]
+            n, v = conditionals.shape[-2:]
+            rows[..., :n, :v] = conditionals[..., :self.span, :]
         return rows

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 __all__ = ["OutputLayer", "output_logits", "DecoderParts", "DecoderLayout", "BackboneFamily", "LayeredFamily", "LlamaFamily", "WholeModelPath",
            "FAMILIES", "LLAMA_LAYOUT", "GPT2_LAYOUT", "GPT_NEOX_LAYOUT", "family_for", "split_family", "has_adapter",
-           "decoder_layers"]
+           "decoder_layers", "SlotCache", "slot_mask"]
 
 MASKS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 
@@ -187,14 +187,11 @@ class LayeredFamily(BackboneFamily):
 
     def masks(self, config, embeds, cache, position_ids, num_layers):
         kinds = layer_types(config, num_layers)
-        static_length = _static_length(cache) if config._attn_implementation == "sdpa" else None
-        made = {}
-        for kind in set(kinds):
-            if kind == "full_attention" and static_length is not None:
-                made[kind] = position_mask(position_ids, static_length)
-            else:
-                made[kind] = MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                         position_ids=position_ids)
+        if isinstance(cache, SlotCache):
+            made = {kind: cache.mask(config, embeds.dtype, kind) for kind in set(kinds)}
+            return [made[kind] for kind in kinds[:num_layers]]
+        made = {kind: MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
+                                  position_ids=position_ids) for kind in set(kinds)}
         return [made[kind] for kind in kinds[:num_layers]]
 
     def position_embeddings(self, config, parts, hidden, position_ids, num_layers):
@@ -227,22 +224,61 @@ class LlamaFamily(LayeredFamily):
         super().__init__(LLAMA_LAYOUT, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
 
 
-def position_mask(position_ids: torch.Tensor, kv_length: int) -> torch.Tensor:
-    """`[B, 1, T, kv_length]` bool, True where a query at `position_ids` `[B, T]` may attend: every cached
-    position at or before its own. For preallocated caches, whose slot `k` holds position `k`, it is the
-    causal mask transformers builds for SDPA, built without reading the cache's length to the host
-    (transformers tests `offset == 0` on that tensor: a host read, a GPU sync, in every call)."""
-    slots = torch.arange(kv_length, device=position_ids.device)  # [kv]
-    return (slots[None, None, None, :] <= position_ids[:, None, :, None])
+class SlotCache(Cache):
+    """Preallocated full-attention layers (`StaticLayer`s of `max_len` slots) in which every row of a batch
+    writes at its own slots: rows of a batch of speculative windows commit different numbers of tokens,
+    so each keeps its own length. Before a call the backbone `place`s it: `slots` `[B, T]` long, where the
+    call's tokens go, and `starts` `[B]` long, each row's first real slot (a left-padded prompt's
+    padding comes before it). Row `b`'s query at slot `s` attends to the slots `starts[b] .. s` (and
+    to itself: a padding query must attend to something, or its NaN would reach the values), so rows
+    written after the committed ones by a rejected window are hidden until the next call overwrites them."""
+
+    def __init__(self, num_layers: int, max_len: int):
+        super().__init__(layers=[StaticLayer(max_cache_len=max_len) for _ in range(num_layers)])
+        self.max_len = max_len
+        self.slots: torch.Tensor | None = None
+        self.starts: torch.Tensor | None = None
+        self.index: torch.Tensor | None = None
+
+    def place(self, slots: torch.Tensor, starts: torch.Tensor) -> None:
+        """Where the next call writes (`slots` `[B, T]`) and where each row's text begins (`starts` `[B]`)."""
+        self.slots, self.starts = slots, starts
+        self.index = slots[:, None, :, None]  # [B, 1, T, 1], made once for every layer's write
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """Write `[B, H, T, D]` keys and values at the placed slots; return the whole `[B, H, max_len, D]`."""
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        layer.keys.scatter_(2, self.index.expand_as(key_states), key_states)
+        layer.values.scatter_(2, self.index.expand_as(value_states), value_states)
+        return layer.keys, layer.values
+
+    def mask(self, config, dtype: torch.dtype, kind: str) -> torch.Tensor:
+        """The attention mask of one layer kind for the placed call: `[B, 1, T, max_len]`, bool for SDPA,
+        additive (0 or the dtype's minimum) for eager attention."""
+        window = config.sliding_window if kind == "sliding_attention" else None
+        allowed = slot_mask(self.slots, self.starts, self.max_len, window)
+        implementation = config._attn_implementation
+        if implementation == "sdpa":
+            return allowed
+        if implementation == "eager":
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        raise ValueError(f"attention implementation {implementation!r}: the preallocated caches of the decoding "
+                         "cycle build their masks for 'sdpa' or 'eager' attention; load the model with one of them")
 
 
-def _static_length(cache) -> int | None:
-    """The slot count of a cache made only of preallocated `StaticLayer`s of one length, else None."""
-    layers = getattr(cache, "layers", None)
-    if not layers or not all(isinstance(layer, StaticLayer) for layer in layers):
-        return None
-    lengths = {layer.max_cache_len for layer in layers}
-    return lengths.pop() if len(lengths) == 1 else None
+def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_length: int, window: int | None = None) -> torch.Tensor:
+    """`[B, 1, T, kv_length]` bool, True where the query written at `slots` `[B, T]` may attend: the slots
+    from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window layer), and
+    always its own slot. Built on the device without reading anything to the host."""
+    kv = torch.arange(kv_length, device=slots.device)  # [kv]
+    query = slots[:, None, :, None]  # [B, 1, T, 1]
+    first = torch.minimum(starts[:, None, None, None], query)  # [B, 1, T, 1] a padding query: its own slot
+    allowed = (kv >= first) & (kv <= query)
+    if window is not None:
+        allowed = allowed & (kv > query - window)
+    return allowed
 
 
 @functools.lru_cache(maxsize=None)

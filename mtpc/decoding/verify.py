@@ -1,12 +1,16 @@
-"""The verify seam of a cycle: one fixed-width backbone call at explicit positions into preallocated caches.
+"""The verify seam of a cycle: one fixed-width backbone call per batch at explicit slots into preallocated caches.
 
-`Verifier` holds one generation's `BackboneState` with static caches (reused from generation to
-generation while they are large enough). `forward(window, positions)` runs the backbone on `window`
-`[W]` at `positions` (`positions(W)`: `length .. length + W - 1`) and touches no host state, so the
-decoder traces it inside its compiled cycle step; `written(W)` then advances the host's count of
-cached rows and `commit(accepted)` moves the write position back to the committed tokens, so the
-rejected rows are overwritten by the next call (no crop of tensors, no new shapes). `verify(window)`
-is the three together, for callers outside a compiled step.
+`Verifier` holds one generation's `BackboneState` with preallocated caches (`SlotCache`, reused from
+generation to generation while they are large enough and of the same batch size). Every row of a
+batch `[B, T]` of left-padded prompts keeps its own length in the caches: its prompt fills slots
+`0 .. T-1` (its padding first, from slot 0 to its `start`), and each cycle writes its window at the
+slots after its own committed tokens, at positions counted from its first real token. `places(W)`
+gives a call's `Places` (slots, positions, starts); `forward(windows, places)` runs the backbone on
+`windows` `[B, W]` and touches no host state, so the decoder traces it inside its compiled cycle step;
+`commit(accepted)` then advances each row by the tokens it committed, so the rows a rejection left
+behind are overwritten by the row's next call (no crop of tensors, no new shapes, hidden by the mask
+until then). A model without a family adapter runs through its own forward and `DynamicCache` (one
+row; `commit` crops it).
 
 `allocations` counts cache allocations: a compiled step specialises on the cache tensors it writes, so
 the decoder compiles again (before its first cycle) when they change.
@@ -14,14 +18,30 @@ the decoder compiles again (before its first cycle) when they change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .backbone import BackboneState, SplitBackbone
 
-__all__ = ["Verifier", "CACHE_ROUNDING"]
+__all__ = ["Verifier", "Places", "CACHE_ROUNDING"]
 
 CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengths share one compiled shape
 # (every call attends over the whole cache, so a coarser rounding costs attention time in every cycle)
+
+
+@dataclass
+class Places:
+    """Where one call's window goes, per row: `slots` `[B, W]` long (cache slots written), `positions`
+    `[B, W]` long (positions in the row's own text: the slots less its padding), `starts` `[B]` long
+    (the row's first real slot)."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    starts: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(Places)  # a compiled step takes it as tensors
 
 
 class Verifier:
@@ -29,47 +49,59 @@ class Verifier:
         self.backbone = backbone
         self.state: BackboneState | None = None
         self.max_len = 0
+        self.batch = 0
         self.allocations = 0
+        self.lengths: list[int] = []  # per row: slots holding its committed text (padding included)
+        self.starts: torch.Tensor | None = None  # [B] long, each row's padding
 
-    def start(self, prompt: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill `prompt` `[1, T]` (eager: its length varies) into caches with room for `budget` more
-        positions. Returns the logits `[V]` and draft hidden state `[d]` at its last token."""
-        need = prompt.shape[1] + budget
-        if self.state is None or need > self.max_len:
+    def start(self, prompt: torch.Tensor, pads: list[int], budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill `prompt` `[B, T]` (row `b` left-padded by `pads[b]` columns; eager: its length varies)
+        into caches with room for `budget` more positions. Returns the logits `[B, V]` and draft hidden
+        states `[B, d]` at its last column."""
+        B, T = prompt.shape
+        need = T + budget
+        if self.state is None or need > self.max_len or B != self.batch:
             self.max_len = -(-need // CACHE_ROUNDING) * CACHE_ROUNDING
             self.state = self.backbone.new_state(max_len=self.max_len)
+            self.batch = B
             self.allocations += 1
-        self.backbone.crop(self.state, 0)
-        out = self.backbone(prompt, self.state, keep=1)
-        return out.logits[0, -1], out.hidden[0, -1]
+        self.lengths = [T] * B
+        self.starts = torch.tensor(pads, dtype=torch.long, device=prompt.device)  # [B]
+        if self.backbone.whole_model:  # the model's own cache, one row: it places rows by its length
+            self._keep(0)
+            out = self.backbone(prompt, self._view(), keep=1)
+            return out.logits[:, -1], out.hidden[:, -1]
+        slots = torch.arange(T, device=prompt.device)[None].expand(B, T)  # [B, T]
+        positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
+        out = self.backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots, starts=self.starts)
+        return out.logits[:, -1], out.hidden[:, -1]
 
-    @property
-    def length(self) -> int:
-        return self.state.length
+    def places(self, width: int) -> Places:
+        """The `Places` of the next `width` slots of every row."""
+        device = self.starts.device
+        slots = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(width, device=device)  # [B, W]
+        return Places(slots, slots - self.starts[:, None], self.starts)
 
-    def positions(self, width: int) -> torch.Tensor:
-        """`[1, width]` long: the positions of the next `width` rows."""
-        start = self.state.length
-        return torch.arange(start, start + width, device=self.backbone.parts.lm_head.weight.device)[None]
+    def forward(self, windows: torch.Tensor, places: Places) -> tuple[torch.Tensor, torch.Tensor]:
+        """`windows` `[B, W]` at `places` -> verifier logits `[B, W, V]`, draft hidden `[B, W, d]`."""
+        out = self.backbone(windows, self._view(), position_ids=places.positions, slots=places.slots,
+                            starts=places.starts)
+        return out.logits, out.hidden
 
-    def forward(self, window: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`window` `[W]` at `positions` `[1, W]` -> verifier logits `[W, V]`, draft hidden `[W, d]`."""
-        # a view of the same caches whose host length is a constant: the caller advances the real one, so
-        # a compiled step never reads (and never specialises on) the position as a Python int
+    def commit(self, accepted: list[int]) -> None:
+        """Row `b` committed `accepted[b]` more tokens (0 for a row that did not verify)."""
+        self.lengths = [length + a for length, a in zip(self.lengths, accepted)]
+        if self.backbone.whole_model:
+            self._keep(self.lengths[0])
+
+    def _keep(self, length: int) -> None:
+        """The whole-model path's `DynamicCache`: forget every token after the first `length`."""
+        remove = self.state.verifier.get_seq_length() - length
+        if remove > 0:
+            self.state.verifier.crop(-remove)
+
+    def _view(self) -> BackboneState:
+        # a view of the same caches whose host length is a constant: the rows' lengths live here, so a
+        # compiled step never reads (and never specialises on) a position as a Python int
         state = self.state
-        out = self.backbone(window[None], BackboneState(state.verifier, state.draft, 0, True), position_ids=positions)
-        return out.logits[0], out.hidden[0]
-
-    def written(self, width: int) -> None:
-        """`forward` wrote `width` rows after the cached ones."""
-        self.state.length += width
-
-    def verify(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` of `window` `[W]` at the next positions, then `written`."""
-        out = self.forward(window, self.positions(window.shape[0]))
-        self.written(window.shape[0])
-        return out
-
-    def commit(self, length: int) -> None:
-        """Keep the first `length` cached tokens; later rows are overwritten by the next call."""
-        self.backbone.crop(self.state, length)
+        return BackboneState(state.verifier, state.draft, 0, True)

@@ -1,0 +1,76 @@
+"""What `mtpc bench` runs on: the LM and its heads loaded, and one decoder variant per head x lookup x
+verify width x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
+batched one (`batch`); `config` stays torch-free so `mtpc bench --help` loads no torch."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .. import loading
+from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder, load_head_entry
+from ..errors import InputError
+from ..tokenizer import ByteTokenizer
+from .config import DTYPES, BenchConfig, Variant
+
+__all__ = ["build_variants", "Loaded", "load_bench"]
+
+
+def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
+                   lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
+                   windows: Sequence[int | str | None] = (None,)) -> list[Variant]:
+    """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
+    x eager/compiled. A window wider than a head's circuit is an input error."""
+    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
+    for entry in entries:
+        widest = max(entry.info["n"], 2)
+        wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
+        if wrong:
+            raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
+    variants = []
+    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
+        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/compile" if c else ""))
+        window = AdaptiveWidth() if width == "adaptive" else width
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
+                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                              **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
+        window = decoder.span if use else min(decoder.width, entry.info["n"])
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
+    return variants
+
+
+def _width_label(width: int | str | None) -> str:
+    return "" if width is None else "/adaptive" if width == "adaptive" else f"/w{width}"
+
+
+@dataclass
+class Loaded:
+    """What a bench runs on: the device, the LM's dtype, its byte tokenizer, the LM, the loader of
+    further models (peers) and every head variant."""
+
+    device: torch.device
+    dtype: torch.dtype
+    tok: ByteTokenizer
+    base: torch.nn.Module
+    load_model: Callable
+    variants: list[Variant]
+
+
+def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder]) -> Loaded:
+    """Set the threads, load the LM and the heads, and build the variants of `cfg`."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = loading.resolve_device(cfg.device)
+    dtype = getattr(torch, DTYPES[cfg.dtype])
+    load_model = functools.partial(loading.load_model, trust_remote_code=cfg.trust_remote_code)
+    base = load_model(cfg.model, dtype, device)
+    head_dtype = getattr(torch, DTYPES[cfg.head_dtype]) if cfg.head_dtype else None
+    entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
+               for p in cfg.heads]
+    variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
+                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+    return Loaded(device, dtype, ByteTokenizer.load(cfg.model), base, load_model, variants)
