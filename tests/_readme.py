@@ -7,6 +7,8 @@ dedicated test can run it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
 import subprocess
@@ -123,6 +125,14 @@ def following_text(block: Block) -> str:
     later = [b for b in file_blocks(block.path, include_skipped=True) if b.line > block.line]
     assert later and later[0].language == "text", f"{block.where}: no output block follows"
     return later[0].text
+
+
+def printed_by(block: Block) -> str:
+    """What a Python block prints when run as a script (its standard output)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.text, block.where, "exec"), {"__name__": "__main__"})
+    return out.getvalue()
 
 
 def argv(command: Command) -> list[str]:
