@@ -135,6 +135,15 @@ def printed_by(block: Block) -> str:
     return out.getvalue()
 
 
+def output_after(block: Block) -> str | None:
+    """The output the docs show for a Python block: the next fenced block of its file when that is a
+    `text` block and not a `$ command` transcript, else None (the block's output is not shown)."""
+    later = [b for b in file_blocks(block.path, include_skipped=True) if b.line > block.line]
+    if later and later[0].language == "text" and not later[0].text.startswith("$ "):
+        return later[0].text
+    return None
+
+
 def argv(command: Command) -> list[str]:
     """The arguments bash passes to the command's program (variables, quoting and `$'...'` expanded by
     bash itself, after the block's prelude; an `ENV=x` prefix dropped)."""
