@@ -1,12 +1,13 @@
 """The checkable claims of README.md and its guides (`_readme.DOCS`), fast: the flags they name exist,
 their commands parse with today's command line, the install line's versions are the package's, and
 the README's headline numbers are those of the recorded runs it cites (docs/bench/third-party/), made
-by the commands it shows. (tests/test_readme.py and tests/test_readme_commands.py run the commands.)"""
+by the commands it shows, and the Python names they cite exist. (tests/test_readme.py and tests/test_readme_commands.py run the commands.)"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import re
 import tomllib
@@ -44,10 +45,10 @@ def helps() -> dict[str, str]:
     return found
 
 
-def inline_code() -> list[tuple[str, str]]:
+def inline_code(paths=_readme.DOCS) -> list[tuple[str, str]]:
     """(file, span) of every inline code span of the docs, outside fenced blocks."""
     spans = []
-    for path in _readme.DOCS:
+    for path in paths:
         prose = re.sub(r"^\s*```.*?^\s*```", "", path.read_text(), flags=re.M | re.S)
         spans += [(path.name, span) for span in re.findall(r"`([^`]+)`", prose.replace("\n", " "))]
     return spans
@@ -75,6 +76,36 @@ def test_the_flags_the_docs_name_exist(helps):
                 known = offers(everything, flag) or span.startswith(("pip ", "torchrun "))
             if not known:
                 missing.append((name, span, flag))
+    assert not missing, missing
+
+
+def resolve(name: str):
+    """The object a dotted name such as `mtpc.decoding.families.WholeModelPath` names."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[i:]:
+            found = getattr(found, part)
+        return found
+    raise ModuleNotFoundError(name)
+
+
+def test_the_python_names_the_docs_cite_exist():
+    """Every `mtpc.…`/`circuitc.…` name in the prose of the user docs (and the language and compiler
+    references) is importable."""
+    docs = (*_readme.DOCS, ROOT / "docs" / "language.md", ROOT / "docs" / "compiler.md")
+    names = {(file, m.group(0)) for file, span in inline_code(docs)
+             for m in re.finditer(r"\b(?:mtpc|circuitc)(?:\.[A-Za-z_]\w*)+", span)}
+    assert len(names) >= 20
+    missing = []
+    for file, name in sorted(names):
+        try:
+            resolve(name)
+        except (ModuleNotFoundError, AttributeError):
+            missing.append((file, name))
     assert not missing, missing
 
 
