@@ -227,3 +227,37 @@ def test_the_headline_numbers_are_the_recorded_runs():
     assert checked == 7
     baseline = re.search(r"the stronger baseline: ([\d.]+)x eager plain decoding at T = 1", " ".join(text.split()))
     assert baseline and baseline.group(1) == mean(bench_rows("t1")["plain (static + compile)"]["x plain"])
+
+
+# ------------------------------------------------------------------ the shipped models' numbers
+
+def said(path, pattern: str) -> tuple[str, ...]:
+    found = re.search(pattern, " ".join(path.read_text().split()))
+    assert found, f"{path.name} no longer says {pattern!r}"
+    return found.groups()
+
+
+def test_the_shipped_models_numbers_are_their_records():
+    """What README.md, guide-heads and reproduce.md say of models/ is what models/ recorded: the LM's
+    size, steps, budget and held-out bits per byte, the heads' steps, and the Python of the results."""
+    import json
+
+    lm = json.loads((ROOT / "models" / "byte-lm" / "tiny_lm.json").read_text())
+    heads = [json.loads((ROOT / "models" / "heads" / h / "train_config.json").read_text()) for h in ("ff8", "btree8-r8")]
+    heldout = {r["corpus"]: r for r in json.loads((ROOT / "benchmarks" / "results" / "heldout_bpb.json").read_text())["results"]}
+    readme, reproduce = _readme.README, ROOT / "docs" / "reproduce.md"
+    guide = ROOT / "docs" / "guide-heads.md"
+
+    millions = f"{lm['parameters'] / 1e6:.2f}"
+    assert said(readme, r"ships a ([\d.]+)M-parameter byte-level Llama") == (millions,)
+    assert said(guide, r"context 1024, ([\d.]+)M parameters") == (millions,)
+    stdlib, networkx = said(readme, r"models/byte-lm`: ([\d.]+) bits/byte on the standard-library files held out "
+                                     r"from its training, ([\d.]+) on the networkx")
+    assert stdlib == f"{lm['val_bits_per_byte']:.2f}" and networkx == f"{heldout['networkx']['bits_per_byte']:.2f}"
+    minutes = round(lm["train_seconds"] / 60)
+    assert said(guide, r"`models/byte-lm` took (\d+) minutes \((\d+) steps\) to reach (\d\.\d+)") == (
+        str(minutes), str(lm["steps"]), f"{lm['val_bits_per_byte']:.3f}")
+    assert said(reproduce, r"the shipped LM: (\d+) steps in (\d+) minutes; the heads: (\d+) and (\d+) steps in (\d+)\)") == (
+        str(lm["steps"]), str(minutes), str(heads[0]["steps"]), str(heads[1]["steps"]), f"{heads[0]['minutes']:.0f}")
+    python = json.loads((HEADLINE / "t1" / "bench.json").read_text())["environment"]["python"]
+    assert python.startswith(said(reproduce, r"the results were measured with Python (3\.\d+)")[0] + ".")
