@@ -261,3 +261,13 @@ def test_the_shipped_models_numbers_are_their_records():
         str(lm["steps"]), str(minutes), str(heads[0]["steps"]), str(heads[1]["steps"]), f"{heads[0]['minutes']:.0f}")
     python = json.loads((HEADLINE / "t1" / "bench.json").read_text())["environment"]["python"]
     assert python.startswith(said(reproduce, r"the results were measured with Python (3\.\d+)")[0] + ".")
+
+
+def test_the_changelog_and_readme_name_the_packages_version():
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    changelog = ROOT / "CHANGELOG.md"
+    titles = re.findall(r"^## (\d+\.\d+\.\d+) — (\d{4}-\d\d-\d\d)", changelog.read_text(), flags=re.M)
+    assert titles and titles[0][0] == version, titles
+    assert [t[0] for t in titles] == sorted((t[0] for t in titles), key=lambda v: tuple(map(int, v.split("."))),
+                                            reverse=True)  # newest first
+    assert said(_readme.README, r"what changed in each version \(now (\d+\.\d+\.\d+)\)") == (version,)
