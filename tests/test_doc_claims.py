@@ -271,3 +271,23 @@ def test_the_changelog_and_readme_name_the_packages_version():
     assert [t[0] for t in titles] == sorted((t[0] for t in titles), key=lambda v: tuple(map(int, v.split("."))),
                                             reverse=True)  # newest first
     assert said(_readme.README, r"what changed in each version \(now (\d+\.\d+\.\d+)\)") == (version,)
+
+
+def test_the_draft_costs_the_guides_give_are_the_recorded_runs():
+    """guide-decoding's draft times and guide-heads' full/shared head ratio, from
+    benchmarks/results/draft.json (n=8, r=8, one thread)."""
+    import json
+
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "draft.json").read_text())
+    assert (recorded["config"]["n"], recorded["config"]["r"], recorded["config"]["d"]) == (8, 8, 256)
+    one = [r for r in recorded["records"] if r["threads"] == 1]
+    greedy = [r["draft_ms"] for r in one if r["strategy"] == "conditional"]
+    sampled = [r["draft_ms"] for r in one if r["strategy"] == "sample"]
+    assert said(ROOT / "docs" / "guide-decoding.md", r"([\d.]+)-([\d.]+) ms per greedy window and ([\d.]+)-([\d.]+) ms "
+                r"per sampled one at n=8, r=8, d=256") == tuple(
+        f"{v:.2f}" for v in (min(greedy), max(greedy), min(sampled), max(sampled)))
+    head = {(r["structure"], r["parameterisation"]): r["head_f32_ms"] for r in one}
+    ratios = [head[s, "full"] / head[s, "shared"] for s in ("cp", "hmm", "btree")]
+    assert said(ROOT / "docs" / "guide-heads.md", r"its forward (\d+)-(\d+)x faster than the full head's for CP, HMM "
+                r"and BTree at n=8, r=8, d=256") == (f"{min(ratios):.0f}", f"{max(ratios):.0f}")
+    assert head["ff", "shared"] > head["ff", "full"]  # "not for FF"
