@@ -291,3 +291,47 @@ def test_the_draft_costs_the_guides_give_are_the_recorded_runs():
     assert said(ROOT / "docs" / "guide-heads.md", r"its forward (\d+)-(\d+)x faster than the full head's for CP, HMM "
                 r"and BTree at n=8, r=8, d=256") == (f"{min(ratios):.0f}", f"{max(ratios):.0f}")
     assert head["ff", "shared"] > head["ff", "full"]  # "not for FF"
+
+
+# ------------------------------------------------------------------ guide-heads' loss-memory run
+
+def loss_memory_block() -> _readme.Block:
+    guide = ROOT / "docs" / "guide-heads.md"
+    [block] = [b for b in _readme.file_blocks(guide, include_skipped=True) if b.text.startswith("MTP ")]
+    return block
+
+
+def test_the_loss_memory_table_is_the_recorded_run():
+    """guide-heads shows benchmarks/results/loss_memory.json's run (defaults: nll loss, full head), as
+    bench_loss_memory.py prints it."""
+    import json
+
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "loss_memory.json").read_text())
+    c = recorded["config"]
+    lines = [f"MTP {c.get('loss', 'nll')} loss, {c.get('parameterisation', 'full')} head, {c['structure']} n={c['n']} "
+             f"r={c['r']} v={c['v']} d={c['d']}, {c['tokens']} tokens, {c['device']}; memory: {recorded['rows'][0]['method']}",
+             f"{'variant':8} {'peak MiB':>10} {'seconds':>9} {'loss':>12} {'|grad W|':>12}"]
+    lines += [f"{r['variant']:8} {r['peak_bytes'] / 2**20:10.1f} {r['seconds']:9.2f} {r['loss']:12.6f} {r['grad_norm']:12.6f}"
+              for r in recorded["rows"]]
+    lines.append(f"fused / naive peak memory: {recorded['fused_over_naive']:.3f} (target <= 0.125)")
+    assert loss_memory_block().text.rstrip("\n") == "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_the_loss_memory_script_prints_lines_of_the_guides_shape(tmp_path):
+    """Today's script, run tiny, prints the guide's lines with other numbers (two child processes)."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_loss_memory.py"), "--n", "4", "--r", "2",
+                          "--v", "16", "--d", "8", "--tokens", "32", "--batch", "2", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    shown = loss_memory_block().text.splitlines()
+    printed = run.stdout.splitlines()
+    assert len(printed) == len(shown)
+    for ours, theirs in zip(printed, shown):
+        assert _readme.shape(theirs.replace(" (target <= 0.125)", "")).fullmatch(ours.replace(" (target <= 0.125)", "")) \
+            or _readme.shape(" ".join(theirs.split())).fullmatch(" ".join(ours.split())), (ours, theirs)
