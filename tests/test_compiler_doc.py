@@ -115,9 +115,11 @@ def test_the_op_counts_the_doc_gives():
     import circuitc
     from circuitc.builders import btree_graph
 
-    said = re.search(r"runs log-likelihood in (\d+) tensor ops, prefix marginals (\d+), sampling (\d+), MAP (\d+)",
-                     " ".join(COMPILER.read_text().split()))
-    assert said, "docs/compiler.md no longer gives the op counts"
+    said = re.search(r"runs log-likelihood in (\d+) tensor ops, prefix marginals (\d+), sampling (\d+), MAP (\d+) "
+                     r"\(torch (\d+\.\d+),", " ".join(COMPILER.read_text().split()))
+    assert said, "docs/compiler.md no longer gives the op counts and the torch they were counted with"
+    if not torch.__version__.startswith(said.group(5) + "."):
+        pytest.skip(f"the doc's counts are torch {said.group(5)}'s (aten ops differ between versions)")
     circ = circuitc.compile(btree_graph(16, 32, 256))
     theta, x = torch.randn(circ.num_params), torch.randint(256, (1, 16))
     generator = torch.Generator().manual_seed(0)
@@ -130,7 +132,7 @@ def test_the_op_counts_the_doc_gives():
             with OpCount() as count:
                 program()
             counted.append(count.ops)
-    assert counted == [int(n) for n in said.groups()], f"update docs/compiler.md's op counts to {counted}"
+    assert counted == [int(n) for n in said.groups()[:4]], f"update docs/compiler.md's op counts to {counted}"
 
 
 def test_the_python_block_runs(tmp_path, monkeypatch):
