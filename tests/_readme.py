@@ -7,6 +7,8 @@ dedicated test can run it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
 import subprocess
@@ -123,6 +125,23 @@ def following_text(block: Block) -> str:
     later = [b for b in file_blocks(block.path, include_skipped=True) if b.line > block.line]
     assert later and later[0].language == "text", f"{block.where}: no output block follows"
     return later[0].text
+
+
+def printed_by(block: Block) -> str:
+    """What a Python block prints when run as a script (its standard output)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.text, block.where, "exec"), {"__name__": "__main__"})
+    return out.getvalue()
+
+
+def output_after(block: Block) -> str | None:
+    """The output the docs show for a Python block: the next fenced block of its file when that is a
+    `text` block and not a `$ command` transcript, else None (the block's output is not shown)."""
+    later = [b for b in file_blocks(block.path, include_skipped=True) if b.line > block.line]
+    if later and later[0].language == "text" and not later[0].text.startswith("$ "):
+        return later[0].text
+    return None
 
 
 def argv(command: Command) -> list[str]:

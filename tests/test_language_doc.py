@@ -3,7 +3,8 @@
 Each `$ ...` of the doc's text blocks runs in order, in a folder holding a copy of examples/: `$ cat FILE`
 shows a file, which must equal the shipped one when FILE is under examples/ and is otherwise written
 with the lines shown (a file the doc shows in full, such as a deliberately broken one); `$ circuitc ...`
-runs with its output compared to the lines below it (`> FILE` sends it to FILE instead)."""
+runs with its output compared to the lines below it (`> FILE` sends it to FILE instead). Each Python
+block runs there too, its output compared to the text block that follows it."""
 
 from __future__ import annotations
 
@@ -72,3 +73,13 @@ def test_transcripts_print_what_the_doc_shows(block, examples_copy):
         assert command.startswith("circuitc "), f"{block.where}: a transcript runs cat or circuitc: {command}"
         printed = run_circuitc(command)
         assert printed.rstrip("\n") == shown.rstrip("\n"), f"{block.where}: {command}"
+
+
+def python_blocks() -> list[_readme.Block]:
+    return [b for b in _readme.file_blocks(LANGUAGE, include_skipped=True) if b.language == "python"]
+
+
+@pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.where)
+def test_python_blocks_run_and_print_what_the_doc_shows(block, examples_copy):
+    """Run from a folder holding examples/, as the doc says; the text block after it is its output."""
+    assert _readme.printed_by(block).rstrip("\n") == _readme.following_text(block).rstrip("\n"), block.where

@@ -6,7 +6,7 @@ is `<!-- readme-test: skip (reason) -->` (e.g. blocks that need a trained LM, ru
 
 - every `$ circuitc ...` transcript: run, its output equal to the lines the README shows below it;
 - every `circuitc ...` line of a bash block: runs and exits 0;
-- every Python block: executed.
+- every Python block: executed, its output equal to the text block right after it, if any.
 
 The `mtpc` and other commands are run by tests/test_readme_commands.py (each one or its reason to skip).
 
@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from circuitc.cli import main as circuitc
 
@@ -89,10 +90,18 @@ def test_circuitc_commands_of_bash_blocks_run(command, examples_copy):
         assert (examples_copy / "examples" / f"{stem}.plan.json").is_file()  # beside the source, as the README says
 
 
-def python_blocks() -> list[tuple[str, str]]:
-    return [(text, where) for language, text, where in blocks() if language == "python"]
+def python_blocks() -> list[_readme.Block]:
+    return [b for b in _readme.blocks() if b.language == "python"]
 
 
-@pytest.mark.parametrize("code, where", python_blocks(), ids=[where for _, where in python_blocks()])
-def test_python_blocks_run(code, where, examples_copy):
-    exec(compile(code, where, "exec"), {"__name__": "readme"})
+@pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.where)
+def test_python_blocks_run(block, examples_copy):
+    """Each block runs; where the docs show its output (the text block right after it), it prints that."""
+    threads = torch.get_num_threads()
+    try:
+        printed = _readme.printed_by(block)
+    finally:
+        torch.set_num_threads(threads)  # a block may pin one thread for reproducible sampling
+    shown = _readme.output_after(block)
+    if shown is not None:
+        assert printed.rstrip("\n") == shown.rstrip("\n"), block.where
