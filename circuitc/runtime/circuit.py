@@ -80,6 +80,10 @@ class CompiledCircuit(nn.Module):
         return (f"num_vars={self.num_vars}, num_states={self.num_states}, num_params={self.num_params}, "
                 f"layers={len(self.executor.layers)}")
 
+    def __repr__(self) -> str:
+        # one line, as before the executor became a child module: it is an implementation detail
+        return f"{type(self).__name__}({self.extra_repr()})"
+
     # ================================================================== the one wrapper
 
     def _work(self, program: Program, args: tuple) -> float:
