@@ -96,7 +96,7 @@ def plot(reports: dict[int, dict], path: Path) -> None:
     left.set_xticks(sizes, [str(B) for B in sizes])
     left.set_xlabel("batch size B")
     left.set_ylabel("speed-up (tok/s over the batch)")
-    left.legend(fontsize=6.5)
+    left.legend(fontsize=6.5, handlelength=4)  # long enough to show each baseline's dash style
     for i, label in enumerate(row["label"] for row in first["rows"]):
         rates = [{r["label"]: r for r in reports[B]["rows"]}[label]["tok_s"]["mean"] for B in sizes]
         right.plot(sizes, [r / rates[0] for r in rates], marker="o", color=f"C{i}", label=label)
