@@ -226,6 +226,22 @@ def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
     assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
 
 
+@pytest.mark.slow
+def test_one_compiled_graph_serves_every_attended_length(monkeypatch):
+    """Each cycle attends over one more stretch of the cache (`Places.kv_slots`); that length is the
+    compiled step's one dynamic dimension, so cycles after the warm-up never compile again."""
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    decoder = SpeculativeDecoder(model, head, compile=True)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8, 9]])):  # one cache allocation for both
+        out = decoder.generate(ids, 40)
+        assert torch.equal(out.sequences, generate_autoregressive(model, ids, 40).sequences)
+        assert out.stats.cycles > 10
+    assert decoder.verifier.allocations == 1
+
+
 class ScaledStep:
     """A step whose variants share one code object (the guard on `self.k` tells them apart), like the
     `cycle_step` of many decoders in one process."""

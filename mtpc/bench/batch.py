@@ -32,7 +32,7 @@ import torch
 
 from ..decoding import DecodeStats, GenerateOutput, Target
 from ..decoding.backbone import BackboneState, SplitBackbone
-from ..decoding.compiling import compile_step
+from ..decoding.compiling import compile_step, dynamic_length
 from ..decoding.inputs import eos_set
 from ..decoding.verify import CACHE_ROUNDING
 from ..errors import InputError
@@ -64,11 +64,13 @@ class BatchedPlainDecoder:
         self.step = compile_step(self._step, cuda) if compile else self._step
 
     def _step(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-              starts: torch.Tensor) -> torch.Tensor:
-        """`[B, 1]` tokens at `[B, 1]` slots and positions -> `[B, V]` logits (caches written in place)."""
+              starts: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
+        """`[B, 1]` tokens at `[B, 1]` slots and positions, attending over `kv_slots` `[S]` -> `[B, V]` logits
+        (caches written in place)."""
         # a view of the caches with a constant host length: the rows' places come in as tensors
         view = BackboneState(self.state.verifier, None, 0, False)
-        return self.backbone(tokens, view, position_ids=positions, slots=slots, starts=starts).logits[:, -1]
+        return self.backbone(tokens, view, position_ids=positions, slots=slots, starts=starts,
+                             kv_slots=kv_slots).logits[:, -1]
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
@@ -104,7 +106,8 @@ class BatchedPlainDecoder:
             done = step == max_new_tokens - 1 or not bool(live.any())
             if not done:
                 slot = torch.full((B, 1), T + step, device=device)
-                logits = self.step(token[:, None], slot, slot - starts[:, None], starts)
+                kv_slots = dynamic_length(torch.arange(T + step + 1, device=device))  # [S] the filled slots
+                logits = self.step(token[:, None], slot, slot - starts[:, None], starts, kv_slots)
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(committed)
             stats.draft_accepted_per_cycle.append(0)

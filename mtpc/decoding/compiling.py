@@ -1,7 +1,9 @@
 """`torch.compile` of one cycle step (draft, verify or accept), the same way for every step.
 
 A step is a pure function of fixed-shape tensors (randomness comes in as uniforms, positions as a
-tensor), so it compiles once per shape: inductor on the CPU (with its C++ wrapper: at batch 1 the
+tensor), so it compiles once per shape, but for one dimension left dynamic on purpose: the number of cache
+slots a call attends over grows cycle by cycle (`dynamic_length`), and one graph serves every length. It
+compiles inductor on the CPU (with its C++ wrapper: at batch 1 the
 Python wrapper's per-call cost is a visible part of a step); on CUDA `mode="reduce-overhead"`, i.e.
 CUDA graphs, whose outputs live in memory the next replay overwrites, so they are copied out.
 """
@@ -12,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["compile_step"]
+__all__ = ["compile_step", "dynamic_length"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
@@ -41,3 +43,10 @@ def copied(out):
     if isinstance(out, tuple):
         return tuple(copied(x) for x in out)
     return out
+
+
+def dynamic_length(t: torch.Tensor) -> torch.Tensor:
+    """`t` with its first dimension marked dynamic: the compiled step traced on it keeps that length symbolic
+    (one graph for every length, where `dynamic=False` would compile one per length)."""
+    torch._dynamo.mark_dynamic(t, 0)
+    return t

@@ -57,7 +57,7 @@ from circuitc.draft import inverse_cdf
 from ..heads import MTPHead
 from .acceptance import AcceptanceRule, Target, accept_window, cycle_uniforms
 from .backbone import SplitBackbone, lora_depth
-from .compiling import compile_step
+from .compiling import compile_step, dynamic_length
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
 from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
@@ -480,9 +480,11 @@ class SpeculativeDecoder:
                 continue
             # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
             # them built would be recompiled on the next call
+            places = self.verifier.places(width)
+            dynamic_length(places.kv_slots)  # every later cycle attends over more slots: one graph for all
             for step in (self.cycle_step, self._compiled_step):
                 limit = torch.full((B,), width, device=h.device)
-                step(target, window, self.verifier.places(width), limit, eos_ids, uniforms)
+                step(target, window, places, limit, eos_ids, uniforms)
             self._compiled.add(key)
 
     # ----------------------------------------------------------------- transformers integration

@@ -231,7 +231,12 @@ class SlotCache(Cache):
     call's tokens go, and `starts` `[B]` long, each row's first real slot (a left-padded prompt's
     padding comes before it). Row `b`'s query at slot `s` attends to the slots `starts[b] .. s` (and
     to itself: a padding query must attend to something, or its NaN would reach the values), so rows
-    written after the committed ones by a rejected window are hidden until the next call overwrites them."""
+    written after the committed ones by a rejected window are hidden until the next call overwrites them.
+
+    A call attends over the cache's first `S` slots only, `kv_slots` `[S]` (`arange(S)`, `S` at least one past
+    the call's last slot; default all `max_len`): attention over slots no row has reached yet is all masked,
+    and at batch 8 it was a quarter of a verify call. `S` travels as a tensor's length, so a compiled step
+    marks that one dimension dynamic and one graph serves every `S`."""
 
     def __init__(self, num_layers: int, max_len: int):
         super().__init__(layers=[StaticLayer(max_cache_len=max_len) for _ in range(num_layers)])
@@ -239,26 +244,32 @@ class SlotCache(Cache):
         self.slots: torch.Tensor | None = None
         self.starts: torch.Tensor | None = None
         self.index: torch.Tensor | None = None
+        self.kv_slots: torch.Tensor | None = None
 
-    def place(self, slots: torch.Tensor, starts: torch.Tensor) -> None:
-        """Where the next call writes (`slots` `[B, T]`) and where each row's text begins (`starts` `[B]`)."""
+    def place(self, slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor | None = None) -> None:
+        """Where the next call writes (`slots` `[B, T]`), where each row's text begins (`starts` `[B]`) and
+        which slots it attends over (`kv_slots` `[S]`, `arange(S)`; None: all)."""
         self.slots, self.starts = slots, starts
         self.index = slots[:, None, :, None]  # [B, 1, T, 1], made once for every layer's write
+        if kv_slots is None:
+            kv_slots = torch.arange(self.max_len, device=slots.device)
+        self.kv_slots = kv_slots
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        """Write `[B, H, T, D]` keys and values at the placed slots; return the whole `[B, H, max_len, D]`."""
+        """Write `[B, H, T, D]` keys and values at the placed slots; return the attended `[B, H, S, D]`."""
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
         layer.keys.scatter_(2, self.index.expand_as(key_states), key_states)
         layer.values.scatter_(2, self.index.expand_as(value_states), value_states)
-        return layer.keys, layer.values
+        S = self.kv_slots.shape[0]
+        return layer.keys[:, :, :S], layer.values[:, :, :S]
 
     def mask(self, config, dtype: torch.dtype, kind: str) -> torch.Tensor:
-        """The attention mask of one layer kind for the placed call: `[B, 1, T, max_len]`, bool for SDPA,
+        """The attention mask of one layer kind for the placed call: `[B, 1, T, S]`, bool for SDPA,
         additive (0 or the dtype's minimum) for eager attention."""
         window = config.sliding_window if kind == "sliding_attention" else None
-        allowed = slot_mask(self.slots, self.starts, self.max_len, window)
+        allowed = slot_mask(self.slots, self.starts, self.kv_slots, window)
         implementation = config._attn_implementation
         if implementation == "sdpa":
             return allowed
@@ -268,11 +279,11 @@ class SlotCache(Cache):
                          "cycle build their masks for 'sdpa' or 'eager' attention; load the model with one of them")
 
 
-def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_length: int, window: int | None = None) -> torch.Tensor:
-    """`[B, 1, T, kv_length]` bool, True where the query written at `slots` `[B, T]` may attend: the slots
-    from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window layer), and
-    always its own slot. Built on the device without reading anything to the host."""
-    kv = torch.arange(kv_length, device=slots.device)  # [kv]
+def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """`[B, 1, T, S]` bool, True where the query written at `slots` `[B, T]` may attend among `kv_slots`
+    `[S]`: the slots from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window
+    layer), and always its own slot. Built on the device without reading anything to the host."""
+    kv = kv_slots  # [S]
     query = slots[:, None, :, None]  # [B, 1, T, 1]
     first = torch.minimum(starts[:, None, None, None], query)  # [B, 1, T, 1] a padding query: its own slot
     allowed = (kv >= first) & (kv <= query)

@@ -27,18 +27,20 @@ from .backbone import BackboneState, SplitBackbone
 __all__ = ["Verifier", "Places", "CACHE_ROUNDING"]
 
 CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengths share one compiled shape
-# (every call attends over the whole cache, so a coarser rounding costs attention time in every cycle)
 
 
 @dataclass
 class Places:
     """Where one call's window goes, per row: `slots` `[B, W]` long (cache slots written), `positions`
     `[B, W]` long (positions in the row's own text: the slots less its padding), `starts` `[B]` long
-    (the row's first real slot)."""
+    (the row's first real slot); and `kv_slots` `[S]` long (`arange(S)`), the slots the call attends
+    over: up to the furthest slot any row writes (its length varies from call to call; a compiled step
+    takes it as its one dynamic dimension)."""
 
     slots: torch.Tensor
     positions: torch.Tensor
     starts: torch.Tensor
+    kv_slots: torch.Tensor
 
 
 torch.utils._pytree.register_dataclass(Places)  # a compiled step takes it as tensors
@@ -71,21 +73,24 @@ class Verifier:
             self._keep(0)
             out = self.backbone(prompt, self._view(), keep=1)
             return out.logits[:, -1], out.hidden[:, -1]
-        slots = torch.arange(T, device=prompt.device)[None].expand(B, T)  # [B, T]
+        kv_slots = torch.arange(T, device=prompt.device)  # [T]
+        slots = kv_slots[None].expand(B, T)  # [B, T]
         positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
-        out = self.backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots, starts=self.starts)
+        out = self.backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots, starts=self.starts,
+                            kv_slots=kv_slots)
         return out.logits[:, -1], out.hidden[:, -1]
 
     def places(self, width: int) -> Places:
         """The `Places` of the next `width` slots of every row."""
         device = self.starts.device
-        slots = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(width, device=device)  # [B, W]
-        return Places(slots, slots - self.starts[:, None], self.starts)
+        kv_slots = torch.arange(min(max(self.lengths) + width, self.max_len), device=device)  # [S]
+        slots = torch.tensor(self.lengths, device=device)[:, None] + kv_slots[:width]  # [B, W]
+        return Places(slots, slots - self.starts[:, None], self.starts, kv_slots)
 
     def forward(self, windows: torch.Tensor, places: Places) -> tuple[torch.Tensor, torch.Tensor]:
         """`windows` `[B, W]` at `places` -> verifier logits `[B, W, V]`, draft hidden `[B, W, d]`."""
         out = self.backbone(windows, self._view(), position_ids=places.positions, slots=places.slots,
-                            starts=places.starts)
+                            starts=places.starts, kv_slots=places.kv_slots)
         return out.logits, out.hidden
 
     def commit(self, accepted: list[int]) -> None:
