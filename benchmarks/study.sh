@@ -7,6 +7,9 @@
 #   benchmarks/study.sh heads     # the LM's own T = 1 continuations, then seven heads, 15 minutes each,
 #                                 # two at a time (one thread and one core each)
 #   benchmarks/study.sh bench     # the benches of docs/results.md, one at a time, one thread
+#   benchmarks/study.sh levers    # acceptance levers side by side: 2,048 on-policy records (two halves,
+#                                 # one core each), then four heads, $LEVER_MINUTES each, two at a time
+#   benchmarks/study.sh long      # the shipped pair, FF and the winning BTree, $LONG_MINUTES each at once
 #   benchmarks/study.sh tables    # the size comparison, the heads' and the bench tables, the figure
 #   benchmarks/study.sh           # all of them, in this order (about 3 hours)
 #   benchmarks/study.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
@@ -34,6 +37,9 @@ HEADS=${HEADS:-$RUNS/heads}
 BENCH=${BENCH:-$RUNS/bench}
 DATA=$RUNS/distill-t1.jsonl
 MINUTES=${MINUTES:-15}
+LEVER_MINUTES=${LEVER_MINUTES:-20}
+LONG_MINUTES=${LONG_MINUTES:-60}
+HALVES=("$RUNS/onpolicy-a.jsonl" "$RUNS/onpolicy-b.jsonl")  # `levers` and `long`: two seeds, one file each
 STAGE=${1:-all}
 
 run() {  # a command of the study: run it, or with --dry-run print it (shell-quoted, one line)
@@ -78,7 +84,7 @@ lm() {  # the chosen size goes on from where `compare` stopped it, with both cor
     fi
 }
 
-train_head() {  # core, name, then mtpc train arguments
+train_head() {  # core, name, then mtpc train arguments (budget: $MINUTES)
     local cpu=$1 name=$2
     shift 2
     local command=(python -m mtpc.cli train --model "$MODEL" --out "$HEADS/$name" --minutes "$MINUTES"
@@ -135,6 +141,68 @@ heads() {
     wait $a $!
 }
 
+halves() {  # the LM's own T = 1 continuations of 2,048 training prompts: two seeds at once, one core each
+    local cpu=0 pids=() half
+    for half in "${HALVES[@]}"; do
+        local command=(python -m mtpc.cli distill-data --model "$MODEL" --out "$half" --num-prompts 1024
+                       --batch-size 32 --temperature 1 --seed "$cpu" --no-progress)
+        if (( DRY_RUN )); then
+            run "${command[@]}"
+        else
+            OMP_NUM_THREADS=1 taskset -c $cpu "${command[@]}" > "$half.log" 2>&1 &
+            pids+=($!)
+        fi
+        cpu=$((cpu + 1))
+    done
+    (( DRY_RUN )) || wait "${pids[@]}"
+}
+
+LEVER_DATA=(--data "$RUNS/onpolicy-*.jsonl" --loss kl)
+BTREE8_LEVER=(--circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared "${LEVER_DATA[@]}")
+LEVER_HEADS=(lever-btree8-r8 lever-btree8-r8-lora1 lever-btree8-r16-factorised lever-ff8)
+
+levers() {  # the acceptance levers against the same BTree on the same data and budget, two at a time
+    run mkdir -p "$HEADS"
+    halves
+    local MINUTES=$LEVER_MINUTES
+    if (( DRY_RUN )); then
+        queue_levers_a
+        queue_levers_b
+        return
+    fi
+    queue_levers_a > "$HEADS/levers_a.log" 2>&1 &
+    local a=$!
+    queue_levers_b > "$HEADS/levers_b.log" 2>&1 &
+    wait $a $!
+}
+
+queue_levers_a() {
+    train_head 0 lever-btree8-r8 "${BTREE8_LEVER[@]}"
+    train_head 0 lever-btree8-r16-factorised --circuit examples/btree.pc -D n=8 -D r=16 \
+        --parameterisation factorised "${LEVER_DATA[@]}"
+}
+
+queue_levers_b() {
+    train_head 1 lever-btree8-r8-lora1 "${BTREE8_LEVER[@]}" --lora-layers 1
+    train_head 1 lever-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
+}
+
+long() {  # the heads to ship: FF and the BTree (its lever flags in $LONG_BTREE), at once, one core each
+    run mkdir -p "$HEADS"
+    local MINUTES=$LONG_MINUTES
+    # shellcheck disable=SC2206
+    local btree=("${BTREE8_LEVER[@]}" ${LONG_BTREE:-})
+    if (( DRY_RUN )); then
+        train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
+        train_head 1 long-btree8 "${btree[@]}"
+        return
+    fi
+    train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}" > "$HEADS/long_a.log" 2>&1 &
+    local a=$!
+    train_head 1 long-btree8 "${btree[@]}" > "$HEADS/long_b.log" 2>&1 &
+    wait $a $!
+}
+
 # The first FF head is every row's `x FF` reference: the on-policy one, as shipped.
 STUDY_HEADS=(ff8-kl-onpolicy ff8-nll cp8-r8-kl-onpolicy hmm8-r8-kl-onpolicy btree8-r8-nll btree8-r8-kl-onpolicy
              btree8-r16-kl-onpolicy)
@@ -174,6 +242,8 @@ case $STAGE in
     heads) heads ;;
     bench) bench ;;
     tables) tables ;;
+    levers) levers ;;
+    long) long ;;
     all) compare && lm && heads && bench && tables ;;
-    *) echo "usage: $0 [--dry-run] [compare|lm|heads|bench|tables|all]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--dry-run] [compare|lm|heads|bench|tables|levers|long|all]" >&2; exit 2 ;;
 esac

@@ -216,6 +216,31 @@ def test_study_sh_dry_run_commands_parse(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_study_sh_levers_and_long_heads_dry_run(tmp_path):
+    """The levers stage trains four heads on the same on-policy data (two seeds' halves) and budget, the
+    BTree once plain and once with each lever; `long` trains the shipped pair with $LONG_BTREE's flags."""
+    runs = tmp_path / "runs"
+    levers = study("--dry-run", "levers", RUNS=str(runs), MODEL="runs/lm", LEVER_MINUTES="20")
+    assert levers.returncode == 0, levers.stderr
+    commands = [shlex.split(line)[3:] for line in levers.stdout.splitlines() if "mtpc.cli" in line]
+    parser = build_parser()
+    for argv in commands:
+        parser.parse_args(argv)
+    distills = [c for c in commands if c[0] == "distill-data"]
+    assert sorted(c[c.index("--seed") + 1] for c in distills) == ["0", "1"]
+    trains = {c[c.index("--out") + 1].rsplit("/", 1)[1]: c for c in commands if c[0] == "train"}
+    assert sorted(trains) == ["lever-btree8-r16-factorised", "lever-btree8-r8", "lever-btree8-r8-lora1", "lever-ff8"]
+    assert {c[c.index("--minutes") + 1] for c in trains.values()} == {"20"}
+    assert {c[c.index("--data") + 1] for c in trains.values()} == {f"{runs}/onpolicy-*.jsonl"}
+    base = trains["lever-btree8-r8"]
+    assert trains["lever-btree8-r8-lora1"] == [a.replace("r8", "r8-lora1") if a.endswith("r8") else a for a in base] + [
+        "--lora-layers", "1"]
+    long = study("--dry-run", "long", RUNS=str(runs), MODEL="runs/lm", LONG_BTREE="--lora-layers 1")
+    trains = [shlex.split(line)[3:] for line in long.stdout.splitlines() if "mtpc.cli" in line]
+    assert [c[c.index("--minutes") + 1] for c in trains] == ["60", "60"] and trains[1][-2:] == ["--lora-layers", "1"]
+    assert not runs.exists()
+
+
 def test_study_tables_compares_lm_runs_in_their_first_seconds(tmp_path, capsys):
     """`--lm`: each run's held-out curve up to --until, from its log, weights from its summary."""
     for name, params, rows in (("small", 1_000_000, [(10, 100.0, 4.0), (20, 200.0, 3.5), (30, 700.0, 3.0)]),
