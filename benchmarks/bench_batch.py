@@ -65,11 +65,13 @@ def markdown(reports: dict[int, dict]) -> str:
     labels = [row["label"] for row in first["rows"]]
     baselines = first["baselines"]
     header = ["B"] + [f"{label} tok/s" for label in labels]
+    header += [f"{head} tokens/cycle" for head in heads_of(first)]
     header += [f"{head} x {b}" for head in heads_of(first) for b in baselines]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for B, report in reports.items():
         rows = {row["label"]: row for row in report["rows"]}
         cells = [str(B)] + [f"{rows[label]['tok_s']['mean']:.1f}" for label in labels]
+        cells += [f"{rows[head]['tokens_per_cycle']:.2f}" for head in heads_of(report)]
         cells += [f"{rows[head]['speedup'][b]['mean']:.2f}" for head in heads_of(report) for b in baselines]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -52,8 +52,9 @@ def test_bench_batch_size_reports_the_batch_against_its_peers(folders, tmp_path,
     head = report["rows"][-1]
     assert head["tok_s"]["mean"] > 0 and head["speedup"]["plain (batched)"]["mean"] > 0
     assert head.get("greedy_mismatches", 0) == 0 and ("greedy_mismatches" in head) == (mode == "greedy")
+    assert 1 <= head["tokens_per_cycle"] <= 8 and all("tokens_per_cycle" not in r for r in report["rows"][:-1])
     assert "batch size 2" in printed and "hf generate (batched)" in printed
-    assert "| decoder | tok/s |" in (out / "bench.md").read_text()
+    assert "| decoder | tok/s | tokens/cycle |" in (out / "bench.md").read_text()
 
 
 @pytest.mark.slow

@@ -165,18 +165,23 @@ def _generator(seed: int, device: torch.device) -> torch.Generator | None:
     return torch.Generator().manual_seed(seed) if device.type == "cpu" else None
 
 
-def _timed(call: Callable[[], torch.Tensor], cuda: bool) -> tuple[torch.Tensor, float]:
+def _timed(call: Callable, cuda: bool) -> tuple:
     with synchronized(cuda):
         start = time.perf_counter()
-        sequences = call()
-    return sequences, time.perf_counter() - start
+        out = call()
+    return out, time.perf_counter() - start
+
+
+def _without_stats(sequences: torch.Tensor, seconds: float) -> tuple[torch.Tensor, float, None]:
+    return sequences, seconds, None
 
 
 def _plain_task(decoder: BatchedPlainDecoder, sampling: dict, tok) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        return _timed(lambda: decoder.generate(ids, mask, budget, eos_token_id=tok.eos_id, generator=gen,
-                                               pad_token_id=tok.pad_id, **sampling).sequences, ids.is_cuda)
+        return _without_stats(*_timed(lambda: decoder.generate(ids, mask, budget, eos_token_id=tok.eos_id, generator=gen,
+                                                               pad_token_id=tok.pad_id, **sampling).sequences,
+                                      ids.is_cuda))
 
     return task
 
@@ -188,8 +193,9 @@ def _hf_task(base, sampling: dict, tok) -> Callable:
 
     def task(ids, mask, budget: int, seed: int):
         _generator(seed, ids.device)
-        return _timed(lambda: base.generate(ids, attention_mask=mask, max_new_tokens=budget, eos_token_id=tok.eos_id,
-                                            pad_token_id=tok.pad_id, **hf), ids.is_cuda)
+        return _without_stats(*_timed(lambda: base.generate(ids, attention_mask=mask, max_new_tokens=budget,
+                                                            eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **hf),
+                                      ids.is_cuda))
 
     return task
 
@@ -197,15 +203,17 @@ def _hf_task(base, sampling: dict, tok) -> Callable:
 def _spec_task(decoder, sampling: dict, tok) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        return _timed(lambda: decoder.generate(ids, budget, attention_mask=mask, eos_token_id=tok.eos_id,
-                                               generator=gen, pad_token_id=tok.pad_id, **sampling).sequences,
-                      ids.is_cuda)
+        out, seconds = _timed(lambda: decoder.generate(ids, budget, attention_mask=mask, eos_token_id=tok.eos_id,
+                                                       generator=gen, pad_token_id=tok.pad_id, **sampling),
+                              ids.is_cuda)
+        return out.sequences, seconds, out.stats
 
     return task
 
 
 def _measure(cfg: BenchConfig, tasks: dict[str, Callable], sets, compiled: set[str]) -> dict:
-    """`runs[label][k]` = (rows' new tokens, seconds) of every batch of set `k`, interleaved batch by batch."""
+    """`runs[label][k]` = (rows' new tokens, seconds, the speculative decoder's `DecodeStats` or None) of every
+    batch of set `k`, interleaved batch by batch."""
     from tqdm.auto import tqdm
 
     labels = list(tasks)
@@ -221,8 +229,8 @@ def _measure(cfg: BenchConfig, tasks: dict[str, Callable], sets, compiled: set[s
                 shift = (k * len(batch_set) + i) % len(labels)
                 seed = (cfg.seed * 1_000_003 + k * 10_007 + i) % 2**63
                 for label in labels[shift:] + labels[:shift]:
-                    sequences, seconds = tasks[label](ids, mask, cfg.max_new_tokens, seed)
-                    runs[label][k].append((_row_tokens(sequences, ids.shape[1]), seconds))
+                    sequences, seconds, stats = tasks[label](ids, mask, cfg.max_new_tokens, seed)
+                    runs[label][k].append((_row_tokens(sequences, ids.shape[1]), seconds, stats))
                     bar.update(1)
     return runs
 
@@ -239,18 +247,20 @@ def _new_tokens(row: list[int], eos: int) -> list[int]:
 
 
 def batch_report(cfg: BenchConfig, runs: dict, heads: Sequence[str], eos: int, device: torch.device) -> dict:
-    rates = {label: [sum(len(_new_tokens(r, eos)) for rows, _ in batches for r in rows)
-                     / max(sum(s for _, s in batches), 1e-12) for batches in per_set]
+    rates = {label: [sum(len(_new_tokens(r, eos)) for rows, _, _ in batches for r in rows)
+                     / max(sum(s for _, s, _ in batches), 1e-12) for batches in per_set]
              for label, per_set in runs.items()}
     baselines = [b for b in (PLAIN, PLAIN_COMPILED, HF) if b in runs]
     rows = []
     for label in runs:
         row = {"label": label, "tok_s": _mean_std(rates[label]),
                "speedup": {b: _mean_std([x / y for x, y in zip(rates[label], rates[b])]) for b in baselines}}
+        if label in heads:
+            row["tokens_per_cycle"] = _tokens_per_cycle(runs[label])
         if cfg.mode == "greedy" and label in heads:
             row["greedy_mismatches"] = sum(_new_tokens(a, eos) != _new_tokens(b, eos)
                                            for got, want in zip(runs[label], runs[PLAIN])
-                                           for (rows_a, _), (rows_b, _) in zip(got, want)
+                                           for (rows_a, _, _), (rows_b, _, _) in zip(got, want)
                                            for a, b in zip(rows_a, rows_b))
         rows.append(row)
     return {"batch_size": cfg.batch_size, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens,
@@ -258,13 +268,21 @@ def batch_report(cfg: BenchConfig, runs: dict, heads: Sequence[str], eos: int, d
             "device": str(device), "baselines": baselines, "rows": rows}
 
 
+def _tokens_per_cycle(per_set: list) -> float:
+    """Tokens a row commits per cycle (its windows, over every batch): what each row's cycles accept."""
+    stats = [stats for batches in per_set for _, _, stats in batches]
+    windows = sum(sum(s.rows_per_cycle) for s in stats)
+    return sum(s.new_tokens for s in stats) / windows if windows else 0.0
+
+
 def _mean_std(values: Sequence[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 def batch_table_rows(report: dict) -> list[list[str]]:
-    header = ["decoder", "tok/s"] + [f"x {b}" for b in report["baselines"]] + ["greedy mismatches"]
-    body = [[row["label"], f"{row['tok_s']['mean']:.1f} ± {row['tok_s']['std']:.1f}"]
+    header = ["decoder", "tok/s", "tokens/cycle"] + [f"x {b}" for b in report["baselines"]] + ["greedy mismatches"]
+    body = [[row["label"], f"{row['tok_s']['mean']:.1f} ± {row['tok_s']['std']:.1f}",
+             f"{row['tokens_per_cycle']:.2f}" if "tokens_per_cycle" in row else "-"]
             + [f"{row['speedup'][b]['mean']:.2f}" for b in report["baselines"]]
             + [str(row.get("greedy_mismatches", "-"))] for row in report["rows"]]
     return [header] + body
