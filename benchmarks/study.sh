@@ -128,17 +128,21 @@ queue_b() {  # core 1: corpus NLL heads while the data is written, then the rest
         "${ON_POLICY[@]}"
 }
 
-heads() {
+two_queues() {  # two queues of head trainings at once, one core each, their logs in $HEADS
     run mkdir -p "$HEADS"
     if (( DRY_RUN )); then
-        queue_a
-        queue_b
+        "$1"
+        "$2"
         return
     fi
-    queue_a > "$HEADS/queue_a.log" 2>&1 &
+    "$1" > "$HEADS/$1.log" 2>&1 &
     local a=$!
-    queue_b > "$HEADS/queue_b.log" 2>&1 &
+    "$2" > "$HEADS/$2.log" 2>&1 &
     wait $a $!
+}
+
+heads() {
+    two_queues queue_a queue_b
 }
 
 halves() {  # the LM's own T = 1 continuations of 2,048 training prompts: two seeds at once, one core each
@@ -159,21 +163,12 @@ halves() {  # the LM's own T = 1 continuations of 2,048 training prompts: two se
 
 LEVER_DATA=(--data "$RUNS/onpolicy-*.jsonl" --loss kl)
 BTREE8_LEVER=(--circuit examples/btree.pc -D n=8 -D r=8 --parameterisation shared "${LEVER_DATA[@]}")
-LEVER_HEADS=(lever-btree8-r8 lever-btree8-r8-lora1 lever-btree8-r16-factorised lever-ff8)
 
 levers() {  # the acceptance levers against the same BTree on the same data and budget, two at a time
-    run mkdir -p "$HEADS"
+    run mkdir -p "$RUNS"
     halves
-    local MINUTES=$LEVER_MINUTES
-    if (( DRY_RUN )); then
-        queue_levers_a
-        queue_levers_b
-        return
-    fi
-    queue_levers_a > "$HEADS/levers_a.log" 2>&1 &
-    local a=$!
-    queue_levers_b > "$HEADS/levers_b.log" 2>&1 &
-    wait $a $!
+    local MINUTES=$LEVER_MINUTES  # train_head's budget, for the queues below
+    two_queues queue_levers_a queue_levers_b
 }
 
 queue_levers_a() {
@@ -187,20 +182,18 @@ queue_levers_b() {
     train_head 1 lever-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
 }
 
-long() {  # the heads to ship: FF and the BTree (its lever flags in $LONG_BTREE), at once, one core each
-    run mkdir -p "$HEADS"
+long_ff() {
+    train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
+}
+
+long_btree() {  # with the winning lever's flags, $LONG_BTREE
+    # shellcheck disable=SC2086
+    train_head 1 long-btree8 "${BTREE8_LEVER[@]}" ${LONG_BTREE:-}
+}
+
+long() {  # the heads to ship, FF and the BTree, at once
     local MINUTES=$LONG_MINUTES
-    # shellcheck disable=SC2206
-    local btree=("${BTREE8_LEVER[@]}" ${LONG_BTREE:-})
-    if (( DRY_RUN )); then
-        train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
-        train_head 1 long-btree8 "${btree[@]}"
-        return
-    fi
-    train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}" > "$HEADS/long_a.log" 2>&1 &
-    local a=$!
-    train_head 1 long-btree8 "${btree[@]}" > "$HEADS/long_b.log" 2>&1 &
-    wait $a $!
+    two_queues long_ff long_btree
 }
 
 # The first FF head is every row's `x FF` reference: the on-policy one, as shipped.
