@@ -324,6 +324,13 @@ def test_compiled_speculative_decoding_on_cuda_equals_eager(structure, lookup):
         assert torch.equal(want, generate_autoregressive(model, ids, 24).sequences)
 
 
+def test_calls_on_cuda_attend_over_the_whole_cache():
+    """On CUDA every call attends over all the cache's slots: one shape, one CUDA graph per compiled step."""
+    from mtpc.decoding.verify import attended_slots
+
+    assert torch.equal(attended_slots(10, 128, torch.device(CUDA)).cpu(), torch.arange(128))
+
+
 @pytest.mark.skipif(not decoder_accepts_compile(), reason="SpeculativeDecoder has no compile= yet")
 def test_one_host_synchronisation_per_cycle():
     """Designed value: each cycle reads its committed tokens back once; the prefill and the final

@@ -11,6 +11,7 @@ from mtpc import SpeculativeDecoder
 from mtpc.decoding.acceptance import AcceptanceRule, Target, accept_window
 from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
 from mtpc.decoding.proposals import PromptLookup
+from mtpc.decoding.verify import Places
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -283,3 +284,26 @@ def test_the_cycle_step_traces_as_one_graph(sample):
     decoder.cycle_step(*args)  # the draft program's plans are built on first use
     explained = torch._dynamo.explain(decoder.cycle_step)(*args)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_a_call_attends_over_the_filled_slots_only():
+    """The verify call reads the cache's first `S` slots, `S` the furthest slot a row writes rounded up to
+    `ATTENTION_ROUNDING` (at most the whole cache), and its logits are those over the whole cache."""
+    from mtpc.decoding.verify import ATTENTION_ROUNDING, attended_slots
+
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
+    decoder = SpeculativeDecoder(model, head)
+    logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3, 4, 5], [0, 0, 4, 5, 6]]), [0, 2], 60)
+    decoder.verifier.commit([20, 13])
+    places = decoder.verifier.places(n)
+    assert ATTENTION_ROUNDING == 16 and decoder.verifier.max_len == 128
+    assert torch.equal(places.kv_slots, torch.arange(32))  # row 0 writes slots 25 .. 28
+    window = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    attended = decoder.verifier.forward(window, places)
+    whole = decoder.verifier.forward(window, Places(places.slots, places.positions, places.starts, torch.arange(128)))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(attended, whole))
+    cut = decoder.verifier.forward(window, Places(places.slots, places.positions, places.starts, torch.arange(26)))
+    assert not torch.allclose(cut[0][0, 1:], whole[0][0, 1:], atol=1e-3)  # row 0's later queries lost their slots
+    assert attended_slots(120, 128, torch.device("cpu")).shape == (128,)

@@ -34,7 +34,7 @@ from ..decoding import DecodeStats, GenerateOutput, Target
 from ..decoding.backbone import BackboneState, SplitBackbone
 from ..decoding.compiling import compile_step, dynamic_length
 from ..decoding.inputs import eos_set
-from ..decoding.verify import CACHE_ROUNDING
+from ..decoding.verify import CACHE_ROUNDING, attended_slots
 from ..errors import InputError
 from .config import BenchConfig
 from .variants import load_bench
@@ -106,7 +106,7 @@ class BatchedPlainDecoder:
             done = step == max_new_tokens - 1 or not bool(live.any())
             if not done:
                 slot = torch.full((B, 1), T + step, device=device)
-                kv_slots = dynamic_length(torch.arange(T + step + 1, device=device))  # [S] the filled slots
+                kv_slots = dynamic_length(attended_slots(T + step + 1, self.max_len, device))  # [S]
                 logits = self.step(token[:, None], slot, slot - starts[:, None], starts, kv_slots)
             stats.cycle_seconds.append(time.perf_counter() - start)
             stats.accepted_per_cycle.append(committed)

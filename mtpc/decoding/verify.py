@@ -24,18 +24,28 @@ import torch
 
 from .backbone import BackboneState, SplitBackbone
 
-__all__ = ["Verifier", "Places", "CACHE_ROUNDING"]
+__all__ = ["Verifier", "Places", "CACHE_ROUNDING", "attended_slots"]
 
 CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengths share one compiled shape
+ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
+
+
+def attended_slots(furthest: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """`[S]` long, `arange(S)`: the slots a call attends over when no row writes past slot `furthest - 1`. On
+    the CPU, `furthest` rounded up to `ATTENTION_ROUNDING` (attention over unfilled slots is a quarter of a
+    batch-8 verify call there); on CUDA every slot of the cache (it costs next to nothing there, while
+    each new length would record another CUDA graph of the compiled step)."""
+    S = max_len if device.type == "cuda" else min(-(-furthest // ATTENTION_ROUNDING) * ATTENTION_ROUNDING, max_len)
+    return torch.arange(S, device=device)
 
 
 @dataclass
 class Places:
     """Where one call's window goes, per row: `slots` `[B, W]` long (cache slots written), `positions`
     `[B, W]` long (positions in the row's own text: the slots less its padding), `starts` `[B]` long
-    (the row's first real slot); and `kv_slots` `[S]` long (`arange(S)`), the slots the call attends
-    over: up to the furthest slot any row writes (its length varies from call to call; a compiled step
-    takes it as its one dynamic dimension)."""
+    (the row's first real slot); and `kv_slots` `[S]` long (`arange(S)`, see `attended_slots`), the slots
+    the call attends over: up to the furthest slot any row writes (its length varies from call to call; a
+    compiled step takes it as its one dynamic dimension)."""
 
     slots: torch.Tensor
     positions: torch.Tensor
@@ -73,8 +83,8 @@ class Verifier:
             self._keep(0)
             out = self.backbone(prompt, self._view(), keep=1)
             return out.logits[:, -1], out.hidden[:, -1]
-        kv_slots = torch.arange(T, device=prompt.device)  # [T]
-        slots = kv_slots[None].expand(B, T)  # [B, T]
+        kv_slots = attended_slots(T, self.max_len, prompt.device)  # [S]
+        slots = torch.arange(T, device=prompt.device)[None].expand(B, T)  # [B, T]
         positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
         out = self.backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots, starts=self.starts,
                             kv_slots=kv_slots)
@@ -83,7 +93,7 @@ class Verifier:
     def places(self, width: int) -> Places:
         """The `Places` of the next `width` slots of every row."""
         device = self.starts.device
-        kv_slots = torch.arange(min(max(self.lengths) + width, self.max_len), device=device)  # [S]
+        kv_slots = attended_slots(max(self.lengths) + width, self.max_len, device)  # [S]
         slots = torch.tensor(self.lengths, device=device)[:, None] + kv_slots[:width]  # [B, W]
         return Places(slots, slots - self.starts[:, None], self.starts, kv_slots)
 
