@@ -283,12 +283,11 @@ def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor,
     """`[B, 1, T, S]` bool, True where the query written at `slots` `[B, T]` may attend among `kv_slots`
     `[S]`: the slots from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window
     layer), and always its own slot. Built on the device without reading anything to the host."""
-    kv = kv_slots  # [S]
     query = slots[:, None, :, None]  # [B, 1, T, 1]
     first = torch.minimum(starts[:, None, None, None], query)  # [B, 1, T, 1] a padding query: its own slot
-    allowed = (kv >= first) & (kv <= query)
+    allowed = (kv_slots >= first) & (kv_slots <= query)  # [B, 1, T, S]
     if window is not None:
-        allowed = allowed & (kv > query - window)
+        allowed = allowed & (kv_slots > query - window)
     return allowed
 
 

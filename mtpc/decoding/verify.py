@@ -94,7 +94,7 @@ class Verifier:
         """The `Places` of the next `width` slots of every row."""
         device = self.starts.device
         kv_slots = attended_slots(max(self.lengths) + width, self.max_len, device)  # [S]
-        slots = torch.tensor(self.lengths, device=device)[:, None] + kv_slots[:width]  # [B, W]
+        slots = torch.tensor(self.lengths, device=device)[:, None] + kv_slots[:width]  # [B, W] (kv_slots is an arange)
         return Places(slots, slots - self.starts[:, None], self.starts, kv_slots)
 
     def forward(self, windows: torch.Tensor, places: Places) -> tuple[torch.Tensor, torch.Tensor]:
