@@ -296,3 +296,12 @@ def test_generate_stats_count_a_subword_lms_tokens_and_the_bytes_they_spell(subw
     new = summary["new_tokens"]
     assert int(found.group(1)) == len(new) and int(found.group(2)) == sum(tok.byte_lengths()[t] for t in new)
     assert "tokens/cycle" in line and "bytes/cycle" in line
+
+
+def test_a_byte_lm_checkpoint_written_before_the_tokenizer_settings_still_resumes():
+    """The resume key names `tokenizer`/`bpe_vocab` only when given: a byte run's key is what it was."""
+    from mtpc.training.config import TinyLMConfig
+    from mtpc.training.tiny_lm_checkpoints import resume_key
+
+    assert not {"tokenizer", "bpe_vocab"} & set(resume_key(TinyLMConfig(out="o")))
+    assert resume_key(TinyLMConfig(out="o", bpe_vocab=600))["bpe_vocab"] == 600
