@@ -305,3 +305,28 @@ def test_a_byte_lm_checkpoint_written_before_the_tokenizer_settings_still_resume
 
     assert not {"tokenizer", "bpe_vocab"} & set(resume_key(TinyLMConfig(out="o")))
     assert resume_key(TinyLMConfig(out="o", bpe_vocab=600))["bpe_vocab"] == 600
+
+
+def test_distill_data_with_a_tied_head_writes_the_plain_greedy_records(subword, corpus, tmp_path):
+    """`--head`: the continuations come from the speculative decoder; greedy ones are plain greedy decoding's."""
+    model, head = subword
+    records = {}
+    for name, extra in (("plain", []), ("head", ["--head", head])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["distill-data", "--model", model, "--data", corpus, "--out", str(out), "--num-prompts", "3",
+                     "--prompt-len", "6", "--max-new-tokens", "10", "--greedy-fraction", "1", "--no-progress",
+                     *extra]) == 0
+        records[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records["head"] == records["plain"] and all(r["mode"] == "greedy" for r in records["head"])
+
+
+def test_batched_bench_runs_a_subword_lm(subword, tmp_path):
+    from mtpc.bench import BenchConfig, run_bench
+
+    model, head = subword
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def load(path):\nclass Document:\n")
+    report = run_bench(BenchConfig(model=model, heads=[head], prompts=str(prompts), num_prompts=2, repeats=1,
+                                   max_new_tokens=6, progress=False, threads=1, batch_size=2))
+    [row] = [r for r in report["rows"] if r["label"] == Path(head).name]
+    assert row["greedy_mismatches"] == 0 and row["tok_s"]["mean"] > 0
