@@ -8,8 +8,9 @@ the user did not write. `chat_ids(folder, messages, tok)` renders it
   nested loops, string bombs and huge outputs end in one `InputError` naming the template, as do
   syntax errors, sandbox violations, `{% include %}` (no loader) and `raise_exception`;
 - with every message's content replaced by a random marker, so the template's own text is tokenized
-  with the special tokens (`<|user|>`, ...) while the content is spliced back in as its bytes: no
-  user text can produce a special id, whatever it contains.
+  with the special tokens (`<|user|>`, ...) while the content is spliced back in as its bytes (a byte
+  model) or as its own tokenizer's tokens with special-token names read as plain text (a subword model,
+  `SubwordTokenizer.encode`): no user text can produce a special id, whatever it contains.
 
 A template that rewrites the content (filters, slicing) is refused: the markers would not survive.
 """
@@ -17,6 +18,7 @@ A template that rewrites the content (filters, slicing) is refused: the markers 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .files import field, read_json, read_text
-from .tokenizer import NUM_BYTES, ByteTokenizer, to_bytes
+from .tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
 
 RENDER_SECONDS = 5.0
 RENDER_MEMORY = 256 * 2**20  # bytes of address space for the child: Python + jinja2 peak near 25 MiB
@@ -114,16 +116,17 @@ def render(template: str, variables: dict, where: str, *, seconds: float = RENDE
     return result["text"]
 
 
-def chat_ids(folder: str | Path, messages: list[dict], tok: ByteTokenizer,
+def chat_ids(folder: str | Path, messages: list[dict], tok: ByteTokenizer | SubwordTokenizer,
              add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of `messages` under the folder's chat template; content bytes stay bytes."""
+    """Token ids of `messages` under the folder's chat template; content stays text (bytes, or the subword
+    tokenizer's tokens of it), never special tokens."""
     template, where, config = find_template(folder)
     nonce = secrets.token_hex(12)
     markers = [f"\x1e{nonce}:{i}\x1e" for i in range(len(messages))]
     masked = [{"role": str(m["role"]), "content": markers[i]} for i, m in enumerate(messages)]
     variables = {"messages": masked, "add_generation_prompt": add_generation_prompt,
-                 "bos_token": _token_text(config, "bos_token", tok.token_name(tok.bos_id), where),
-                 "eos_token": _token_text(config, "eos_token", tok.token_name(tok.eos_id), where)}
+                 "bos_token": _token_text(config, "bos_token", special_name(tok, tok.bos_id), where),
+                 "eos_token": _token_text(config, "eos_token", special_name(tok, tok.eos_id), where)}
     text = render(template, variables, where)
     ids: list[int] = []
     for i, marker in enumerate(markers):
@@ -132,15 +135,30 @@ def chat_ids(folder: str | Path, messages: list[dict], tok: ByteTokenizer,
             raise InputError(f"the chat template {where} does not write each message's content exactly once, "
                              "unchanged; mtpc keeps the content's bytes as bytes and cannot use it")
         ids += template_ids(before, tok)
-        ids += list(to_bytes(messages[i]["content"]) if isinstance(messages[i]["content"], str)
-                    else bytes(messages[i]["content"]))
+        ids += content_ids(messages[i]["content"], tok)
     if nonce in text:
         raise InputError(f"the chat template {where} changes the messages' content; mtpc cannot use it")
     return ids + template_ids(text, tok)
 
 
-def template_ids(text: str, tok: ByteTokenizer) -> list[int]:
-    """The template's own text: special-token names become their ids, the rest its UTF-8 bytes."""
+def special_name(tok: ByteTokenizer | SubwordTokenizer, token_id: int) -> str:
+    """How a template writes a special token (`<bos>`, `<|endoftext|>`, ...)."""
+    if isinstance(tok, SubwordTokenizer):
+        return tok.hf.convert_ids_to_tokens(token_id)
+    return tok.token_name(token_id)
+
+
+def content_ids(content: str | bytes, tok: ByteTokenizer | SubwordTokenizer) -> list[int]:
+    """A message's content as plain text: its bytes, or its subword tokens (special names read as text)."""
+    if isinstance(tok, SubwordTokenizer):
+        return tok.encode(content)
+    return list(to_bytes(content) if isinstance(content, str) else bytes(content))
+
+
+def template_ids(text: str, tok: ByteTokenizer | SubwordTokenizer) -> list[int]:
+    """The template's own text: special-token names become their ids, the rest its text (`content_ids`)."""
+    if isinstance(tok, SubwordTokenizer):
+        return _subword_template_ids(text, tok)
     names = {tok.token_name(i): i for i in range(NUM_BYTES, tok.vocab_size)}
     ids: list[int] = []
     start = 0
@@ -156,3 +174,16 @@ def template_ids(text: str, tok: ByteTokenizer) -> list[int]:
             ids += list(to_bytes(text[start:cut + 1]))
             start = cut + 1
     return ids + list(to_bytes(text[start:]))
+
+
+def _subword_template_ids(text: str, tok: SubwordTokenizer) -> list[int]:
+    """`template_ids` of a subword model: its special names (any spelling) found in one pass, longest first,
+    so `<|end|>` is not read as a shorter name it starts with; the text between them tokenized."""
+    names = tok.special_names()
+    ids: list[int] = []
+    start = 0
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(filter(None, names), key=len, reverse=True)))
+    for found in pattern.finditer(text) if names else ():
+        ids += tok.encode(text[start:found.start()]) + [names[found.group()]]
+        start = found.end()
+    return ids + tok.encode(text[start:])

@@ -168,11 +168,13 @@ class ModelInfo:
     remote_code: bool = False  # the config names its own modelling code (auto_map), allowed by the caller
 
 
-def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_remote_code: bool = False) -> ModelInfo:
+def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_remote_code: bool = False,
+               subword_ok: bool = False) -> ModelInfo:
     """Check a Hugging Face checkpoint folder without loading its weights: readable, `config.json`
     of a decoder-only causal LM (any `AutoModelForCausalLM` family; custom code, `auto_map`, only
     with `trust_remote_code`), sizes in range (`model_config`), a byte-level vocabulary (refused
-    otherwise unless `allow_non_byte_vocab`), and weights whose safetensors headers are whole."""
+    otherwise unless `allow_non_byte_vocab`, or `subword_ok` and the folder has its own tokenizer
+    files), and weights whose safetensors headers are whole."""
     config = model_config(path)
     folder = Path(path)
     model_type = config.get("model_type")
@@ -182,8 +184,9 @@ def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_re
     sizes = model_sizes(config)
     hidden, vocab = sizes["hidden_size"], sizes["vocab_size"]
     byte_level = _byte_level(folder, vocab)
-    if not byte_level and not allow_non_byte_vocab:
-        raise InputError(f"{folder}: a {vocab:,}-token vocabulary without {TOKENIZER_FILE} is not byte-level "
+    if not byte_level and not allow_non_byte_vocab and not (subword_ok and has_hf_tokenizer(folder)):
+        own = " or its own tokenizer files (tokenizer.json)" if subword_ok else ""
+        raise InputError(f"{folder}: a {vocab:,}-token vocabulary without {TOKENIZER_FILE}{own} is not byte-level "
                          f"(mtpc needs ids 0..255 = bytes); pass --allow-non-byte-vocab to use token ids 0..255 "
                          "as bytes anyway")
     _check_hf_tokenizer(folder, byte_level)
@@ -389,13 +392,14 @@ def byte_tokenizer(path: str | Path):
         raise InputError(f"{path}: no usable byte tokenizer: {first_line(e)}") from None
 
 
-def subword_tokenizer(path: str | Path, vocab_size: int, trust_remote_code: bool = False):
-    """The model folder's own (subword) tokenizer, `mtpc.tokenizer.SubwordTokenizer`: its Hugging Face
+def subword_tokenizer(path: str | Path, vocab_size: int | None, trust_remote_code: bool = False):
+    """The model folder's own (subword) tokenizer, `mtpc.tokenizer.SubwordTokenizer` (`vocab_size`: the
+    model's, or None for the tokenizer's own size): its Hugging Face
     files must be there (nothing is downloaded); a tokenizer that cannot be read is an `InputError`."""
     from .tokenizer import SubwordTokenizer
 
     folder = Path(path)
-    if not any((folder / name).is_file() for name in HF_TOKENIZER_FILES[:2]):
+    if not has_hf_tokenizer(folder):
         raise InputError(f"{folder}: a subword model needs its own tokenizer files (tokenizer.json or "
                          "tokenizer_config.json, as tokenizer.save_pretrained writes them)")
     try:
@@ -406,12 +410,17 @@ def subword_tokenizer(path: str | Path, vocab_size: int, trust_remote_code: bool
         raise InputError(f"{folder}: its tokenizer cannot be loaded: {type(e).__name__}: {first_line(e)}") from None
 
 
+def has_hf_tokenizer(folder: Path) -> bool:
+    """The folder holds a Hugging Face tokenizer's files (`tokenizer.json` or `tokenizer_config.json`)."""
+    return any((folder / n).is_file() for n in HF_TOKENIZER_FILES[:2])
+
+
 def model_tokenizer(info: ModelInfo, subword: bool | None = None, trust_remote_code: bool = False):
     """The tokenizer text goes through for this model: its byte tokenizer when the vocabulary is
     byte-level, else (`subword`, by default when the folder has Hugging Face tokenizer files) its own
     subword tokenizer, else the byte view (ids 0..255 taken as bytes, `--allow-non-byte-vocab`)."""
     if subword is None:
-        subword = not info.byte_level and any((info.path / n).is_file() for n in HF_TOKENIZER_FILES[:2])
+        subword = not info.byte_level and has_hf_tokenizer(info.path)
     if subword and not info.byte_level:
         return subword_tokenizer(info.path, info.vocab_size, trust_remote_code)
     return byte_tokenizer(info.path)

@@ -38,6 +38,8 @@ MAX_VOCAB = 2**22  # ids a byte tokenizer may describe (its Hugging Face view na
 class ByteTokenizer:
     """Bytes at ids 0..255, then `specials` in order, then unused ids up to `vocab_size`."""
 
+    kind = "byte"
+
     def __init__(self, vocab_size: int | None = None, specials: Sequence[str] = SPECIAL_TOKENS):
         self.specials = tuple(specials)
         if len(set(self.specials)) != len(self.specials):
@@ -205,6 +207,10 @@ class ByteTokenizer:
             return cls(vocab)
         raise FileNotFoundError(f"no {TOKENIZER_FILE} or config.json in {directory}")
 
+    def byte_lengths(self) -> list[int]:
+        """Bytes each id stands for: 1 for the 256 byte ids, 0 for the specials and unused ids."""
+        return [1] * NUM_BYTES + [0] * (self.vocab_size - NUM_BYTES)
+
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocab_size={self.vocab_size}, specials={len(self.specials)})"
 
@@ -215,11 +221,13 @@ class SubwordTokenizer:
     `vocab_size`. Bytes are read as UTF-8 (invalid bytes as U+FFFD: a subword vocabulary need not
     spell every byte string) and tokenized whole, without the tokenizer's own special tokens; a
     document's `<bos>` is the tokenizer's bos token, else its eos token (GPT-2's `<|endoftext|>`
-    separates documents), the padding its pad token, else the eos token."""
+    separates documents), the padding its pad token, else the eos token. Text never yields a special id:
+    a special token's name inside it is tokenized as the characters it is made of."""
 
     kind = "subword"
 
-    def __init__(self, hf, vocab_size: int, where: str = "the tokenizer"):
+    def __init__(self, hf, vocab_size: int | None = None, where: str = "the tokenizer"):
+        vocab_size = len(hf) if vocab_size is None else vocab_size  # None: exactly the tokenizer's own ids
         if len(hf) > vocab_size:
             raise ValueError(f"{where}: the tokenizer has {len(hf):,} tokens, the model only {vocab_size:,}")
         eos = hf.eos_token_id
@@ -232,7 +240,7 @@ class SubwordTokenizer:
         self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
 
     @classmethod
-    def load(cls, directory: str | Path, vocab_size: int, trust_remote_code: bool = False) -> "SubwordTokenizer":
+    def load(cls, directory: str | Path, vocab_size: int | None, trust_remote_code: bool = False) -> "SubwordTokenizer":
         """The tokenizer saved in a model folder (local files only; its own code only when trusted)."""
         from transformers import AutoTokenizer
 
@@ -242,11 +250,18 @@ class SubwordTokenizer:
     def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         if isinstance(text, (bytes, bytearray, memoryview)):
             text = bytes(text).decode("utf-8", errors="replace")
-        ids = self.hf.encode(text, add_special_tokens=False)
+        # text stays text: a special token's name in it (`<eos>`, `<|user|>`) is tokenized as characters,
+        # never read as the special id (user text cannot forge a turn or an end)
+        ids = self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True, errors: str = "replace") -> str:
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        # the tokens' own text: no clean-up of spaces before punctuation (it would change the text)
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The UTF-8 bytes of the text of `ids`, special tokens dropped (what a reader of the output gets)."""
+        return self.decode(ids).encode("utf-8", errors="surrogateescape")
 
     def is_byte(self, token_id: int) -> bool:
         """No id is a byte: every token is text (the stop tokens are the specials, `special_ids`)."""
@@ -254,6 +269,33 @@ class SubwordTokenizer:
 
     def special_ids(self) -> set[int]:
         return {int(i) for i in self.hf.all_special_ids} | {self.eos_id}
+
+    def special_names(self) -> dict[str, int]:
+        """The special tokens' names and ids (a chat template writes them by name)."""
+        return {name: int(i) for name, i in zip(self.hf.all_special_tokens, self.hf.all_special_ids)}
+
+    def byte_lengths(self) -> list[int]:
+        """Bytes of text each id `0 .. vocab_size - 1` stands for (0: special or unused ids). Exact for a
+        byte-level BPE (GPT-2's table) and for byte-fallback tokens `<0xNN>`; otherwise the UTF-8 length of
+        the token's own decoded text."""
+        byte_chars = set(_byte_chars())
+        specials = self.special_ids()
+        tokens = self.hf.convert_ids_to_tokens(list(range(min(len(self.hf), self.vocab_size))))
+        lengths = [0] * self.vocab_size
+        for i, token in enumerate(tokens):
+            if i in specials or token is None:
+                continue
+            if all(ch in byte_chars for ch in token):
+                lengths[i] = len(token)
+            elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                lengths[i] = 1
+            else:
+                lengths[i] = len(self.hf.decode([i]).encode("utf-8", errors="surrogateescape"))
+        return lengths
+
+    def save(self, directory: str | Path) -> None:
+        """The Hugging Face tokenizer files in `directory` (`AutoTokenizer.from_pretrained` reads them)."""
+        self.hf.save_pretrained(str(directory))
 
     def __repr__(self) -> str:
         return f"SubwordTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"

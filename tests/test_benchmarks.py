@@ -304,3 +304,29 @@ def test_heldout_bpb_scores_each_rules_held_out_part(lab, tmp_path, capsys):
     assert 0 < result["bits_per_byte"] < 20 and result["tokens"] == 256
     assert json.loads(out.read_text())["results"] == results
     assert "held out (relative-path rule)" in capsys.readouterr().out
+
+
+def test_subword_sh_dry_run_commands_parse(tmp_path):
+    """benchmarks/subword.sh (the shipped subword pair): every stage's `mtpc` command parses with today's
+    flags, distillation, head and bench read the shipped LM, the bench the shipped head; nothing is written."""
+    def subword(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(BENCHMARKS / "subword.sh"), *args], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, RUNS=str(tmp_path / "runs")))
+
+    assert "benchmarks/subword.sh --dry-run [STAGE]" in subword("--help").stdout
+    assert subword("--dry-run", "nonsense").returncode == 2
+    commands = []
+    for stage in ("all", "bench"):
+        run = subword("--dry-run", stage)
+        assert run.returncode == 0, run.stderr
+        commands += [shlex.split(line) for line in run.stdout.splitlines()]
+    mtpc_commands = [c[3:] for c in commands if c[:3] == ["python", "-m", "mtpc.cli"]]
+    assert [argv[0] for argv in mtpc_commands] == ["tiny-lm", "distill-data", "train", "bench"]
+    parser = build_parser()
+    for argv in mtpc_commands:
+        parser.parse_args(argv)  # an unknown or malformed flag raises InputError
+    models = {argv[argv.index("--model") + 1] for argv in mtpc_commands[1:]}
+    assert models == {"models/subword-lm"} and (ROOT / "models" / "subword-lm").is_dir()
+    shipped = mtpc_commands[3][mtpc_commands[3].index("--heads") + 1]
+    assert shipped == "models/heads/subword-btree4-r4-tied" and (ROOT / shipped).is_dir()
+    assert list(tmp_path.iterdir()) == []

@@ -42,6 +42,9 @@ HEADS = "test_head_training_commands_and_the_two_stage_example"
 DISTILL = "test_distillation_commands"
 BENCH = "test_bench_command_and_its_tables"
 SKIP = "skip: "
+SUBWORD = "test_subword_walkthrough_prints_what_the_guide_shows"
+SUBWORD_STAGES = ("25 and 15 minutes of training; tests/test_benchmarks.py::test_subword_sh_dry_run_commands_parse parses "
+                  "every command the script runs, tests/test_subword_e2e.py runs each command small")
 HEADLINE_BENCH = ("minutes each (12 prompts x 256 bytes x 8 decoders, compiled); "
                   "test_bench_command_and_its_tables runs mtpc bench tiny on the same models")
 
@@ -88,6 +91,12 @@ COVERAGE = {
     "mtpc bench --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8 ... --corpus stdlib --prompt-len 128 "
     "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --window adaptive 8 --threads 1 --out runs/bench/sample":
         BENCH,
+    "benchmarks/subword.sh lm": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh distill": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh head": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh ship": SKIP + SUBWORD_STAGES,
+    "mtpc generate --model models/subword-lm --head models/heads/subword-btree4-r4-tied --compare --stats --threads 1 "
+    "--max-new-tokens 48 \"def parse_args(argv):\"": SUBWORD,
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
         "parses every command it runs",
     "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
@@ -179,6 +188,18 @@ def test_quick_start_prints_what_the_readme_shows(command, workdir, capsys):
 @pytest.mark.parametrize("command", readme_commands(QUICK_SLOW), ids=lambda c: f"command {c.index}")
 def test_quick_start_compiled_prints_what_the_readme_shows(command, workdir, capsys):
     check_quick_start(command, capsys)  # torch.compile of the verify step: tens of seconds
+
+
+@pytest.mark.parametrize("command", readme_commands(SUBWORD), ids=lambda c: f"command {c.index}")
+def test_subword_walkthrough_prints_what_the_guide_shows(command, workdir, capsys):
+    """guide-heads' subword walkthrough on the shipped pair: the greedy text exactly, the two stats lines
+    and the speed-up line by shape (their numbers are timings)."""
+    status, out, err = run(argv(command), capsys)
+    assert status == 0, err
+    printed, shown = (out + err).splitlines(), following_text(command.block).splitlines()
+    assert [line.rstrip() for line in printed[:-3]] == [line.rstrip() for line in shown[:-3]]
+    for line, said in zip(printed[-3:], shown[-3:]):
+        assert shape(said).fullmatch(line), (line, said)
 
 
 # ------------------------------------------------------------------ error transcripts

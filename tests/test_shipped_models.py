@@ -47,3 +47,30 @@ def test_the_quick_start_command_runs(capsys):
                  "--max-new-tokens", "32", "def fibonacci("]) == 0
     err = capsys.readouterr().err
     assert "greedy outputs identical: yes" in err
+
+
+# --------------------------------------------------------------------------- the subword pair
+
+SUBWORD_LM = ROOT / "models" / "subword-lm"
+SUBWORD_HEAD = ROOT / "models" / "heads" / "subword-btree4-r4-tied"
+
+
+def test_the_subword_model_card_numbers_are_the_shipped_run():
+    card = (ROOT / "models" / "README.md").read_text()
+    section = " ".join(card[card.index("## `subword-lm/`"):].split())
+    summary = json.loads((SUBWORD_LM / "tiny_lm.json").read_text())
+    assert f"{summary['val_bits_per_byte']:.3f} bits/byte" in section
+    assert f"{summary['val_bits_per_token']:.3f} bits/token" in section
+    assert f"{summary['steps']:,} steps" in section and f"{summary['train_tokens']:,} tokens" in section
+    config = json.loads((SUBWORD_HEAD / "train_config.json").read_text())
+    assert f"| {config['steps']} |" in section and "runs/" not in config["model"]
+    info = model_info(SUBWORD_LM, allow_non_byte_vocab=True)
+    assert not info.byte_level and info.vocab_size == 2048 and info.hidden_size == 192
+    files = [f for folder in (SUBWORD_LM, SUBWORD_HEAD) for f in folder.iterdir()]
+    assert sum(f.stat().st_size for f in files) <= 15 * 10**6 and "checkpoint.pt" not in {f.name for f in files}
+
+
+def test_the_shipped_subword_head_decodes_exactly(capsys):
+    assert main(["generate", "--model", str(SUBWORD_LM), "--head", str(SUBWORD_HEAD), "--compare", "--threads", "1",
+                 "--max-new-tokens", "32", "def fibonacci("]) == 0
+    assert "greedy outputs identical: yes" in capsys.readouterr().err

@@ -61,7 +61,7 @@ def test_joint_loss_is_cross_entropy_plus_weighted_average_mtp_loss_and_reaches_
     doc_ids[1, 10:] = 1
     loss_mask = torch.ones(2, 24, dtype=torch.bool)
     batch = {"tokens": tokens, "doc_ids": doc_ids, "loss_mask": loss_mask}
-    nll, count, _, _ = lm_nll(model, batch, None)
+    nll, count, _, _, _ = lm_nll(model, batch, None)
     hidden = model.model(input_ids=tokens).last_hidden_state
     # the MTP term is an average over the window's positions: divided by sum_j gamma^(j-1) = 3.439 (n=4)
     per_position = mtp_loss(head, hidden, tokens, doc_ids, loss_mask).loss / (1 + 0.9 + 0.81 + 0.729)

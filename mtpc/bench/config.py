@@ -28,7 +28,8 @@ class BenchConfig:
     model: str = setting(help=HELP_MODEL)
     heads: Sequence[str] = setting(nargs="+", metavar="DIR", help="head folders written by mtpc train")
     allow_non_byte_vocab: bool = setting(  # ids 0..255 taken as bytes
-        False, help="accept a model whose vocabulary is not byte-level (token ids 0..255 are taken as bytes)")
+        False, help="accept a model whose vocabulary is not byte-level and whose folder has no tokenizer files (token "
+                    "ids 0..255 are taken as bytes; a model with its own tokenizer is read through it, no flag)")
     trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
     prompts: str | None = setting(None, exclusive="source",
                                   help=".txt (one prompt per line) or .jsonl (strings or {\"prompt\": ...})")

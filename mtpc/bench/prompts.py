@@ -7,14 +7,14 @@ import random
 from pathlib import Path
 
 from ..errors import InputError
-from ..tokenizer import ByteTokenizer
+from ..tokenizer import ByteTokenizer, SubwordTokenizer
 
 __all__ = ["load_prompts", "prompts_from_file", "prompt_texts", "prompts_from_corpus", "repetition"]
 
 
 # --------------------------------------------------------------------------- prompts
 
-def load_prompts(cfg, tok: ByteTokenizer) -> list[list[int]]:
+def load_prompts(cfg, tok: ByteTokenizer | SubwordTokenizer) -> list[list[int]]:
     """`repeats * num_prompts` prompts (token ids), from `cfg.prompts` or sampled from `cfg.corpus`."""
     need = cfg.repeats * cfg.num_prompts
     if (cfg.prompts is None) == (cfg.corpus is None):
@@ -28,7 +28,7 @@ def load_prompts(cfg, tok: ByteTokenizer) -> list[list[int]]:
     return prompts_from_corpus(cfg.corpus, tok, need, cfg.prompt_len, cfg.seed, cfg.val_fraction)
 
 
-def prompts_from_file(path: Path, tok: ByteTokenizer) -> list[list[int]]:
+def prompts_from_file(path: Path, tok: ByteTokenizer | SubwordTokenizer) -> list[list[int]]:
     """The prompts of `prompt_texts(path)`, each starting with `<bos>`, like the training documents."""
     return [tok.encode(text, add_bos=True) for text in prompt_texts(path)]
 
@@ -54,15 +54,17 @@ def prompt_texts(path: Path) -> list[str]:
     return prompts
 
 
-def prompts_from_corpus(corpus: str, tok: ByteTokenizer, count: int, length: int, seed: int,
+def prompts_from_corpus(corpus: str, tok: ByteTokenizer | SubwordTokenizer, count: int, length: int, seed: int,
                         val_fraction: float) -> list[list[int]]:
     """`count` distinct spans of `length` tokens from the held-out documents of `corpus` (the same
-    deterministic split `mtpc tiny-lm` and `mtpc train` use), each starting at a line start."""
+    deterministic split `mtpc tiny-lm` and `mtpc train` use), each starting at a line start; a subword
+    model's documents are its own tokenizer's ids, so `length` counts its tokens."""
     from ..training.data import load_documents, split_documents
 
     docs, _ = load_documents(None if corpus == "stdlib" else corpus, tok)
     _, held_out = split_documents(docs, val_fraction)
-    candidates = [(d, s) for d in held_out for s in _line_starts(d.tokens, length)]
+    line_ends = line_end_ids(tok)
+    candidates = [(d, s) for d in held_out for s in _line_starts(d.tokens, length, line_ends)]
     if len(candidates) < count:
         raise InputError(f"the held-out part of {corpus} has only {len(candidates)} spans of {length} tokens; "
                          f"{count} prompts were asked for")
@@ -71,12 +73,21 @@ def prompts_from_corpus(corpus: str, tok: ByteTokenizer, count: int, length: int
     return [d.tokens[s:s + length].astype("int64").tolist() for d, s in picked]
 
 
-def _line_starts(tokens, length: int, step: int = 512) -> list[int]:
+def line_end_ids(tok: ByteTokenizer | SubwordTokenizer) -> set[int]:
+    """Ids after which a token starts a line's text: the newline byte, or a subword token whose text ends
+    in a newline and perhaps the next line's indentation (a byte-level BPE merges `\\n` with the spaces)."""
+    if isinstance(tok, SubwordTokenizer):
+        specials = tok.special_ids()
+        return {i for i in range(tok.vocab_size) if i not in specials
+                and tok.decode([i]).rstrip(" \t").endswith("\n")}
+    return {ord("\n")}
+
+
+def _line_starts(tokens, length: int, line_ends: set[int], step: int = 512) -> list[int]:
     """Offsets (at most one per `step` tokens) where a span of `length` tokens starts a line."""
-    newline = ord("\n")
     starts, last = [], -step
     for i in range(len(tokens) - length):
-        if (i == 0 or tokens[i - 1] == newline) and i - last >= step:
+        if (i == 0 or int(tokens[i - 1]) in line_ends) and i - last >= step:
             starts.append(i)
             last = i
     return starts

@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 
 from ..decoding import PHASES
+from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer
 from .config import BenchConfig, Variant
 from .peers import Peer
 from .prompts import repetition
@@ -22,20 +23,30 @@ __all__ = ["build_report", "format_table", "markdown_table", "plot_tradeoff", "w
 
 # --------------------------------------------------------------------------- the report
 
-def set_metrics(runs: Sequence[Run]) -> dict:
-    """Metrics of one prompt set (sums over its prompts)."""
+def set_metrics(runs: Sequence[Run], byte_lengths: Sequence[int] | None = None) -> dict:
+    """Metrics of one prompt set (sums over its prompts); `byte_lengths[id]`: the bytes of text a token
+    spells (`tok.byte_lengths()`; default a byte LM's: 1 for ids 0..255, 0 for the specials)."""
     tokens = sum(r.tokens for r in runs)
+    text_bytes = sum(spelled_bytes(r.sequence[r.prompt_tokens:], byte_lengths) for r in runs)
     cycles = sum(r.cycles for r in runs)
     seconds = sum(r.seconds for r in runs)
     phases = {p: sum(r.phases[p] for r in runs) for p in PHASES}
     return {"tokens": tokens, "cycles": cycles, "seconds": seconds,
             "mu_acc": tokens / cycles if cycles else 0.0,
+            "bytes": text_bytes, "bytes_per_cycle": text_bytes / cycles if cycles else 0.0,
             "mu_lat": seconds / cycles if cycles else 0.0,
             "tok_s": tokens / seconds if seconds > 0 else 0.0,
             "phases_per_cycle": {p: phases[p] / cycles if cycles else 0.0 for p in PHASES},
             "lookup_share": sum(r.lookup_cycles for r in runs) / cycles if cycles else 0.0,
             "repetition": statistics.fmean(run_repetition(r) for r in runs) if runs else 0.0,
             "position_counts": position_counts(runs)}
+
+
+def spelled_bytes(ids: Sequence[int], byte_lengths: Sequence[int] | None) -> int:
+    """The bytes of text `ids` spell (exact for invalid UTF-8 too, where decoded text would hold U+FFFD)."""
+    if byte_lengths is None:
+        return sum(1 for t in ids if 0 <= t < NUM_BYTES)
+    return sum(byte_lengths[t] for t in ids if 0 <= t < len(byte_lengths))
 
 
 def position_counts(runs: Sequence[Run]) -> list[list[int]]:
@@ -115,11 +126,14 @@ def _settings(v: Variant) -> tuple:
 
 
 def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence[Peer], runs: dict,
-                 device: torch.device, dropped: list[dict] | None = None) -> dict:
-    plain_sets = [set_metrics(r) for r in runs["plain"]]
+                 device: torch.device, dropped: list[dict] | None = None,
+                 tok: ByteTokenizer | SubwordTokenizer | None = None) -> dict:
+    """The report of `runs`; `tok` (the model's) counts the bytes per cycle."""
+    lengths = tok.byte_lengths() if tok is not None else None  # [V] bytes each id spells
+    plain_sets = [set_metrics(r, lengths) for r in runs["plain"]]
     plain = {"per_set": plain_sets, **_aggregate(plain_sets)}
     compiled = next((p for p in peers if p.kind == "plain-compiled"), None)
-    compiled_sets = [set_metrics(r) for r in runs[compiled.label]] if compiled else None
+    compiled_sets = [set_metrics(r, lengths) for r in runs[compiled.label]] if compiled else None
 
     def speedups(sets: list[dict]) -> dict:
         out = {"speedup_plain": mean_std([s["tok_s"] / p["tok_s"] for s, p in zip(sets, plain_sets)])}
@@ -129,7 +143,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
 
     peer_rows = []
     for peer in peers:
-        sets = [set_metrics(r) for r in runs[peer.label]]
+        sets = [set_metrics(r, lengths) for r in runs[peer.label]]
         row = {"label": peer.label, "kind": peer.kind, "detail": peer.detail, "per_set": sets, **_aggregate(sets),
                **speedups(sets)}
         if cfg.mode == "greedy":
@@ -137,12 +151,12 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         peer_rows.append(row)
     rows = []
     for v in variants:
-        sets = [set_metrics(r) for r in runs[v.label]]
+        sets = [set_metrics(r, lengths) for r in runs[v.label]]
         ff = ff_reference(v, variants)
         row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width, "compiled": v.compiled, **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}
         if ff is not None:
-            ff_sets = [set_metrics(r) for r in runs[ff.label]]
+            ff_sets = [set_metrics(r, lengths) for r in runs[ff.label]]
             row["speedup_ff"] = mean_std([s["tok_s"] / f["tok_s"] for s, f in zip(sets, ff_sets)])
         row["max_tok_s"] = v.window / row["mu_lat"]["mean"] if row["mu_lat"]["mean"] else 0.0
         step = plain["mu_lat"]["mean"]
@@ -167,7 +181,8 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
 
 def _aggregate(sets: Sequence[dict]) -> dict:
     phases = {p: statistics.fmean(s["phases_per_cycle"][p] for s in sets) * 1e3 for p in PHASES}
-    return {"mu_acc": mean_std(s["mu_acc"] for s in sets), "mu_lat": mean_std(s["mu_lat"] for s in sets),
+    return {"mu_acc": mean_std(s["mu_acc"] for s in sets), "bytes_per_cycle": mean_std(s["bytes_per_cycle"] for s in sets),
+            "mu_lat": mean_std(s["mu_lat"] for s in sets),
             "tok_s": mean_std(s["tok_s"] for s in sets), "phases_ms": phases,
             "repetition": mean_std(s["repetition"] for s in sets),
             "lookup_share": statistics.fmean(s["lookup_share"] for s in sets),
@@ -235,7 +250,7 @@ def _check_cell(row: dict) -> str:
     return f"{check['identical']}/{check['compared']}" + ("" if not check["mismatches"] else " MISMATCH")
 
 
-TABLE_COLUMNS = ("decoder", "n", "LoRA", "params", "mu_acc", "mu_lat ms", "tok/s", "x plain", "x compiled", "x FF",
+TABLE_COLUMNS = ("decoder", "n", "LoRA", "params", "mu_acc", "bytes/cycle", "mu_lat ms", "tok/s", "x plain", "x compiled", "x FF",
                  "rep8", "max tok/s", "head ms", "circuit ms", "backbone ms", "accept ms", "draft/LM step",
                  "greedy == plain")
 
@@ -254,19 +269,20 @@ def table_rows(report: dict) -> list[list[str]]:
     def rep(row: dict) -> str:
         return f"{row['repetition']['mean']:.2f}"
 
-    rows = [["plain (autoregressive)", "-", "-", "-", "1.00", _pm(plain["mu_lat"], 1e3), _pm(plain["tok_s"], 1, 1),
+    rows = [["plain (autoregressive)", "-", "-", "-", "1.00", _pm(plain["bytes_per_cycle"]), _pm(plain["mu_lat"], 1e3), _pm(plain["tok_s"], 1, 1),
              "1.00", "-", "-", rep(plain), "-", "-", "-", f"{ms['backbone']:.2f}", f"{ms['accept']:.2f}", "-",
              "reference"]]
     for r in report.get("peers", []):
         hooked = not r["kind"].startswith("plain-")  # the static-cache baselines run without phase hooks
         phases = [f"{r['phases_ms'][p]:.2f}" if hooked else "-" for p in ("backbone", "accept")]
-        rows.append([r["label"], "-", "-", "-", _pm(r["mu_acc"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1),
+        rows.append([r["label"], "-", "-", "-", _pm(r["mu_acc"]), _pm(r["bytes_per_cycle"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1),
                      _pm(r["speedup_plain"]), versus(r), "-", rep(r), "-", "-", "-", *phases, "-", _check_cell(r)])
     for r in report["heads"]:
         ff = r.get("speedup_ff")
         cost = r["draft_cost_of_lm_step"]
         rows.append([r["label"], str(r["n"]), str(r["lora_layers"]), f"{r['parameters'] / 1e6:.2f}M",
-                     _pm(r["mu_acc"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1), _pm(r["speedup_plain"]),
+                     _pm(r["mu_acc"]), _pm(r["bytes_per_cycle"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1),
+                     _pm(r["speedup_plain"]),
                      versus(r), _pm(ff) if ff else "-", rep(r), f"{r['max_tok_s']:.0f}",
                      *(f"{r['phases_ms'][p]:.2f}" for p in PHASES),
                      f"{cost:.0%}" if cost is not None else "-", _check_cell(r)])
@@ -313,7 +329,8 @@ def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> No
              f"({env['threads']} threads, torch {env['torch']}); {cfg['repeats']} disjoint sets of "
              f"{cfg['num_prompts']} prompts, up to {cfg['max_new_tokens']} new tokens each. Mean ± std over the "
              f"sets. Timer: {report['timer']}. `max tok/s`: {report['max_tok_s_rule']}. Phases are ms per cycle "
-             "(plain: per token); `draft/LM step` = (head + circuit) / one plain decoding step.", ""]
+             "(plain: per token); `draft/LM step` = (head + circuit) / one plain decoding step; `bytes/cycle`: the "
+             "bytes of text the committed tokens spell, per cycle (a subword token stands for several).", ""]
     if check is not None:
         lines += [f"Greedy output identical to plain greedy decoding for every prompt and head: "
                   f"**{'yes' if check else 'NO'}**.", ""]

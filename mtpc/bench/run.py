@@ -27,6 +27,11 @@ the circuit window's verify width, eager or compiled), over `K` disjoint prompt 
   `backbone` phase is that whole step, `head` only the eager choice of the window, `accept` the host
   read and bookkeeping after it (`benchmarks/bench_cycle.py` times the steps one by one).
 
+A subword LM (its own tokenizer files in the folder) is measured through its tokenizer: prompts are its
+tokens, `mu_acc` counts them, and `bytes_per_cycle` (`bytes/cycle`) is the bytes of text the committed
+tokens spell per cycle, the measure comparable across vocabularies (for a byte LM the two agree but for
+specials).
+
 Peers (`mtpc.bench.peers`): transformers' prompt lookup and assisted generation, and with `--compile`
 plain decoding with a static KV cache, eager and `torch.compile`d (speed-ups are then also reported
 against the compiled baseline). Prompts come from `mtpc.bench.prompts`, one timed generation from
@@ -52,7 +57,7 @@ from .. import checks, loading
 from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive
 from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
-from .variants import load_bench
+from .variants import bench_tokenizer, load_bench
 from .peers import Peer, build_peers, parse_peer
 from .prompts import load_prompts
 from .report import build_report, drop_repetitive, write_outputs
@@ -87,7 +92,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
         if not runs["plain"]:
             raise MtpcError(f"every prompt's plain continuation repeats more than --max-repetition "
                             f"{cfg.max_repetition} of its 8-grams; nothing is left to report")
-    report = build_report(cfg, base, variants, peers, runs, device, dropped)
+    report = build_report(cfg, base, variants, peers, runs, device, dropped, tok)
     if cfg.out:
         write_outputs(report, Path(cfg.out))
     return report
@@ -120,8 +125,7 @@ def _check_config(cfg: BenchConfig) -> None:
 def _check_inputs(cfg: BenchConfig) -> None:
     """Files and how they fit, before any model is loaded: model folder, head folders (hidden size,
     states within the vocabulary), prompts file, output folder."""
-    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
-                              trust_remote_code=cfg.trust_remote_code)
+    info = bench_tokenizer(cfg)[0]  # a subword model's own tokenizer, read and checked before any weights
     for path in cfg.heads:
         spec = loading.json_object(loading.head_folder(path) / "head.json", "")
         hidden, graph = spec.get("hidden_size"), spec.get("graph")

@@ -14,10 +14,10 @@ import torch
 from .. import loading
 from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder, load_head_entry
 from ..errors import InputError
-from ..tokenizer import ByteTokenizer
+from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
 
-__all__ = ["build_variants", "Loaded", "load_bench"]
+__all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
 
 
 def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
@@ -49,12 +49,12 @@ def _width_label(width: int | str | None) -> str:
 
 @dataclass
 class Loaded:
-    """What a bench runs on: the device, the LM's dtype, its byte tokenizer, the LM, the loader of
+    """What a bench runs on: the device, the LM's dtype, its tokenizer (bytes or subword), the LM, the loader of
     further models (peers) and every head variant."""
 
     device: torch.device
     dtype: torch.dtype
-    tok: ByteTokenizer
+    tok: ByteTokenizer | SubwordTokenizer
     base: torch.nn.Module
     load_model: Callable
     variants: list[Variant]
@@ -73,4 +73,13 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
                for p in cfg.heads]
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
-    return Loaded(device, dtype, ByteTokenizer.load(cfg.model), base, load_model, variants)
+    return Loaded(device, dtype, bench_tokenizer(cfg)[1], base, load_model, variants)
+
+
+def bench_tokenizer(cfg: BenchConfig) -> tuple[loading.ModelInfo, ByteTokenizer | SubwordTokenizer]:
+    """The model folder checked (`loading.model_info`) and the tokenizer its prompts go through: bytes, the
+    model's own subword tokenizer (a vocabulary that is not byte-level, with its tokenizer files), or with
+    `--allow-non-byte-vocab` and no tokenizer files ids 0..255 read as bytes."""
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=cfg.allow_non_byte_vocab,
+                              trust_remote_code=cfg.trust_remote_code, subword_ok=True)
+    return info, loading.model_tokenizer(info, trust_remote_code=cfg.trust_remote_code)

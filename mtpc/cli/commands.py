@@ -93,6 +93,9 @@ def run_tiny_lm(args) -> int:
     print(f"saved {args.out}: {s['parameters'] / 1e6:.2f}M parameters, {s['steps']} steps, "
           f"{s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s ({s['tokens_per_second']:,} tok/s), "
           f"held-out {s['val_bits_per_byte']:.3f} bits/byte (start {s['val_bits_per_byte_at_start']:.3f})")
+    if "tokenizer" in s:
+        print(f"subword LM, {s['tokenizer']['vocab_size']:,} tokens: held-out {s['val_bits_per_token']:.3f} bits/token, "
+              f"{s['tokenizer']['val_bytes_per_token']} bytes/token")
     if "mtp_head" in s:
         print(f"saved the jointly trained head in {args.out}/mtp_head: held-out MTP loss "
               f"{s['mtp_head']['val_mtp_loss']:.4f}")

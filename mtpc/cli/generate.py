@@ -213,18 +213,16 @@ def load_prompts(path: str) -> list[bytes]:
 
 def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTokenizer) -> tuple[list[int], set[int]]:
     """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.chat`, the template
-    rendered bounded and the prompt's bytes kept as bytes). A subword model's prompt is its own
-    tokenizer's ids after its bos token, as `mtpc train` read its documents."""
-    if isinstance(tok, SubwordTokenizer):
-        if cfg.chat:
-            raise InputError(f"--chat renders mtpc's byte chat format; {cfg.model} has a subword tokenizer: give "
-                             "the prompt already in its chat format instead")
-        return tok.encode(text, add_bos=True), {tok.eos_id}
+    rendered bounded and the prompt kept as text: bytes, or a subword model's own tokens of it, never a
+    special id). A subword model's prompt is its own tokenizer's ids after its bos token, as `mtpc train`
+    read its documents; with `--chat` its own chat template, and the answer ends at any special token."""
     if not cfg.chat:
-        return [tok.bos_id] + list(text), {tok.eos_id}
+        return tok.encode(text, add_bos=True), {tok.eos_id}
     from ..chat import chat_ids
 
     folder = Path(cfg.model)
+    if isinstance(tok, SubwordTokenizer):  # its own template; the answer ends at any special token
+        return chat_ids(folder, [{"role": "user", "content": text}], tok), tok.special_ids()
     if not (folder / "tokenizer.json").exists():
         raise InputError(f"--chat needs the model's chat template, but {cfg.model} has no tokenizer.json (written by "
                          f"mtpc tiny-lm since it saves the tokenizer); add it with: python -c \"from mtpc.tokenizer "
@@ -303,7 +301,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         out.flush()
     summary = {"prompt_ids": ids, "new_tokens": new, "text": tok.decode(new), "stats": run}
     if cfg.stats:
-        err.write(format_stats("speculative" if head is not None else "plain", run) + "\n")
+        err.write(format_stats("speculative" if head is not None else "plain", run, tok) + "\n")
     if cfg.compare:
         # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
         baseline = _compiled_plain(base, sampling, eos, prompt.shape[1] + cfg.max_new_tokens) if cfg.compile \
@@ -313,7 +311,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         summary["compare"] = comparison(run, plain, greedy=cfg.temperature == 0,
                                         baseline="static cache, compiled" if cfg.compile else "eager")
         if cfg.stats:
-            err.write(format_stats("plain", plain) + "\n")
+            err.write(format_stats("plain", plain, tok) + "\n")
         err.write(format_comparison(summary["compare"], torch.get_num_threads()) + "\n")
     err.flush()
     return summary
@@ -342,7 +340,7 @@ def _run_batches(decode, decoder, texts: list[bytes], rows: list[list[int]], eos
         out.flush()
         summary["batches"].append(run)
         if cfg.stats:
-            err.write(format_stats(f"speculative, batch of {len(batch)}", run) + "\n")
+            err.write(format_stats(f"speculative, batch of {len(batch)}", run, tok) + "\n")
     err.flush()
     return summary
 
@@ -491,10 +489,21 @@ def comparison(spec: dict, plain: dict, greedy: bool, baseline: str = "eager") -
             "speedup": speedup, "greedy_identical": identical, "baseline": baseline}
 
 
-def format_stats(label: str, run: dict) -> str:
+def format_stats(label: str, run: dict, tok: ByteTokenizer | SubwordTokenizer | None = None) -> str:
+    """One stats line; a subword model's counts are tokens, with the bytes they spell (one prompt's run)."""
     phases = "  ".join(f"{k} {v:.2f}" for k, v in run["phase_ms_per_cycle"].items())
     lookup = f", {run['lookup_cycles']} drafted by lookup" if run.get("lookup_cycles") else ""
-    return (f"[{label}] {run['new_tokens']} bytes in {run['cycles']} cycles{lookup} ({run['mean_accepted']:.2f} bytes/cycle), "
+    if isinstance(tok, SubwordTokenizer):
+        count = f"{run['new_tokens']} tokens"
+        per_cycle = f"{run['mean_accepted']:.2f} tokens/cycle"
+        if "sequences" not in run:  # one row: the bytes its new tokens spell
+            lengths = tok.byte_lengths()
+            spelled = sum(lengths[t] for t in run["sequence"][len(run["sequence"]) - run["new_tokens"]:])
+            count += f" ({spelled} bytes)"
+            per_cycle += f", {spelled / max(run['cycles'], 1):.2f} bytes/cycle"
+    else:
+        count, per_cycle = f"{run['new_tokens']} bytes", f"{run['mean_accepted']:.2f} bytes/cycle"
+    return (f"[{label}] {count} in {run['cycles']} cycles{lookup} ({per_cycle}), "
             f"{run['tokens_per_second']:.1f} tok/s, {1e3 * run['mean_cycle_latency']:.2f} ms/cycle "
             f"(prefill {1e3 * run['prefill_seconds']:.1f} ms excluded); per cycle, ms: {phases}")
 

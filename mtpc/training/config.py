@@ -107,14 +107,23 @@ class TinyLMConfig:
     data: str | None = setting(None, help=HELP_DATA)  # None: the Python standard library sources
     minutes: float = setting(10.0, type=positive_float, help="wall-clock training budget")
     steps: int | None = setting(None, type=positive_int, help="train a fixed number of steps instead")
-    context: int = setting(1024, type=positive_int, help="sequence length in bytes")
+    context: int = setting(1024, type=positive_int, help="sequence length in tokens (bytes for a byte LM)")
     # the reference shape (models/README.md): d = 192 beat d = 256 at equal wall-clock time on a CPU
     d_model: int = setting(192, type=positive_int, help="hidden size (models/byte-lm's shape)")
     layers: int = setting(4, type=positive_int, help="decoder layers")
     heads: int = setting(4, type=positive_int, help="attention heads (must divide --d-model)")
     ffn: int = setting(512, type=positive_int, help="MLP intermediate size")
     vocab_size: int | None = setting(  # None: 256 bytes + the tokenizer's specials
-        None, type=positive_int, help="pad the vocabulary (e.g. 320; at least 256 bytes + 8 specials)")
+        None, type=positive_int,
+        help="pad the vocabulary (e.g. 320; at least 256 bytes + 8 specials; a subword LM: at least its tokenizer's)")
+    # a subword LM: its tokenizer read from a folder, or a byte-level BPE trained on the training documents
+    tokenizer: str | None = setting(  # None: bytes (or --bpe-vocab)
+        None, metavar="DIR", help="a Hugging Face tokenizer folder (tokenizer.json, ...): train a subword LM on its "
+                                  "tokens (saved with the model) instead of bytes")
+    bpe_vocab: int | None = setting(  # None: bytes (or --tokenizer); see mtpc.training.bpe
+        None, type=positive_int, metavar="N",
+        help="train a byte-level BPE of N tokens (mtpc's 8 specials included) on the training documents first and "
+             "train a subword LM on it (saved with the model)")
     batch_size: int = setting(  # small: a 10-minute CPU budget is step-limited
         4, type=positive_int, help="sequences per step")
     lr: float = setting(2e-3, type=positive_float, help="peak learning rate")
@@ -160,7 +169,7 @@ class DistillConfig:
         None, help="file, folder, glob or .jsonl to draw prompts from (default: the Python stdlib, mtpc tiny-lm's "
                    "corpus)")
     num_prompts: int = setting(1024, type=positive_int, help="records in the file")
-    prompt_len: int = setting(64, type=positive_int, help="bytes per prompt")
+    prompt_len: int = setting(64, type=positive_int, help="tokens per prompt (bytes for a byte LM)")
     max_new_tokens: int = setting(448, type=positive_int, help="longest continuation")
     temperature: float = setting(1.0, type=positive_float, help="sampled records' temperature")
     top_p: float | None = setting(None, type=probability, help="sampled records' nucleus (default: none)")

@@ -5,7 +5,10 @@ Sources (`load_documents`):
 - plain files become one document each: `<bos> bytes <eos>`;
 - `.jsonl` files hold one record per line: `{"messages": [{"role": ..., "content": ...}, ...]}`
   (chat, rendered with `chat_template`), `{"text": ...}` (plain) or `{"prompt": ..., "completion": ...}`
-  (`<bos> prompt completion <eos>` with the prompt masked out: what `mtpc distill-data` writes).
+  (`<bos> prompt completion <eos>` with the prompt masked out: what `mtpc distill-data` writes; for a
+  subword model it also stores `prompt_ids` and `completion_ids`, the LM's own tokens, which a subword
+  model reads instead of re-tokenizing the text: a sampled token sequence need not be the one its text
+  encodes to).
   Strings are UTF-8; lone surrogates U+DC80..U+DCFF (Python's `surrogateescape`) stand for the raw
   bytes 0x80..0xFF of invalid UTF-8, so any byte string round-trips exactly (`tokenizer.to_bytes`).
 
@@ -174,10 +177,25 @@ def completion_document(name: str, record: dict, tok: ByteTokenizer | SubwordTok
         raise ValueError('"prompt" and "completion" must both be strings')
     if not completion:
         raise EmptyRecord("empty completion")
-    head = body_ids(to_bytes(prompt), tok)
-    doc = body_document(name, np.concatenate([head, body_ids(to_bytes(completion), tok)]), tok)
+    if isinstance(tok, SubwordTokenizer) and "completion_ids" in record:
+        head, body = record_ids(record, "prompt", tok), record_ids(record, "completion", tok)
+    else:
+        head, body = body_ids(to_bytes(prompt), tok), body_ids(to_bytes(completion), tok)
+    doc = body_document(name, np.concatenate([head, body]), tok)
     doc.mask[1:1 + len(head)] = False
     return doc
+
+
+def record_ids(record: dict, part: str, tok: SubwordTokenizer) -> np.ndarray:
+    """A subword record's `PART_ids` (what `mtpc distill-data` stores for a subword LM: the LM's own tokens,
+    which re-encoding their text need not give back), checked to be this tokenizer's spelling of `PART`."""
+    ids = record.get(f"{part}_ids")
+    if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < tok.vocab_size for i in ids):
+        raise ValueError(f'"{part}_ids" must be a list of token ids in 0..{tok.vocab_size - 1}')
+    if tok.decode(ids) != record[part]:
+        raise ValueError(f'"{part}_ids" do not spell "{part}" under this model\'s tokenizer (written for another '
+                         "model?)")
+    return np.asarray(ids, dtype=np.int32)
 
 
 def chat_template(messages: Sequence[dict], tok: ByteTokenizer) -> tuple[list[int], list[bool]]:

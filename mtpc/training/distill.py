@@ -9,7 +9,7 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
 
     {"index": i, "prompt": ..., "completion": ..., "mode": "greedy" | "sample", "stop": "eos" | "special" | "length"}
 
-- Prompts are `L`-byte spans starting at a line start, drawn from the *training* documents of `SRC`
+- Prompts are `L`-byte spans (a byte LM) starting at a line start, drawn from the *training* documents of `SRC`
   (the deterministic document split of `mtpc tiny-lm` / `mtpc train` / `mtpc bench --corpus`, with the
   same default fraction), never from the held-out ones the benchmarks prompt with.
 - The LM sees `<bos> prompt` (exactly what `mtpc train` will feed it for this record) and continues
@@ -26,6 +26,13 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
 - Resumable: rerunning the same command appends the missing records; a partial last line (a killed
   run) is cut off first. The settings are kept next to the file (`FILE.jsonl.meta.json`); a rerun with
   different settings is refused instead of mixing two kinds of records.
+- A subword LM (its own tokenizer, `mtpc.loading.model_tokenizer`): `L` is in tokens, the first `L` of
+  the text from a line start; the record also holds `prompt_ids` and `completion_ids`, the LM's own
+  tokens, and `prompt`/`completion` are their text. The ids are what `mtpc train` reads: decoding is
+  exact (a byte-level BPE spells every byte), but a sampled token sequence need not be the one its text
+  encodes to (the LM may write `de` `f` where the tokenizer writes `def`), and invalid UTF-8 decodes to
+  U+FFFD, so re-tokenizing the text would train on other tokens than the LM wrote. The training reader
+  checks that the ids spell the text under the model's tokenizer.
 - With `--head DIR` (a folder from `mtpc train`, its LoRA adapter included) the continuations come
   from `SpeculativeDecoder`: greedy records are the same as plain greedy decoding's, sampled ones are
   exact draws from the same distribution (but not the same draws as without the head).
@@ -50,6 +57,8 @@ from .config import DistillConfig
 
 META_SUFFIX = ".meta.json"
 NEWLINE = ord("\n")
+SPAN_BYTES_PER_TOKEN = 32  # a subword prompt of L tokens is cut from the first 32 L bytes of its line on
+PROMPT_TRIES = 64  # line starts drawn for a subword prompt before giving up
 
 
 def distill_data(cfg: DistillConfig) -> dict:
@@ -68,7 +77,7 @@ def distill_data(cfg: DistillConfig) -> dict:
 def _distill(cfg: DistillConfig) -> dict:
     from .progress import progress_bar
 
-    tok = loading.byte_tokenizer(cfg.model)
+    tok = model_tokenizer(cfg)
     prompts = TrainingPrompts(cfg.data, tok, cfg.prompt_len, cfg.val_fraction)  # also validates --data
     out = Path(cfg.out)
     done = _resume(out, cfg)
@@ -85,12 +94,12 @@ def _distill(cfg: DistillConfig) -> dict:
     with out.open("ab") as f:
         for first in range(done, cfg.num_prompts, batch):
             indices = range(first, min(first + batch, cfg.num_prompts))
-            for record, new_bytes, cycles in _records(indices, cfg, prompts, generate, tok):
+            for record, new_bytes, new_tokens, cycles in _records(indices, cfg, prompts, generate, tok):
                 f.write(json.dumps(record).encode("ascii") + b"\n")
                 summary["new_records"] += 1
                 summary["new_bytes"] += new_bytes
                 if cycles is not None:  # speculative: tokens committed per backbone call, over the run so far
-                    tokens += _new_tokens(record, new_bytes)
+                    tokens += new_tokens
                     cycles_total += cycles
                     summary["mean_accepted"] = round(tokens / max(cycles_total, 1), 3)
             f.flush()
@@ -105,6 +114,13 @@ def _distill(cfg: DistillConfig) -> dict:
 
 
 # ------------------------------------------------------------------ checks and resuming
+
+
+def model_tokenizer(cfg: DistillConfig):
+    """The model's byte tokenizer, or its own subword one (a tokenizer that cannot be read, or with more
+    ids than the model's embedding, is one `InputError` before any record)."""
+    info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    return loading.model_tokenizer(info, trust_remote_code=cfg.trust_remote_code)
 
 
 def _check_config(cfg: DistillConfig) -> None:
@@ -184,13 +200,17 @@ def _complete_records(out: Path) -> int:
 
 
 class TrainingPrompts:
-    """`length`-byte spans starting at line starts of the training documents of `source`."""
+    """Prompts of `length` tokens starting at line starts of the training documents of `source`: byte
+    spans for a byte LM; for a subword LM the first `length` tokens of the text from a line start (its
+    own tokenizer's spelling, as `mtpc train` reads the documents)."""
 
     def __init__(self, source: str | None, tok, length: int, val_fraction: float):
+        from ..tokenizer import ByteTokenizer, SubwordTokenizer
         from .data import load_documents, split_documents
 
-        try:
-            docs, _ = load_documents(None if source in (None, "stdlib") else source, tok)
+        self.subword = tok if isinstance(tok, SubwordTokenizer) else None
+        try:  # the documents as bytes: lines are found in bytes, whatever the tokenizer
+            docs, _ = load_documents(None if source in (None, "stdlib") else source, ByteTokenizer())
         except (FileNotFoundError, ValueError) as e:
             raise InputError(f"--data: {e}") from None
         train, _ = split_documents(docs, val_fraction)
@@ -205,11 +225,25 @@ class TrainingPrompts:
             raise InputError(f"no training document of {source or 'stdlib'} has a line of {length} bytes "
                              "to prompt with; lower --prompt-len")
 
-    def __getitem__(self, rng: random.Random) -> bytes:
+    def __getitem__(self, rng: random.Random) -> list[int]:
+        """The prompt's token ids (without `<bos>`); the same `rng` state gives the same prompt."""
+        if self.subword is None:
+            return list(self._span(rng, self.length))
+        for _ in range(PROMPT_TRIES):
+            ids = self.subword.encode(self._span(rng, self.length * SPAN_BYTES_PER_TOKEN))[:self.length]
+            if len(ids) == self.length:
+                return ids
+        raise InputError(f"no line of the training documents spells {self.length} tokens within "
+                         f"{self.length * SPAN_BYTES_PER_TOKEN} bytes ({PROMPT_TRIES} tried); lower --prompt-len")
+
+    def _span(self, rng: random.Random, size: int) -> bytes:
+        """Up to `size` bytes from a random line start (at least `length` bytes, no special token, are there)."""
         c = rng.randrange(len(self.doc_of))
         tokens = self.docs[int(self.doc_of[c])].tokens
         s = int(self.start_of[c])
-        return bytes(tokens[s:s + self.length].astype(np.uint8))
+        span = tokens[s:s + size]  # [<= size]
+        special = np.flatnonzero((span < 0) | (span >= 256))  # the document's <eos>, where the span reaches it
+        return bytes(span[: special[0] if len(special) else len(span)].astype(np.uint8))
 
 
 def _line_starts(tokens: np.ndarray, length: int) -> np.ndarray:
@@ -229,18 +263,14 @@ def _line_starts(tokens: np.ndarray, length: int) -> np.ndarray:
 # ------------------------------------------------------------------ generation
 
 
-def _new_tokens(record: dict, new_bytes: int) -> int:
-    """Tokens the LM generated for a record: its bytes, plus the special token that stopped it."""
-    return new_bytes + (record["stop"] != "length")
-
-
 def _record_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"mtpc-distill:{seed}:{index}".encode()).digest()[:8], "little") >> 1
 
 
-def _records(indices, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok) -> list[tuple[dict, int, int | None]]:
-    """Records `indices` (generated together), each with the number of bytes the LM wrote for it and
-    the decoding cycles it took (None without a head)."""
+def _records(indices, cfg: DistillConfig, prompts: TrainingPrompts, generate, tok
+             ) -> list[tuple[dict, int, int, int | None]]:
+    """Records `indices` (generated together), each with the numbers of bytes and tokens the LM wrote for
+    it (the stopping special included) and the decoding cycles it took (None without a head)."""
     requests = []
     for i in indices:
         seed = _record_seed(cfg.seed, i)
@@ -248,20 +278,37 @@ def _records(indices, cfg: DistillConfig, prompts: TrainingPrompts, generate, to
         prompt = prompts[rng]
         greedy = rng.random() < cfg.greedy_fraction
         requests.append((i, prompt, greedy, seed))
-    outputs = generate([([tok.bos_id] + list(prompt), greedy, seed) for _, prompt, greedy, seed in requests])
+    outputs = generate([([tok.bos_id] + prompt, greedy, seed) for _, prompt, greedy, seed in requests])
     return [_record(i, prompt, greedy, new, cycles, tok) for (i, prompt, greedy, _), (new, cycles)
             in zip(requests, outputs)]
 
 
-def _record(i: int, prompt: bytes, greedy: bool, new: list[int], cycles: int | None, tok) -> tuple[dict, int, int | None]:
-    """Record `i` from the LM's new tokens: its bytes up to the first special token (which names the stop)."""
-    specials = [k for k, t in enumerate(new) if not tok.is_byte(t)]
+def _record(i: int, prompt: list[int], greedy: bool, new: list[int], cycles: int | None, tok
+            ) -> tuple[dict, int, int, int | None]:
+    """Record `i` from the LM's new tokens: those up to the first special token (which names the stop)."""
+    stop_set = set(stop_ids(tok))
+    specials = [k for k, t in enumerate(new) if t in stop_set]
     cut = specials[0] if specials else len(new)
     stop = "length" if not specials else ("eos" if new[cut] == tok.eos_id else "special")
-    completion = bytes(new[:cut])
-    record = {"index": i, "prompt": _as_text(prompt), "completion": _as_text(completion),
-              "mode": "greedy" if greedy else "sample", "stop": stop}
-    return record, len(completion), cycles
+    tokens = cut + (stop != "length")
+    mode = "greedy" if greedy else "sample"
+    if tok.kind == "byte":
+        completion = bytes(new[:cut])
+        record = {"index": i, "prompt": _as_text(bytes(prompt)), "completion": _as_text(completion), "mode": mode,
+                  "stop": stop}
+        return record, len(completion), tokens, cycles
+    # a subword LM: its own tokens are the record (their text need not encode back to them), the text beside
+    completion = tok.decode(new[:cut])
+    record = {"index": i, "prompt": tok.decode(prompt), "completion": completion, "prompt_ids": prompt,
+              "completion_ids": new[:cut], "mode": mode, "stop": stop}
+    return record, len(completion.encode("utf-8", errors="surrogateescape")), tokens, cycles
+
+
+def stop_ids(tok) -> list[int]:
+    """The ids that end a continuation: a byte LM's every non-byte id, a subword LM's special tokens."""
+    if tok.kind == "byte":
+        return [t for t in range(tok.vocab_size) if not tok.is_byte(t)]
+    return sorted(tok.special_ids())
 
 
 def _as_text(data: bytes) -> str:
@@ -276,7 +323,7 @@ def _generator(cfg: DistillConfig, tok):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # checked first (no custom code without trust_remote_code, safetensors only, local files only)
     model = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
-    stop = [t for t in range(tok.vocab_size) if not tok.is_byte(t)]
+    stop = stop_ids(tok)
     if cfg.head is None:
         target = Target(True, cfg.temperature, None, cfg.top_p)
         return lambda requests: [(new, None) for new in sample_batch(model, requests, cfg.max_new_tokens, target,

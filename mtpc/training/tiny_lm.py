@@ -1,4 +1,5 @@
-"""`mtpc tiny-lm`: train a small byte-level LlamaForCausalLM from scratch on a local corpus.
+"""`mtpc tiny-lm`: train a small LlamaForCausalLM from scratch on a local corpus, over bytes or (`--tokenizer`,
+`--bpe-vocab`) subword tokens.
 
 The default corpus is the Python standard library's `.py` sources (about 30 MB, present wherever
 Python is), so every machine can build the same model without a download. The result is saved with
@@ -6,8 +7,10 @@ Python is), so every machine can build the same model without a download. The re
 like any local Hugging Face checkpoint: `LlamaForCausalLM.from_pretrained(DIR)`.
 
 Training runs for a wall-clock budget (`minutes`) or a fixed number of `steps`; the learning rate
-warms up and then follows a cosine over the budget. Held-out bits per byte count only byte targets
-(specials such as `<eos>` are predicted and trained but not counted as bytes).
+warms up and then follows a cosine over the budget. Held-out bits per byte count only text targets
+(specials such as `<eos>` are predicted and trained but not counted as bytes): the NLL of those targets
+over the bytes they stand for (a subword token's bytes: `SubwordTokenizer.byte_lengths`); a subword LM
+also reports bits per token.
 """
 
 
@@ -21,7 +24,7 @@ from .. import checks
 from ..errors import InputError
 from ..heads.head import save_head
 from ..heads.nll_loss import valid_counts
-from ..tokenizer import ByteTokenizer
+from ..tokenizer import SubwordTokenizer
 from .checkpoints import append_log, write_checkpoint
 from .data import collate, target_validity, to_device
 from .distributed import all_sum, barrier, init_distributed, wrap_ddp
@@ -29,9 +32,9 @@ from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype
 from .schedule import ClockBudget, StepBudget, cosine_lr
 from .tiny_lm_checkpoints import CHECKPOINT, read_checkpoint, resume_key
-from .tiny_lm_model import LN2, JointLM, bits_per_byte, lm_nll, mtp_val_loss
+from .tiny_lm_model import LN2, JointLM, bits_per_byte, held_out_bits, lm_nll, mtp_val_loss
 from .tiny_lm_setup import (MTP_HEAD_DIR, ShuffledOrder, TinyLMConfig, build_model, build_mtp_head, check_config,
-                            datasets, mtp_graph, optimizer, stats_dict)
+                            check_states, datasets, lm_tokenizer, mtp_graph, optimizer, stats_dict)
 
 __all__ = ["TinyLMConfig", "train_tiny_lm", "build_model", "JointLM", "lm_nll", "bits_per_byte", "mtp_val_loss",
            "CHECKPOINT", "MTP_HEAD_DIR", "LOG"]
@@ -63,10 +66,13 @@ class _TinyLMRun:
                              f"({self.d.world})")
         self.out = checks.output_folder(cfg.out)
         checks.data_source(cfg.data)
+        self.tok = lm_tokenizer(cfg)  # a BPE is trained first: a tokenizer folder that cannot be read fails here
+        if graph is not None and isinstance(self.tok, SubwordTokenizer):
+            check_states(cfg, graph, self.tok.vocab_size)
+        self.byte_lengths = torch.tensor(self.tok.byte_lengths())  # [V] bytes of text per id (held-out bits/byte)
         torch.manual_seed(cfg.seed)
-        self.tok = ByteTokenizer(cfg.vocab_size)
         self.model = build_model(cfg, self.tok)  # first: the same initial LM with or without a head
-        self.head = build_mtp_head(cfg, graph, self.model, self.tok) if graph is not None else None
+        self.head = build_mtp_head(cfg, graph, self.model) if graph is not None else None
         self.model.to(self.d.device).train()
         if self.head is not None:
             self.head.to(self.d.device).train()
@@ -123,7 +129,8 @@ class _TinyLMRun:
         return summary
 
     def first_record(self) -> dict:
-        self.start_bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype)
+        self.start_bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype,
+                                       byte_lengths=self.byte_lengths)
         self.last_eval = time.perf_counter()
         return {"step": 0, "tokens": 0, "val_bpb": self.start_bpb}
 
@@ -131,7 +138,7 @@ class _TinyLMRun:
         """Held-out bits per byte (rank 0) when `eval_every_s` seconds have passed since the last one."""
         if not (self.d.main and time.perf_counter() - self.last_eval >= self.cfg.eval_every_s):
             return {}
-        bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype)
+        bpb = bits_per_byte(self.model, self.val_set, self.cfg.val_tokens, self.dtype, byte_lengths=self.byte_lengths)
         self.last_eval = time.perf_counter()
         return {"val_bpb": bpb}
 
@@ -174,7 +181,8 @@ class _TinyLMRun:
 
     def finish(self) -> dict:
         cfg = self.cfg
-        final_bpb = bits_per_byte(self.model, self.val_set, cfg.final_val_tokens, self.dtype)
+        final_bpb, final_bpt = held_out_bits(self.model, self.val_set, cfg.final_val_tokens, self.dtype,
+                                             self.byte_lengths)
         summary = {
             "val_bits_per_byte": final_bpb, "val_bits_per_byte_at_start": self.start_bpb, "steps": self.step,
             "train_tokens": self.tokens_seen, "train_seconds": round(self.elapsed, 1),
@@ -187,6 +195,11 @@ class _TinyLMRun:
                      "train_tokens": self.train_set.num_tokens, "val_tokens": self.val_set.num_tokens},
             "config": asdict(cfg),
         }
+        if isinstance(self.tok, SubwordTokenizer):
+            summary["val_bits_per_token"] = final_bpt
+            summary["tokenizer"] = {"kind": "subword", "vocab_size": self.tok.vocab_size,
+                                    "source": cfg.tokenizer or f"byte-level BPE of {cfg.bpe_vocab} tokens",
+                                    "val_bytes_per_token": round(final_bpt / final_bpb, 4) if final_bpb else None}
         if self.head is not None:
             summary["mtp_head"] = {"dir": MTP_HEAD_DIR, "parameters": sum(p.numel() for p in self.head.parameters()),
                                    "val_mtp_loss": mtp_val_loss(self.joint, self.val_set, cfg.val_tokens)}

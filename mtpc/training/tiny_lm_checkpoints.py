@@ -19,7 +19,9 @@ FIELDS = ("config", "model", "optimizer", "order", "step", "tokens", "elapsed", 
 def resume_key(cfg: TinyLMConfig) -> dict:
     """The settings a checkpoint must agree with to be continued (not the output or logging ones)."""
     skip = {"out", "progress", "resume", "stop_after", "save_every", "eval_every_s", "device"}
-    return {k: v for k, v in asdict(cfg).items() if k not in skip}
+    # settings added later count only when given, so a checkpoint written before them still resumes
+    later = {"tokenizer", "bpe_vocab"}
+    return {k: v for k, v in asdict(cfg).items() if k not in skip and not (k in later and v is None)}
 
 
 def read_checkpoint(out: Path, cfg: TinyLMConfig) -> dict | None:

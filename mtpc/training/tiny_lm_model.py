@@ -18,41 +18,58 @@ from .precision import autocast
 LN2 = math.log(2.0)
 
 
-def lm_nll(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Next-token NLL over valid targets (same document, in the loss mask).
-    Returns (sum over all targets, number of targets, sum over byte targets, number of byte targets)."""
+def lm_nll(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None, byte_lengths: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token NLL over valid targets (same document, in the loss mask). `byte_lengths` `[V]`: the bytes
+    of text each id stands for (default: a byte LM's, 1 for ids 0..255, 0 for the specials).
+    Returns (sum over all targets, number of targets, sum over text targets, bytes of the text targets,
+    number of text targets); a text target is one that stands for some bytes."""
     device = next(model.parameters()).device
     with autocast(device, dtype):
         logits = model(input_ids=batch["tokens"]).logits  # [B, T, V]
-    return _nll_sums(logits, batch)
+    return _nll_sums(logits, batch, byte_lengths)
 
 
-def _nll_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor]
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def byte_level_lengths(vocab_size: int) -> torch.Tensor:
+    """`[V]` a byte LM's bytes per id: 1 for the 256 byte ids, 0 after them."""
+    return (torch.arange(vocab_size) < NUM_BYTES).long()
+
+
+def _nll_sums(logits: torch.Tensor, batch: dict[str, torch.Tensor], byte_lengths: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens = batch["tokens"]  # [B, T]
+    if byte_lengths is None:
+        byte_lengths = byte_level_lengths(logits.shape[-1])
     valid = target_validity(batch["doc_ids"], batch["loss_mask"], 1)[:, :-1, 0]  # [B, T-1]
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
     nll = nll.view_as(valid) * valid  # [B, T-1]
-    is_byte = valid & (tokens[:, 1:] < NUM_BYTES)  # [B, T-1]
-    return nll.sum(), valid.sum(), (nll * is_byte).sum(), is_byte.sum()
+    target_bytes = byte_lengths.to(tokens.device)[tokens[:, 1:]] * valid  # [B, T-1]
+    is_text = target_bytes > 0  # [B, T-1]
+    return nll.sum(), valid.sum(), (nll * is_text).sum(), target_bytes.sum(), is_text.sum()
 
 
 @torch.no_grad()
-def bits_per_byte(model, data: PackedDataset, max_tokens: int, dtype: torch.dtype | None,
-                  batch_size: int = 8) -> float:
-    """Held-out bits per byte over the first `max_tokens` tokens of `data`."""
+def held_out_bits(model, data: PackedDataset, max_tokens: int, dtype: torch.dtype | None,
+                  byte_lengths: torch.Tensor | None = None, batch_size: int = 8) -> tuple[float, float]:
+    """Held-out (bits per byte, bits per text token) over the first `max_tokens` tokens of `data`
+    (`byte_lengths` as in `lm_nll`; special targets such as `<eos>` are in neither)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     count = min(len(data), max(1, max_tokens // data.seq_len))
-    nll_bytes, n_bytes = 0.0, 0
+    nll_text, n_bytes, n_text = 0.0, 0, 0
     for lo in range(0, count, batch_size):
         batch = to_device(collate(data[i] for i in range(lo, min(lo + batch_size, count))), device)
-        _, _, s, c = lm_nll(model, batch, dtype)
-        nll_bytes, n_bytes = nll_bytes + s.item(), n_bytes + int(c)
+        _, _, s, b, c = lm_nll(model, batch, dtype, byte_lengths)
+        nll_text, n_bytes, n_text = nll_text + s.item(), n_bytes + int(b), n_text + int(c)
     model.train(was_training)
-    return nll_bytes / max(1, n_bytes) / LN2
+    return nll_text / max(1, n_bytes) / LN2, nll_text / max(1, n_text) / LN2
+
+
+def bits_per_byte(model, data: PackedDataset, max_tokens: int, dtype: torch.dtype | None,
+                  batch_size: int = 8, byte_lengths: torch.Tensor | None = None) -> float:
+    """Held-out bits per byte over the first `max_tokens` tokens of `data` (`held_out_bits`)."""
+    return held_out_bits(model, data, max_tokens, dtype, byte_lengths, batch_size)[0]
 
 
 class JointLM(nn.Module):
@@ -78,7 +95,7 @@ class JointLM(nn.Module):
         with autocast(tokens.device, self.amp):
             hidden = self.model.get_decoder()(input_ids=tokens).last_hidden_state  # [B, T, d]
             logits = self.model.get_output_embeddings()(hidden)  # [B, T, V]
-        nll, _, _, _ = _nll_sums(logits, {"tokens": tokens, "doc_ids": doc_ids, "loss_mask": loss_mask})
+        nll, _, _, _, _ = _nll_sums(logits, {"tokens": tokens, "doc_ids": doc_ids, "loss_mask": loss_mask})
         ce = nll / ce_count.clamp(min=1)
         if self.head is None:
             return ce, ce.detach(), torch.zeros((), device=ce.device)

@@ -16,14 +16,43 @@ from torch import nn
 from .. import loading
 from ..errors import InputError
 from ..heads.head import PARAMETERISATIONS, MTPHead
-from ..tokenizer import ByteTokenizer
+from ..tokenizer import NUM_BYTES, TOKENIZER_FILE, ByteTokenizer, SubwordTokenizer
+from .bpe import train_bpe
 from .config import TinyLMConfig
-from .data import DataStats, EpochSampler, PackedDataset, load_documents, split_documents
+from .data import DataStats, Document, EpochSampler, PackedDataset, load_documents, split_documents
 
+MIN_SUBWORD_VOCAB = loading.MAX_BYTE_VOCAB + 1  # a smaller vocabulary without mtpc_tokenizer.json reads as bytes
 MTP_HEAD_DIR = "mtp_head"  # the jointly trained head's folder inside the LM's (mtpc.load_head reads it)
 
 
-def build_model(cfg: TinyLMConfig, tok: ByteTokenizer):
+def lm_tokenizer(cfg: TinyLMConfig) -> ByteTokenizer | SubwordTokenizer:
+    """The LM's tokenizer: bytes, the subword one of `--tokenizer DIR`, or a byte-level BPE of `--bpe-vocab N`
+    tokens trained on the training documents of `--data` (the held-out ones never seen)."""
+    if cfg.tokenizer is None and cfg.bpe_vocab is None:
+        return ByteTokenizer(cfg.vocab_size)
+    if cfg.tokenizer is not None:
+        where = f"--tokenizer {cfg.tokenizer}"
+        tok = loading.subword_tokenizer(loading.readable_folder(cfg.tokenizer, "--tokenizer"), cfg.vocab_size)
+    else:
+        where = f"--bpe-vocab {cfg.bpe_vocab} (the corpus gave {{}} tokens)"
+        docs, _ = load_documents(cfg.data, ByteTokenizer())
+        train, _ = split_documents(docs, cfg.val_fraction)
+        tok = SubwordTokenizer(train_bpe(map(document_text, train), cfg.bpe_vocab), cfg.vocab_size, "--bpe-vocab")
+        where = where.format(len(tok.hf))
+    if tok.vocab_size < MIN_SUBWORD_VOCAB:
+        raise InputError(f"{where}: an LM of {tok.vocab_size} tokens would be read as bytes by mtpc's loaders (a "
+                         f"vocabulary of at most {loading.MAX_BYTE_VOCAB} without {TOKENIZER_FILE}); pad it with "
+                         f"--vocab-size {MIN_SUBWORD_VOCAB}")
+    return tok
+
+
+def document_text(doc: Document) -> str:
+    """A byte document's text (its bytes as UTF-8, invalid ones as U+FFFD as a subword tokenizer reads them)."""
+    body = doc.tokens[(doc.tokens >= 0) & (doc.tokens < NUM_BYTES)]  # [len] the bytes, specials dropped
+    return body.astype("uint8").tobytes().decode("utf-8", errors="replace")
+
+
+def build_model(cfg: TinyLMConfig, tok: ByteTokenizer | SubwordTokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -35,7 +64,7 @@ def build_model(cfg: TinyLMConfig, tok: ByteTokenizer):
     return LlamaForCausalLM(config)
 
 
-def build_mtp_head(cfg: TinyLMConfig, graph, model, tok: ByteTokenizer) -> MTPHead:
+def build_mtp_head(cfg: TinyLMConfig, graph, model) -> MTPHead:
     """A head on the final hidden states, its units initialised from the (fresh) LM's unembedding,
     as `mtpc train` does, so at step 0 it is the fully factorised product of the LM's softmax."""
     unembed = model.get_output_embeddings().weight.detach()  # [V, d]
@@ -63,7 +92,16 @@ def check_config(cfg: TinyLMConfig) -> None:
         raise InputError(f"--minutes must be positive, got {cfg.minutes}")
     if cfg.d_model % cfg.heads:
         raise InputError(f"--heads {cfg.heads} must divide --d-model {cfg.d_model}")
-    if cfg.vocab_size is not None and cfg.vocab_size < loading.MIN_BYTE_VOCAB:
+    if cfg.tokenizer is not None and cfg.bpe_vocab is not None:
+        raise InputError("give --tokenizer or --bpe-vocab, not both")
+    if cfg.bpe_vocab is not None and cfg.bpe_vocab < MIN_SUBWORD_VOCAB:
+        raise InputError(f"--bpe-vocab {cfg.bpe_vocab} is too small: a subword LM needs at least {MIN_SUBWORD_VOCAB} "
+                         f"tokens (mtpc's loaders read a vocabulary of at most {loading.MAX_BYTE_VOCAB} without "
+                         f"{TOKENIZER_FILE} as bytes)")
+    subword = cfg.tokenizer is not None or cfg.bpe_vocab is not None
+    if cfg.vocab_size is not None and cfg.bpe_vocab is not None and cfg.vocab_size < cfg.bpe_vocab:
+        raise InputError(f"--vocab-size {cfg.vocab_size} is smaller than --bpe-vocab {cfg.bpe_vocab}")
+    if cfg.vocab_size is not None and not subword and cfg.vocab_size < loading.MIN_BYTE_VOCAB:
         raise InputError(f"--vocab-size {cfg.vocab_size} is too small: 256 bytes + 8 special tokens need at least "
                          f"{loading.MIN_BYTE_VOCAB}")
     if cfg.mtp_circuit is None:
@@ -99,14 +137,21 @@ def mtp_graph(cfg: TinyLMConfig):
         graph = circuitc.load_graph(path, **cfg.mtp_bindings)
     except CircuitError as e:
         raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: {e}") from None
-    vocab = ByteTokenizer(cfg.vocab_size).vocab_size
-    states = circuitc.compile(graph).num_states
-    if states > vocab:
-        raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: {states} states, but the LM has {vocab} tokens")
+    if cfg.tokenizer is None and cfg.bpe_vocab is None:
+        check_states(cfg, graph, ByteTokenizer(cfg.vocab_size).vocab_size)
     return graph
 
 
-def datasets(cfg: TinyLMConfig, tok: ByteTokenizer) -> tuple[PackedDataset, PackedDataset, DataStats]:
+def check_states(cfg: TinyLMConfig, graph, vocab: int) -> None:
+    """The circuit's states are token ids of the LM (a subword LM's vocabulary is known once its tokenizer is)."""
+    import circuitc
+
+    states = circuitc.compile(graph).num_states
+    if states > vocab:
+        raise InputError(f"--mtp-circuit {cfg.mtp_circuit}: {states} states, but the LM has {vocab} tokens")
+
+
+def datasets(cfg: TinyLMConfig, tok: ByteTokenizer | SubwordTokenizer) -> tuple[PackedDataset, PackedDataset, DataStats]:
     docs, stats = load_documents(cfg.data, tok)
     train_docs, val_docs = split_documents(docs, cfg.val_fraction)
     return (PackedDataset(train_docs, cfg.context, tok.pad_id), PackedDataset(val_docs, cfg.context, tok.pad_id),

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The subword reference of models/ (models/subword-lm and models/heads/subword-tied), on one CPU thread.
+#
+#   benchmarks/subword.sh lm        # a 2,048-token byte-level BPE trained on the stdlib's training files,
+#                                   # then a d = 192 Llama on its tokens for $LM_MINUTES (25) minutes, fp32;
+#                                   # the folder is copied (without checkpoint.pt) to $MODEL
+#   benchmarks/subword.sh distill   # the LM's own continuations (T = 1) of prompts from its training files
+#   benchmarks/subword.sh head      # a tied head (BTree, n = 4, r = 4) distilled with --loss kl for $HEAD_MINUTES (15)
+#   benchmarks/subword.sh ship      # copy the head (without checkpoint.pt) to $SHIP_HEAD
+#   benchmarks/subword.sh bench     # greedy bench on held-out stdlib files: plain, prompt lookup, the tied
+#                                   # head (timings: run it on a quiet machine; BENCH_FLAGS adds options:
+#                                   # a later --num-prompts or --max-new-tokens wins)
+#   benchmarks/subword.sh           # lm, distill, head, ship, in this order (about 50 minutes)
+#   benchmarks/subword.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
+#   benchmarks/subword.sh --help
+#
+# Everything goes under $RUNS (default runs/subword). Rerunning a stage resumes it from its checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DRY_RUN=0
+case ${1:-} in
+    -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+esac
+export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+
+RUNS=${RUNS:-runs/subword}
+LM_MINUTES=${LM_MINUTES:-25}
+HEAD_MINUTES=${HEAD_MINUTES:-15}
+LM_RUN=${LM_RUN:-$RUNS/lm}
+MODEL=${MODEL:-models/subword-lm}  # the shipped LM: what distill, head and bench use
+HEAD=${HEAD:-$RUNS/head-btree4-r4-tied}
+DATA=$RUNS/distill-t1.jsonl
+BENCH=${BENCH:-$RUNS/bench}
+SHIP_HEAD=${SHIP_HEAD:-models/heads/subword-btree4-r4-tied}
+BENCH_MODEL=${BENCH_MODEL:-$MODEL}
+BENCH_HEAD=${BENCH_HEAD:-$SHIP_HEAD}
+BENCH_FLAGS=${BENCH_FLAGS:-}
+STAGE=${1:-all}
+
+run() {  # a command of the recipe: run it, or with --dry-run print it (shell-quoted, one line)
+    if (( DRY_RUN )); then
+        printf '%q ' "$@" | sed 's/ $//'
+        echo
+    else
+        "$@"
+    fi
+}
+
+lm() {
+    run mkdir -p "$RUNS"
+    run python -m mtpc.cli tiny-lm --out "$LM_RUN" --bpe-vocab 2048 --minutes "$LM_MINUTES" --precision fp32 --seed 0 \
+        --d-model 192 --heads 4 --ffn 512 --context 1024 --save-every 25 --no-progress
+    run mkdir -p "$MODEL"
+    run find "$LM_RUN" -maxdepth 1 -type f ! -name checkpoint.pt ! -name .mtpc.lock -exec cp {} "$MODEL/" \;
+}
+
+distill() {
+    run python -m mtpc.cli distill-data --model "$MODEL" --out "$DATA" --num-prompts 2048 --max-new-tokens 256 \
+        --batch-size 32 --temperature 1 --seed 0 --no-progress
+}
+
+head() {
+    run python -m mtpc.cli train --model "$MODEL" --out "$HEAD" --minutes "$HEAD_MINUTES" --circuit examples/btree.pc \
+        -D n=4 -D r=4 -D v=2048 --parameterisation tied --loss kl --data "$DATA" --seq-len 512 --batch-size 8 \
+        --window-stride 2 --precision fp32 --seed 0 --no-progress
+}
+
+ship() {
+    run mkdir -p "$SHIP_HEAD"
+    run find "$HEAD" -maxdepth 1 -type f ! -name checkpoint.pt ! -name .mtpc.lock -exec cp {} "$SHIP_HEAD/" \;
+}
+
+bench() {  # held-out stdlib files as prompts, greedy, one thread; $BENCH_FLAGS e.g. for a smoke run
+    # shellcheck disable=SC2086
+    run python -m mtpc.cli bench --model "$BENCH_MODEL" --heads "$BENCH_HEAD" --corpus stdlib --num-prompts 8 \
+        --repeats 3 --prompt-len 128 --max-new-tokens 256 --peers prompt-lookup --threads 1 --out "$BENCH" \
+        --no-progress $BENCH_FLAGS
+}
+
+case $STAGE in
+    lm) lm ;;
+    distill) distill ;;
+    head) head ;;
+    ship) ship ;;
+    bench) bench ;;
+    all) lm; distill; head; ship ;;
+    *) echo "unknown stage $STAGE (lm, distill, head, ship, bench)" >&2; exit 2 ;;
+esac
