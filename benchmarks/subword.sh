@@ -7,7 +7,7 @@
 #   benchmarks/subword.sh distill   # the LM's own continuations (T = 1) of prompts from its training files
 #   benchmarks/subword.sh head      # a tied head (BTree, n = 4, r = 4) distilled with --loss kl for $HEAD_MINUTES (15)
 #   benchmarks/subword.sh ship      # copy the head (without checkpoint.pt) to $SHIP_HEAD
-#   benchmarks/subword.sh bench     # greedy bench on held-out stdlib files: plain, prompt lookup, the tied
+#   benchmarks/subword.sh bench     # T = 1 bench on held-out third-party files: plain (eager, compiled), the tied
 #                                   # head (timings: run it on a quiet machine; BENCH_FLAGS adds options:
 #                                   # a later --num-prompts or --max-new-tokens wins)
 #   benchmarks/subword.sh           # lm, distill, head, ship, in this order (about 50 minutes)
@@ -71,11 +71,13 @@ ship() {
     run find "$HEAD" -maxdepth 1 -type f ! -name checkpoint.pt ! -name .mtpc.lock -exec cp {} "$SHIP_HEAD/" \;
 }
 
-bench() {  # held-out stdlib files as prompts, greedy, one thread; $BENCH_FLAGS e.g. for a smoke run
+bench() {  # held-out files of $CORPUS (default: the installed networkx package, code neither the BPE nor the LM
+    # saw) as prompts, T = 1, eager and compiled, one thread; $BENCH_FLAGS e.g. for a smoke run
+    local corpus=${CORPUS:-$(python -c "import networkx; print(networkx.__path__[0])")}
     # shellcheck disable=SC2086
-    run python -m mtpc.cli bench --model "$BENCH_MODEL" --heads "$BENCH_HEAD" --corpus stdlib --num-prompts 8 \
-        --repeats 3 --prompt-len 128 --max-new-tokens 256 --peers prompt-lookup --threads 1 --out "$BENCH" \
-        --no-progress $BENCH_FLAGS
+    run python -m mtpc.cli bench --model "$BENCH_MODEL" --heads "$BENCH_HEAD" --corpus "$corpus" --num-prompts 8 \
+        --repeats 2 --prompt-len 64 --max-new-tokens 128 --mode sample --temperature 1 --compile --threads 1 \
+        --out "$BENCH" --no-progress $BENCH_FLAGS
 }
 
 case $STAGE in
