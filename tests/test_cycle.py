@@ -11,7 +11,7 @@ from mtpc import SpeculativeDecoder
 from mtpc.decoding.acceptance import AcceptanceRule, Target, accept_window
 from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
 from mtpc.decoding.proposals import PromptLookup
-from mtpc.decoding.verify import Places
+from mtpc.decoding.verify import Places, cache_length
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -306,4 +306,20 @@ def test_a_call_attends_over_the_filled_slots_only():
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(attended, whole))
     cut = decoder.verifier.forward(window, Places(places.slots, places.positions, places.starts, torch.arange(26)))
     assert not torch.allclose(cut[0][0, 1:], whole[0][0, 1:], atol=1e-3)  # row 0's later queries lost their slots
-    assert attended_slots(120, 128, torch.device("cpu")).shape == (128,)
+    assert attended_slots(120, 128, torch.device("cpu")).shape == (127,)  # never the cache's spare slot
+    assert [cache_length(need) for need in (62, 63, 64, 127)] == [64, 64, 128, 128]
+
+
+@pytest.mark.slow
+def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache(monkeypatch):
+    """A budget that ends within the last rounding of the cache: the warm-up's attended length is as long as
+    any later one can be, and it must not become the graph's constant (the spare slot of `cache_length`)."""
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
+    decoder = SpeculativeDecoder(model, head, compile=True)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    ids = torch.tensor([[1 + i % 11 for i in range(56)]])
+    out = decoder.generate(ids, 3)  # 56 + 3 + n = 63 positions: a 64-slot cache
+    assert decoder.verifier.max_len == 64
+    assert torch.equal(out.sequences, generate_autoregressive(model, ids, 3).sequences)

@@ -34,7 +34,7 @@ from ..decoding import DecodeStats, GenerateOutput, Target
 from ..decoding.backbone import BackboneState, SplitBackbone
 from ..decoding.compiling import compile_step, dynamic_length
 from ..decoding.inputs import eos_set
-from ..decoding.verify import CACHE_ROUNDING, attended_slots
+from ..decoding.verify import attended_slots, cache_length
 from ..errors import InputError
 from .config import BenchConfig
 from .variants import load_bench
@@ -79,9 +79,8 @@ class BatchedPlainDecoder:
                  pad_token_id: int = 0) -> GenerateOutput:
         B, T = input_ids.shape
         target, eos = Target(do_sample, temperature, top_k, top_p), eos_set(eos_token_id)
-        need = T + max_new_tokens
-        if self.state is None or need > self.max_len or B != self.batch:
-            self.max_len, self.batch = -(-need // CACHE_ROUNDING) * CACHE_ROUNDING, B
+        if self.state is None or cache_length(T + max_new_tokens) > self.max_len or B != self.batch:
+            self.max_len, self.batch = cache_length(T + max_new_tokens), B
             self.state = self.backbone.new_state(draft=False, max_len=self.max_len)
         device = input_ids.device
         starts = (T - attention_mask.sum(1)).long()  # [B] each row's padding

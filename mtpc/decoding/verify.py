@@ -24,19 +24,27 @@ import torch
 
 from .backbone import BackboneState, SplitBackbone
 
-__all__ = ["Verifier", "Places", "CACHE_ROUNDING", "attended_slots"]
+__all__ = ["Verifier", "Places", "CACHE_ROUNDING", "attended_slots", "cache_length"]
 
 CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengths share one compiled shape
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
 
 
+def cache_length(need: int) -> int:
+    """Slots for `need` positions: one more than they fill (never written), rounded up to `CACHE_ROUNDING`.
+    The spare slot keeps every attended length below the cache's: a compiled step traced on a call that
+    attends over the whole cache would specialise its dynamic length to it."""
+    return -(-(need + 1) // CACHE_ROUNDING) * CACHE_ROUNDING
+
+
 def attended_slots(furthest: int, max_len: int, device: torch.device) -> torch.Tensor:
-    """`[S]` long, `arange(S)`: the slots a call attends over when no row writes past slot `furthest - 1`. On
-    the CPU, `furthest` rounded up to `ATTENTION_ROUNDING` (attention over unfilled slots is a quarter of a
-    batch-8 verify call there); on CUDA every slot of the cache (it costs next to nothing there, while
-    each new length would record another CUDA graph of the compiled step)."""
-    S = max_len if device.type == "cuda" else min(-(-furthest // ATTENTION_ROUNDING) * ATTENTION_ROUNDING, max_len)
-    return torch.arange(S, device=device)
+    """`[S]` long, `arange(S)`: the slots a call attends over when no row writes past slot `furthest - 1`
+    (`furthest < max_len`, see `cache_length`). On the CPU, `furthest` rounded up to `ATTENTION_ROUNDING`
+    (attention over unfilled slots is a quarter of a batch-8 verify call there); on CUDA every slot but the
+    spare one (it costs next to nothing there, while each new length would record another CUDA graph of the
+    compiled step). Always below `max_len`."""
+    S = -(-furthest // ATTENTION_ROUNDING) * ATTENTION_ROUNDING if device.type != "cuda" else max_len
+    return torch.arange(min(S, max_len - 1), device=device)
 
 
 @dataclass
@@ -71,9 +79,8 @@ class Verifier:
         into caches with room for `budget` more positions. Returns the logits `[B, V]` and draft hidden
         states `[B, d]` at its last column."""
         B, T = prompt.shape
-        need = T + budget
-        if self.state is None or need > self.max_len or B != self.batch:
-            self.max_len = -(-need // CACHE_ROUNDING) * CACHE_ROUNDING
+        if self.state is None or cache_length(T + budget) > self.max_len or B != self.batch:
+            self.max_len = cache_length(T + budget)
             self.state = self.backbone.new_state(max_len=self.max_len)
             self.batch = B
             self.allocations += 1
