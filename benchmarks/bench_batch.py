@@ -87,7 +87,7 @@ def plot(reports: dict[int, dict], path: Path) -> None:
 
     sizes = sorted(reports)
     first = reports[sizes[0]]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5.6), dpi=110)
     styles = {PLAIN: "--", PLAIN_COMPILED: "-", HF: ":"}
     for h, head in enumerate(heads_of(first)):
         for b in first["baselines"]:
@@ -98,7 +98,8 @@ def plot(reports: dict[int, dict], path: Path) -> None:
     left.set_xticks(sizes, [str(B) for B in sizes])
     left.set_xlabel("batch size B")
     left.set_ylabel("speed-up (tok/s over the batch)")
-    left.legend(fontsize=6.5, handlelength=4)  # long enough to show each baseline's dash style
+    # below the axes, where it hides no line; long handles show each baseline's dash style
+    left.legend(fontsize=6.5, handlelength=4, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     for i, label in enumerate(row["label"] for row in first["rows"]):
         rates = [{r["label"]: r for r in reports[B]["rows"]}[label]["tok_s"]["mean"] for B in sizes]
         right.plot(sizes, [r / rates[0] for r in rates], marker="o", color=f"C{i}", label=label)
@@ -106,7 +107,7 @@ def plot(reports: dict[int, dict], path: Path) -> None:
     right.set_xticks(sizes, [str(B) for B in sizes])
     right.set_xlabel("batch size B")
     right.set_ylabel(f"tok/s relative to B = {sizes[0]}")
-    right.legend(fontsize=6.5)
+    right.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle(f"{first['mode']}, {first['max_new_tokens']} new tokens per row, {first['threads']} thread(s), "
                  f"{first['device']}", fontsize=9)
     fig.tight_layout()

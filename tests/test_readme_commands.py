@@ -95,6 +95,7 @@ COVERAGE = {
     "benchmarks/subword.sh distill": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh head": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh ship": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh bench": SKIP + "minutes of timing on a quiet machine; " + SUBWORD_STAGES,
     "mtpc generate --model models/subword-lm --head models/heads/subword-btree4-r4-tied --compare --stats --threads 1 "
     "--max-new-tokens 48 \"def parse_args(argv):\"": SUBWORD,
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
