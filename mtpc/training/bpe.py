@@ -6,8 +6,8 @@ a transformers `PreTrainedTokenizerFast` with mtpc's special tokens first (`<pad
 chat roles and `<|end|>` at ids 0..7, never produced by text) and the chat template of
 `mtpc.training.data` (the byte tokenizer's), so `mtpc generate --chat` renders the same turns.
 
-Deterministic: the same texts in the same order give the same vocabulary and merges (the trainer's
-ties are broken by the pairs themselves, not by hash order; `tests/test_tinylm_subword.py` trains twice).
+Deterministic: the same texts in the same order give the same vocabulary and merges
+(`tests/test_subword_e2e.py` trains it twice on the same files and compares).
 Only the training documents are shown to it (`mtpc tiny-lm` passes its training split), so held-out
 files stay unseen by the tokenizer too.
 """
