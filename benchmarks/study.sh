@@ -20,11 +20,7 @@
 # folders to models/heads/. Run it on a machine with nothing else running: the budgets are wall clock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY_RUN=0
-case ${1:-} in
-    -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --dry-run) DRY_RUN=1; shift ;;
-esac
+source benchmarks/recipe.sh  # --help, --dry-run (DRY_RUN) and run: a command, or its printed line
 export OMP_WAIT_POLICY=PASSIVE  # two jobs share the two cores: no busy-waiting threads
 
 RUNS=${RUNS:-runs/study}
@@ -42,14 +38,6 @@ LONG_MINUTES=${LONG_MINUTES:-60}
 HALVES=("$RUNS/onpolicy-a.jsonl" "$RUNS/onpolicy-b.jsonl")  # `levers` and `long`: two seeds, one file each
 STAGE=${1:-all}
 
-run() {  # a command of the study: run it, or with --dry-run print it (shell-quoted, one line)
-    if (( DRY_RUN )); then
-        printf '%q ' "$@" | sed 's/ $//'
-        echo
-    else
-        "$@"
-    fi
-}
 
 lm_command() {  # size: the tiny-lm command of that size on the shared 45-minute schedule, into LM_COMMAND
     # shellcheck disable=SC2206

@@ -17,11 +17,7 @@
 # Everything goes under $RUNS (default runs/subword). Rerunning a stage resumes it from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY_RUN=0
-case ${1:-} in
-    -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --dry-run) DRY_RUN=1; shift ;;
-esac
+source benchmarks/recipe.sh  # --help, --dry-run (DRY_RUN) and run: a command, or its printed line
 export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
 RUNS=${RUNS:-runs/subword}
@@ -38,14 +34,6 @@ BENCH_HEAD=${BENCH_HEAD:-$SHIP_HEAD}
 BENCH_FLAGS=${BENCH_FLAGS:-}
 STAGE=${1:-all}
 
-run() {  # a command of the recipe: run it, or with --dry-run print it (shell-quoted, one line)
-    if (( DRY_RUN )); then
-        printf '%q ' "$@" | sed 's/ $//'
-        echo
-    else
-        "$@"
-    fi
-}
 
 lm() {
     run mkdir -p "$RUNS"

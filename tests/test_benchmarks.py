@@ -330,3 +330,10 @@ def test_subword_sh_dry_run_commands_parse(tmp_path):
     shipped = mtpc_commands[3][mtpc_commands[3].index("--heads") + 1]
     assert shipped == "models/heads/subword-btree4-r4-tied" and (ROOT / shipped).is_dir()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_recipe_sh_run_prints_or_runs():
+    """benchmarks/recipe.sh's `run`, which study.sh and subword.sh source: one shell-quoted line, or the run."""
+    script = f'source {BENCHMARKS / "recipe.sh"}; DRY_RUN=1 run echo "a b"; DRY_RUN=0 run echo "a b"'
+    shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert shown.stdout.splitlines() == ["echo a\\ b", "a b"]

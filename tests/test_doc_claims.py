@@ -19,7 +19,7 @@ from _readme import ROOT, Command
 
 HEADLINE = ROOT / "docs" / "bench" / "third-party"
 # flags the docs name of the benchmark scripts, not of `mtpc`/`circuitc`: flag -> the script that takes it
-SCRIPT_FLAGS = {"--dry-run": "benchmarks/study.sh", "--json": "benchmarks/bench_loss_memory.py",
+SCRIPT_FLAGS = {"--dry-run": "benchmarks/recipe.sh", "--json": "benchmarks/bench_loss_memory.py",
                 "--quick": "benchmarks/bench_circuits.py"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]")
 
@@ -68,7 +68,7 @@ def test_the_flags_the_docs_name_exist(helps):
         for flag in FLAG.findall(span):
             if program and not span.startswith(("mtpc.", "circuitc.")):
                 known = offers(helps[program.group(0)], flag)
-            elif flag in SCRIPT_FLAGS:  # an argparse option, or a case label of study.sh
+            elif flag in SCRIPT_FLAGS:  # an argparse option, or a case label of recipe.sh
                 known = re.search(rf"[\"\s]{flag}[\")]", (ROOT / SCRIPT_FLAGS[flag]).read_text()) is not None
             elif f"{flag}-..." in span:  # a family of flags: `--max-...`
                 known = f"{flag}-" in everything
