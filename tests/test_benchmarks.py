@@ -194,6 +194,18 @@ def test_study_sh_help_and_bad_stage():
     assert bad.returncode == 2 and "usage:" in bad.stderr
 
 
+def test_study_sh_dry_run_after_the_stage_and_unknown_options(tmp_path):
+    """`--dry-run` after the stage still only prints (it once started the stage's training for real); a
+    mistyped option is refused before anything runs."""
+    runs = tmp_path / "runs"
+    after = study("levers", "--dry-run", RUNS=str(runs), MODEL="runs/lm")
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == study("--dry-run", "levers", RUNS=str(runs), MODEL="runs/lm").stdout
+    assert "distill-data" in after.stdout and not runs.exists()
+    typo = study("levers", "--dryrun", RUNS=str(runs), MODEL="runs/lm")
+    assert typo.returncode == 2 and "unknown option --dryrun" in typo.stderr and not runs.exists()
+
+
 def test_study_sh_dry_run_commands_parse(tmp_path):
     """Every command the whole study would run is printed, and each `mtpc` one parses with today's
     flags (parsing runs nothing); the scripts it calls exist. Nothing is written."""
