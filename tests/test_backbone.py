@@ -141,3 +141,16 @@ def test_families_without_an_adapter_run_whole_but_not_split():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2))
     with pytest.raises(ValueError, match="does not have the layout"):
         SplitBackbone(gpt2, lora_layers=1, family=LlamaFamily())
+
+
+def test_attaching_the_draft_lora_warns_nothing():
+    """peft probing a deprecated transformers attribute printed a FutureWarning on every `mtpc train
+    --lora-layers`; nothing of it may reach the user."""
+    import warnings
+
+    from mtpc.decoding.backbone import attach_draft_lora
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attach_draft_lora(tiny_llama(), 1, rank=2)
+    assert [str(w.message) for w in caught] == []

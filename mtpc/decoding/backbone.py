@@ -28,6 +28,7 @@ caller (`mtpc.decoding.verify.Verifier`) keeps each row's length.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,11 @@ def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: 
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                         layers_to_transform=list(range(num_layers - lora_layers, num_layers)),
                         layers_pattern=family.layers_pattern)
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft 0.21 probes `is_gradient_checkpointing`, which transformers 5 deprecates with a FutureWarning
+        # on every wrap: the user can do nothing about it, so it stays out of their terminal.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def _check_k(k: int, num_layers: int) -> None:
