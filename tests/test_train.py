@@ -83,6 +83,23 @@ def test_resume_is_exact(tiny_lm, corpus, tmp_path):
     assert (tmp_path / "split" / "lora" / "adapter_config.json").exists()
 
 
+def test_a_copied_run_folder_resumes_where_it_now_is(tiny_lm, corpus, tmp_path):
+    """A run copied to another folder (to keep the original, as a 20-minute head extended to 60 was)
+    resumes from its checkpoint there: the folder is where the run lies, not one of its settings. The
+    copy ends as the uninterrupted run does."""
+    import shutil
+
+    train(config(tiny_lm, corpus, tmp_path / "straight", steps=6))
+    first = config(tiny_lm, corpus, tmp_path / "first", steps=6, stop_after=3)
+    assert train(first) == {"stopped_at": 3}
+    shutil.copytree(tmp_path / "first", tmp_path / "copy")
+    train(config(tiny_lm, corpus, tmp_path / "copy", steps=6))
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "copy")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert log_losses(tmp_path / "straight") == log_losses(tmp_path / "copy")
+    assert not (tmp_path / "first" / "head.safetensors").exists()  # the original is left as it was
+
+
 def test_gradient_accumulation_matches_one_big_batch(tiny_lm, corpus, tmp_path):
     train(config(tiny_lm, corpus, tmp_path / "one", steps=2))
     train(config(tiny_lm, corpus, tmp_path / "acc", steps=2, grad_accum=2))

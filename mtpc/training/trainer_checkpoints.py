@@ -25,11 +25,16 @@ RESUMABLE = ("steps", "minutes", "val_every", "save_every", "stop_after", "progr
 AGAIN = "pass --no-resume to start over (the checkpoint is then overwritten)"
 
 
+# Not settings of the run: the checkpoint lies in OUT, so a copied or moved run folder resumes where it
+# now is (checkpoints written before this recorded it; it is ignored there too).
+PLACE = ("out",)
+
+
 def settings(cfg: TrainConfig, graph) -> dict:
     """The settings a checkpoint must share with the command resuming it (paths resolved, the
     circuit as a digest of its region graph, so a moved file or equal bindings still match)."""
     cfg = asdict(cfg)
-    for name in (*RESUMABLE, "circuit", "bindings"):
+    for name in (*RESUMABLE, *PLACE, "circuit", "bindings"):
         cfg.pop(name)
     for name in ("model", "data", "init_head"):
         if cfg[name] is not None and Path(cfg[name]).exists():
@@ -53,7 +58,8 @@ def read_checkpoint(out: Path, cfg: TrainConfig, graph) -> dict | None:
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not fields <= state.keys() \
             or not isinstance(state["settings"], dict):
         raise InputError(f"{path} is not an mtpc training checkpoint of this version; {AGAIN}")
-    mine, theirs = settings(cfg, graph), state["settings"]
+    mine = settings(cfg, graph)
+    theirs = {k: v for k, v in state["settings"].items() if k not in PLACE}
     differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differing:
         changes = "; ".join("circuit: another region graph" if k == "circuit_graph" else
