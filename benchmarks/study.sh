@@ -9,7 +9,8 @@
 #   benchmarks/study.sh bench     # the benches of docs/results.md, one at a time, one thread
 #   benchmarks/study.sh levers    # acceptance levers side by side: 2,048 on-policy records (two halves,
 #                                 # one core each), then four heads, $LEVER_MINUTES each, two at a time
-#   benchmarks/study.sh long      # the shipped pair, FF and the winning BTree, $LONG_MINUTES each at once
+#   benchmarks/study.sh long      # the shipped pair at once: copies of the FF lever run and of the winning
+#                                 # BTree's ($LONG_BTREE), resumed to $LONG_MINUTES of training each
 #   benchmarks/study.sh tables    # the size comparison, the heads' and the bench tables, the figure
 #   benchmarks/study.sh           # all of them, in this order (about 3 hours)
 #   benchmarks/study.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
@@ -35,6 +36,7 @@ DATA=$RUNS/distill-t1.jsonl
 MINUTES=${MINUTES:-15}
 LEVER_MINUTES=${LEVER_MINUTES:-20}
 LONG_MINUTES=${LONG_MINUTES:-60}
+LONG_BTREE=${LONG_BTREE:-lever-btree8-r8}  # `long`: the lever run whose BTree is extended and shipped
 HALVES=("$RUNS/onpolicy-a.jsonl" "$RUNS/onpolicy-b.jsonl")  # `levers` and `long`: two seeds, one file each
 STAGE=${1:-all}
 
@@ -159,29 +161,52 @@ levers() {  # the acceptance levers against the same BTree on the same data and 
     two_queues queue_levers_a queue_levers_b
 }
 
+lever_args() {  # a lever run's name -> its mtpc train arguments, in LEVER_ARGS
+    case $1 in
+        lever-btree8-r8) LEVER_ARGS=("${BTREE8_LEVER[@]}") ;;
+        lever-btree8-r8-lora1) LEVER_ARGS=("${BTREE8_LEVER[@]}" --lora-layers 1) ;;
+        lever-btree8-r16-factorised) LEVER_ARGS=(--circuit examples/btree.pc -D n=8 -D r=16
+                                                 --parameterisation factorised "${LEVER_DATA[@]}") ;;
+        lever-ff8) LEVER_ARGS=("${FF[@]}" "${LEVER_DATA[@]}") ;;
+        *) echo "$0: error: LONG_BTREE=$1 is no lever run (lever-btree8-r8, -lora1, lever-btree8-r16-factorised)" >&2
+           exit 2 ;;
+    esac
+}
+
+lever() {  # core, lever run: trained for $LEVER_MINUTES
+    lever_args "$2"
+    train_head "$1" "$2" "${LEVER_ARGS[@]}"
+}
+
 queue_levers_a() {
-    train_head 0 lever-btree8-r8 "${BTREE8_LEVER[@]}"
-    train_head 0 lever-btree8-r16-factorised --circuit examples/btree.pc -D n=8 -D r=16 \
-        --parameterisation factorised "${LEVER_DATA[@]}"
+    lever 0 lever-btree8-r8
+    lever 0 lever-btree8-r16-factorised
 }
 
 queue_levers_b() {
-    train_head 1 lever-btree8-r8-lora1 "${BTREE8_LEVER[@]}" --lora-layers 1
-    train_head 1 lever-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
+    lever 1 lever-btree8-r8-lora1
+    lever 1 lever-ff8
+}
+
+extend() {  # core, lever run, long run: a copy of the lever's run, resumed to $LONG_MINUTES in all
+    lever_args "$2"
+    run rm -rf "${HEADS:?}/$3"
+    run cp -r "$HEADS/$2" "$HEADS/$3"
+    train_head "$1" "$3" "${LEVER_ARGS[@]}"
+}
+
+long() {  # the heads to ship, FF and the winning BTree ($LONG_BTREE, a lever run's name), at once
+    lever_args "$LONG_BTREE"  # refused before anything runs
+    local MINUTES=$LONG_MINUTES
+    two_queues long_ff long_btree
 }
 
 long_ff() {
-    train_head 0 long-ff8 "${FF[@]}" "${LEVER_DATA[@]}"
+    extend 0 lever-ff8 long-ff8
 }
 
-long_btree() {  # with the winning lever's flags, $LONG_BTREE
-    # shellcheck disable=SC2086
-    train_head 1 long-btree8 "${BTREE8_LEVER[@]}" ${LONG_BTREE:-}
-}
-
-long() {  # the heads to ship, FF and the BTree, at once
-    local MINUTES=$LONG_MINUTES
-    two_queues long_ff long_btree
+long_btree() {
+    extend 1 "$LONG_BTREE" long-btree8
 }
 
 # The first FF head is every row's `x FF` reference: the on-policy one, as shipped.

@@ -230,7 +230,8 @@ def test_study_sh_dry_run_commands_parse(tmp_path):
 
 def test_study_sh_levers_and_long_heads_dry_run(tmp_path):
     """The levers stage trains four heads on the same on-policy data (two seeds' halves) and budget, the
-    BTree once plain and once with each lever; `long` trains the shipped pair with $LONG_BTREE's flags."""
+    BTree once plain and once with each lever; `long` extends copies of the FF lever run and of the
+    $LONG_BTREE one to 60 minutes each, with the arguments those runs were trained with."""
     runs = tmp_path / "runs"
     levers = study("--dry-run", "levers", RUNS=str(runs), MODEL="runs/lm", LEVER_MINUTES="20")
     assert levers.returncode == 0, levers.stderr
@@ -247,9 +248,21 @@ def test_study_sh_levers_and_long_heads_dry_run(tmp_path):
     base = trains["lever-btree8-r8"]
     assert trains["lever-btree8-r8-lora1"] == [a.replace("r8", "r8-lora1") if a.endswith("r8") else a for a in base] + [
         "--lora-layers", "1"]
-    long = study("--dry-run", "long", RUNS=str(runs), MODEL="runs/lm", LONG_BTREE="--lora-layers 1")
-    trains = [shlex.split(line)[3:] for line in long.stdout.splitlines() if "mtpc.cli" in line]
-    assert [c[c.index("--minutes") + 1] for c in trains] == ["60", "60"] and trains[1][-2:] == ["--lora-layers", "1"]
+    long = study("--dry-run", "long", RUNS=str(runs), MODEL="runs/lm", LONG_BTREE="lever-btree8-r8-lora1")
+    lines = [shlex.split(line) for line in long.stdout.splitlines()]
+    copies = [line[2:] for line in lines if line[:2] == ["cp", "-r"]]
+    assert copies == [[f"{runs}/heads/lever-ff8", f"{runs}/heads/long-ff8"],
+                      [f"{runs}/heads/lever-btree8-r8-lora1", f"{runs}/heads/long-btree8"]]
+    extended = [line[3:] for line in lines if "mtpc.cli" in line]
+    assert [c[c.index("--minutes") + 1] for c in extended] == ["60", "60"]
+    # each resumes its copy: the lever's own arguments (a checkpoint refuses other settings) but --out and --minutes
+    same = [trains["lever-ff8"], trains["lever-btree8-r8-lora1"]]
+    for resumed, lever in zip(extended, same):
+        drop = {"--out", "--minutes"}
+        strip = lambda argv: [a for i, a in enumerate(argv) if a not in drop and argv[i - 1] not in drop]  # noqa: E731
+        assert strip(resumed) == strip(lever)
+    refused = study("--dry-run", "long", RUNS=str(runs), MODEL="runs/lm", LONG_BTREE="--lora-layers 1")
+    assert refused.returncode == 2 and "is no lever run" in refused.stderr and "mtpc.cli" not in refused.stdout
     assert not runs.exists()
 
 
