@@ -1,4 +1,4 @@
-"""The targets of issue 14 for BTree n=16, v=256, r=32, measured interleaved: every candidate runs
+"""The circuit-speed targets for BTree n=16, v=256, r=32 (docs/results.md), measured interleaved: every candidate runs
 once per round (one untimed call right before its timed one), round after round, and medians are
 taken over rounds, so that load from other
 processes on a shared machine hits all candidates alike (bench_circuits.py times one candidate

@@ -78,8 +78,10 @@ def test_cli_trains_a_tied_head_on_a_subword_lm_and_generates_exactly(subword, t
     out = tmp_path / "head"
     assert main(train_args(model, data, out, "--parameterisation", "tied", "--adapter-rank", "4",
                            "--loss", "nll+kl")) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    printed = capsys.readouterr().out.splitlines()
+    first, saved = printed[0], printed[-1]
     assert first.startswith("mtpc train: a tied head for the 1,000-token vocabulary") and "own output layer" in first
+    assert saved.startswith(f"saved {out}: 2 steps") and "nan" not in saved  # it once said "nan over 0 windows"
     assert load_head(out).parameterisation == "tied"
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 2 and 0 < log[-1]["loss"] < float("inf")  # subword windows were scored

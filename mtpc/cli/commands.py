@@ -121,9 +121,11 @@ def run_train(args) -> int:
         return 0
     rate = f" ({s['tokens_per_second']:,} tok/s)" if s.get("tokens_per_second") else ""
     line = f"saved {args.out}: {s['steps']} steps, {s['train_tokens']:,} tokens in {s['train_seconds']:.0f} s{rate}"
-    if s.get("val_accepted") is not None:
+    if s.get("val_windows"):
         line += (f"; held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
                  f"over {s['val_windows']} windows")
+    elif "val_windows" in s:  # a tiny held-out part holds no whole window: say so, not "nan over 0 windows"
+        line += "; no held-out window to validate on (the held-out documents are shorter than a window)"
     print(line)
     return 0
 
