@@ -9,10 +9,12 @@ the folder.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -519,6 +521,16 @@ def adapter_layers(folder: Path, wanted: int | None = None) -> int:
     return len(layers)
 
 
+@contextlib.contextmanager
+def peft_quietly():
+    """Around a peft wrap or load: peft 0.21 probes `is_gradient_checkpointing`, which transformers 5
+    deprecates with a FutureWarning on every call. The user can do nothing about it, so it stays out of
+    their terminal; every other warning still reaches them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def load_lora(model, folder: Path):
     """`model` wrapped with the peft adapter saved in `folder`, read from its local files only (checked
     first by `adapter_files`, so peft never falls back to the Hub)."""
@@ -526,6 +538,7 @@ def load_lora(model, folder: Path):
 
     adapter_files(Path(folder))
     try:
-        return PeftModel.from_pretrained(model, str(folder), local_files_only=True).eval()
+        with peft_quietly():
+            return PeftModel.from_pretrained(model, str(folder), local_files_only=True).eval()
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise InputError(f"{folder}: the LoRA adapter cannot be loaded: {first_line(e)}") from None

@@ -143,14 +143,16 @@ def test_families_without_an_adapter_run_whole_but_not_split():
         SplitBackbone(gpt2, lora_layers=1, family=LlamaFamily())
 
 
-def test_attaching_the_draft_lora_warns_nothing():
+def test_attaching_and_loading_the_draft_lora_warns_nothing(tmp_path):
     """peft probing a deprecated transformers attribute printed a FutureWarning on every `mtpc train
-    --lora-layers`; nothing of it may reach the user."""
+    --lora-layers` and every bench or generate of a LoRA head; nothing of it may reach the user."""
     import warnings
 
     from mtpc.decoding.backbone import attach_draft_lora
+    from mtpc.loading import load_lora
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        attach_draft_lora(tiny_llama(), 1, rank=2)
+        attach_draft_lora(tiny_llama(), 1, rank=2).save_pretrained(tmp_path / "lora")
+        load_lora(tiny_llama(), tmp_path / "lora")
     assert [str(w.message) for w in caught] == []

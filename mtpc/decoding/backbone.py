@@ -28,7 +28,6 @@ caller (`mtpc.decoding.verify.Verifier`) keeps each row's length.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +35,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
+from ..loading import peft_quietly
 from .families import BackboneFamily, LlamaFamily, SlotCache, WholeModelPath, decoder_layers, family_for, split_family
 
 __all__ = [
@@ -107,10 +107,7 @@ def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: 
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                         layers_to_transform=list(range(num_layers - lora_layers, num_layers)),
                         layers_pattern=family.layers_pattern)
-    with warnings.catch_warnings():
-        # peft 0.21 probes `is_gradient_checkpointing`, which transformers 5 deprecates with a FutureWarning
-        # on every wrap: the user can do nothing about it, so it stays out of their terminal.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    with peft_quietly():
         return get_peft_model(model, config)
 
 

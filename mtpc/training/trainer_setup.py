@@ -92,7 +92,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     if previous is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(previous), is_trainable=True, local_files_only=True)
+        with loading.peft_quietly():
+            model = PeftModel.from_pretrained(model, str(previous), is_trainable=True, local_files_only=True)
     elif cfg.lora_layers > 0:
         model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     return model.to(device)
