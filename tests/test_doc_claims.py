@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import itertools
 import re
 import tomllib
 
@@ -20,7 +21,7 @@ from _readme import ROOT, Command
 HEADLINE = ROOT / "docs" / "bench" / "third-party"
 # flags the docs name of the benchmark scripts, not of `mtpc`/`circuitc`: flag -> the script that takes it
 SCRIPT_FLAGS = {"--dry-run": "benchmarks/recipe.sh", "--json": "benchmarks/bench_loss_memory.py",
-                "--quick": "benchmarks/bench_circuits.py"}
+                "--quick": "benchmarks/bench_circuits.py", "--old-rule": "benchmarks/heldout_bpb.py"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]")
 
 
@@ -190,7 +191,9 @@ def test_the_headline_commands_are_the_recorded_runs(monkeypatch):
 
 def bench_rows(name: str) -> dict[str, dict[str, str]]:
     """The rows of a recorded bench.md's table: decoder label -> column -> cell."""
-    lines = [line for line in (HEADLINE / name / "bench.md").read_text().splitlines() if line.startswith("| ")]
+    text = (HEADLINE / name / "bench.md").read_text()
+    table = text[text.index("\n| "):]  # the first table, the report's main one
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), table.strip("\n").splitlines()))
     head = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     return {row[0]: dict(zip(head, row)) for row in rows}

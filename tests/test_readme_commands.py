@@ -60,11 +60,13 @@ COVERAGE = {
     "--seed 0 --max-new-tokens 128 \"$P\"": QUICK,
     "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --lookup 10 --compile "
     "--max-new-tokens 128 \"$P\"": QUICK_SLOW,
-    "mtpc tiny-lm --out runs/ref-lm --minutes 45 --seed 0 --save-every 10 --precision fp32": TRAIN_YOUR_OWN,
-    "mtpc distill-data --model runs/ref-lm --out runs/distill-t1.jsonl --num-prompts 1024 --batch-size 32":
-        TRAIN_YOUR_OWN,
-    "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data runs/distill-t1.jsonl --loss kl "
-    "--window-stride 2 --minutes 15 --precision fp32 --out runs/heads/ff8": TRAIN_YOUR_OWN,
+    "mtpc tiny-lm --out runs/ref-lm --minutes 200 --seed 0 --save-every 20 --precision fp32": TRAIN_YOUR_OWN,
+    "mtpc distill-data --model runs/ref-lm --out runs/long/onpolicy-a.jsonl --num-prompts 1024 --batch-size 32 "
+    "--seed 0": TRAIN_YOUR_OWN,
+    "mtpc distill-data --model runs/ref-lm --out runs/long/onpolicy-b.jsonl --num-prompts 1024 --batch-size 32 "
+    "--seed 1": TRAIN_YOUR_OWN,
+    "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data 'runs/long/onpolicy-*.jsonl' --loss kl "
+    "--window-stride 2 --minutes 60 --precision fp32 --out runs/heads/ff8": TRAIN_YOUR_OWN,
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_loss_memory.py": SKIP + "minutes and GiB at this size; "
         "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
     "python benchmarks/bench_loss_memory.py --parameterisation tied --structure btree --n 4 --r 4 --d 256 --tokens 64 "
@@ -270,16 +272,19 @@ def trained_head(out_dir: str) -> set[str]:
 
 @pytest.mark.slow
 def test_train_your_own_lm_and_heads(workdir, capsys):
-    """The quick start's "train your own" block, in order: the LM, its distillation data, a KL head."""
-    lm, distill, head = readme_commands(TRAIN_YOUR_OWN)
+    """reproduce.md's "retraining" block, in order: the LM, its distillation data in two seeded halves,
+    a KL head reading both halves through one glob."""
+    lm, *halves, head = readme_commands(TRAIN_YOUR_OWN)
     train_tiny_lm(shrink(argv(lm), {"--minutes": None}, ("--steps", "2", *TINY_LM_SIZE)), capsys)
-    status, out, err = run(shrink(argv(distill), {"--num-prompts": "3", "--batch-size": "2"},
-                                  ("--max-new-tokens", "8", "--prompt-len", "16", "--data", "corpus")), capsys)
-    assert status == 0, err
-    assert re.fullmatch(r"runs/distill-t1.jsonl: 3 records \(3 new, .*\)\n", out), out
-    first = json.loads(Path("runs/distill-t1.jsonl").read_text().splitlines()[0])
-    assert {"index", "prompt", "completion", "mode", "stop"} <= set(first) and first["index"] == 0
-    assert Path("runs/distill-t1.jsonl.meta.json").is_file()
+    for name, distill in zip("ab", halves):
+        status, out, err = run(shrink(argv(distill), {"--num-prompts": "3", "--batch-size": "2"},
+                                      ("--max-new-tokens", "8", "--prompt-len", "16", "--data", "corpus")), capsys)
+        assert status == 0, err
+        assert re.fullmatch(rf"runs/long/onpolicy-{name}.jsonl: 3 records \(3 new, .*\)\n", out), out
+        first = json.loads(Path(f"runs/long/onpolicy-{name}.jsonl").read_text().splitlines()[0])
+        assert {"index", "prompt", "completion", "mode", "stop"} <= set(first) and first["index"] == 0
+        assert Path(f"runs/long/onpolicy-{name}.jsonl.meta.json").is_file()
+    assert Path("runs/long/onpolicy-a.jsonl").read_text() != Path("runs/long/onpolicy-b.jsonl").read_text()
     status, out, err = run(shrink(argv(head), {"--minutes": None}, ("--steps", "1", *TINY_TRAIN)), capsys)
     assert status == 0, err
     assert out.startswith("saved runs/heads/ff8: ")
