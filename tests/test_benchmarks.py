@@ -148,6 +148,7 @@ def test_layered_draft_equals_the_draft_program():
     assert torch.equal(layered(head.circ, theta), program.greedy(theta[0]))
 
 
+@pytest.mark.slow  # 12 s: a subprocess that imports torch and measures both losses' peak memory
 def test_bench_loss_memory_imports_first_and_writes_no_file_by_default(tmp_path):
     recorded = BENCHMARKS / "results" / "loss_memory.json"
     before = recorded.read_bytes()

@@ -414,7 +414,10 @@ class PointMassResidualIsTarget(AcceptanceRule):
 LOOKUP_PROMPT = torch.tensor([[1, 3, 2, 1, 3, 0, 1, 3]])
 
 
-@pytest.mark.parametrize("target", [{}, {"temperature": 0.8, "top_p": 0.95}])
+# the tempered, top-p target waits for `pytest -m slow` (12 s): the default suite keeps T = 1 here; tempered
+# and top-p targets without lookup are covered by test_sampling_is_exact_and_a_wrong_residual_is_caught (T, top-k)
+# and tests/test_batched.py::test_sampled_rows_with_adaptive_widths_and_top_p_are_exact
+@pytest.mark.parametrize("target", [{}, pytest.param({"temperature": 0.8, "top_p": 0.95}, marks=pytest.mark.slow)])
 def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(target):
     from mtpc.decoding.proposals import PromptLookup
 

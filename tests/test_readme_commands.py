@@ -61,11 +61,11 @@ COVERAGE = {
     "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --lookup 10 --compile "
     "--max-new-tokens 128 \"$P\"": QUICK_SLOW,
     "mtpc tiny-lm --out runs/ref-lm --minutes 200 --seed 0 --save-every 20 --precision fp32": TRAIN_YOUR_OWN,
-    "mtpc distill-data --model runs/ref-lm --out runs/long/onpolicy-a.jsonl --num-prompts 1024 --batch-size 32 "
+    "mtpc distill-data --model runs/ref-lm --out runs/onpolicy-a.jsonl --num-prompts 1024 --batch-size 32 "
     "--seed 0": TRAIN_YOUR_OWN,
-    "mtpc distill-data --model runs/ref-lm --out runs/long/onpolicy-b.jsonl --num-prompts 1024 --batch-size 32 "
+    "mtpc distill-data --model runs/ref-lm --out runs/onpolicy-b.jsonl --num-prompts 1024 --batch-size 32 "
     "--seed 1": TRAIN_YOUR_OWN,
-    "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data 'runs/long/onpolicy-*.jsonl' --loss kl "
+    "mtpc train --model runs/ref-lm --circuit examples/ff.pc -D n=8 --data 'runs/onpolicy-*.jsonl' --loss kl "
     "--window-stride 2 --minutes 60 --precision fp32 --out runs/heads/ff8": TRAIN_YOUR_OWN,
     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_loss_memory.py": SKIP + "minutes and GiB at this size; "
         "tests/test_benchmarks.py::test_bench_loss_memory_imports_first_and_writes_no_file_by_default runs it small",
@@ -280,11 +280,11 @@ def test_train_your_own_lm_and_heads(workdir, capsys):
         status, out, err = run(shrink(argv(distill), {"--num-prompts": "3", "--batch-size": "2"},
                                       ("--max-new-tokens", "8", "--prompt-len", "16", "--data", "corpus")), capsys)
         assert status == 0, err
-        assert re.fullmatch(rf"runs/long/onpolicy-{name}.jsonl: 3 records \(3 new, .*\)\n", out), out
-        first = json.loads(Path(f"runs/long/onpolicy-{name}.jsonl").read_text().splitlines()[0])
+        assert re.fullmatch(rf"runs/onpolicy-{name}.jsonl: 3 records \(3 new, .*\)\n", out), out
+        first = json.loads(Path(f"runs/onpolicy-{name}.jsonl").read_text().splitlines()[0])
         assert {"index", "prompt", "completion", "mode", "stop"} <= set(first) and first["index"] == 0
-        assert Path(f"runs/long/onpolicy-{name}.jsonl.meta.json").is_file()
-    assert Path("runs/long/onpolicy-a.jsonl").read_text() != Path("runs/long/onpolicy-b.jsonl").read_text()
+        assert Path(f"runs/onpolicy-{name}.jsonl.meta.json").is_file()
+    assert Path("runs/onpolicy-a.jsonl").read_text() != Path("runs/onpolicy-b.jsonl").read_text()
     status, out, err = run(shrink(argv(head), {"--minutes": None}, ("--steps", "1", *TINY_TRAIN)), capsys)
     assert status == 0, err
     assert out.startswith("saved runs/heads/ff8: ")

@@ -136,8 +136,10 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path, corpus):
 
 
 # the LM alone is the same JointLM path with no head: the "joint" run checks its weights, loss and gradient
-# norm under DDP too, so the plain run (three more processes) waits for `pytest -m slow`
-@pytest.mark.parametrize("joint", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "joint"])
+# norm under DDP too. Both wait for `pytest -m slow` (three processes each, 14 s): tests/test_train.py's DDP
+# test keeps real torchrun in the default suite
+@pytest.mark.slow
+@pytest.mark.parametrize("joint", [False, True], ids=["plain", "joint"])
 def test_ddp_two_processes_equal_one_process(tmp_path, corpus, joint):
     """A real `torchrun --nproc_per_node 2` (gloo, CPU) equals one process on the same global batch."""
     args = ["tiny-lm", "--data", corpus, "--steps", "3", *SMALL_ARGS]
