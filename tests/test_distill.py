@@ -54,6 +54,18 @@ def test_records_are_deterministic_and_depend_on_the_seed(tiny_lm, corpus, tmp_p
     assert all(len(to_bytes(r["completion"])) == 24 for r in got if r["stop"] == "length")
 
 
+def test_out_in_a_missing_folder_is_made_and_one_under_a_file_is_refused(tiny_lm, corpus, tmp_path, capsys):
+    """`--out runs/new/a.jsonl` makes `runs/new` (as `train` and `tiny-lm` make OUT); a path through a
+    file is one clean line before any work."""
+    out = tmp_path / "new" / "deeper" / "a.jsonl"
+    assert main(args(tiny_lm, corpus, out, "--num-prompts", "2")) == 0
+    assert len(records(out)) == 2
+    (tmp_path / "plain").write_text("x")
+    capsys.readouterr()
+    assert main(args(tiny_lm, corpus, tmp_path / "plain" / "sub" / "a.jsonl", "--num-prompts", "2")) == 2
+    assert capsys.readouterr().err.strip() == f"mtpc: error: --out {tmp_path}/plain/sub/a.jsonl: {tmp_path}/plain is not a folder"
+
+
 def test_resume_after_a_kill_gives_the_same_file(tiny_lm, corpus, tmp_path):
     whole = tmp_path / "whole.jsonl"
     assert main(args(tiny_lm, corpus, whole, "--num-prompts", "5")) == 0
