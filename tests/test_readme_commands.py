@@ -102,6 +102,8 @@ COVERAGE = {
     "--max-new-tokens 48 \"def parse_args(argv):\"": SUBWORD,
     "benchmarks/study.sh": SKIP + "hours of training; tests/test_benchmarks.py::test_study_sh_dry_run_commands_parse "
         "parses every command it runs",
+    "MODEL=runs/ref-lm RUNS=runs/long benchmarks/study.sh levers": SKIP + "two hours of training; "
+        "tests/test_benchmarks.py::test_study_sh_levers_and_long_heads_dry_run parses every command it runs",
     "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
     # the README's headline: docs/results.md's bench commands, held-out networkx sources
     'NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")': SKIP + "sets the corpus "
