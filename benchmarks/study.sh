@@ -40,7 +40,6 @@ LONG_BTREE=${LONG_BTREE:-lever-btree8-r8}  # `long`: the lever run whose BTree i
 HALVES=("$RUNS/onpolicy-a.jsonl" "$RUNS/onpolicy-b.jsonl")  # `levers` and `long`: two seeds, one file each
 STAGE=${1:-all}
 
-
 lm_command() {  # size: the tiny-lm command of that size on the shared 45-minute schedule, into LM_COMMAND
     # shellcheck disable=SC2206
     LM_COMMAND=(python -m mtpc.cli tiny-lm --out "$RUNS/lm-$1" --minutes "$LM_MINUTES" --save-every 10 --seed 0

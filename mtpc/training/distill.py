@@ -149,7 +149,7 @@ def _check_config(cfg: DistillConfig) -> None:
     if out.exists() and not out.is_file():  # /dev/full, a FIFO: nothing may be written beside it either
         raise InputError(f"--out {cfg.out} is not a regular file; give a .jsonl file")
     above = next((folder for folder in (out.parent, *out.parent.parents) if folder.exists()), None)
-    if above is not None and not above.is_dir():  # a missing folder is made (as train and tiny-lm make OUT)
+    if above is not None and not above.is_dir():  # a missing folder is made by OutputLock, as for train's OUT
         raise InputError(f"--out {cfg.out}: {above} is not a folder")
 
 
@@ -167,10 +167,6 @@ def _resume(out: Path, cfg: DistillConfig) -> int:
             raise InputError(f"{out} was written with other settings ({', '.join(changed)} differ); rerun with the "
                              "same settings to complete it, or choose another --out")
         return _complete_records(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"--out {out}: its folder cannot be made ({e.strerror or e})") from None
     atomic_write(meta, json.dumps(settings, indent=1) + "\n")
     out.write_bytes(b"")
     return 0
