@@ -268,6 +268,39 @@ def test_every_compiled_step_keeps_its_own_variants():
     assert [s.eager_calls for s in steps] == [0] * 12
 
 
+PROBE_COUNT = """
+import sys
+probes = []
+sys.addaudithook(lambda event, args: probes.append(1) if event == "subprocess.Popen" and "LoadLibrary" in str(args[1])
+                 else None)
+import torch
+from mtpc.decoding.compiling import compile_step
+function = lambda x: (x * 2).sin()
+if sys.argv[1] == "ours":
+    step = compile_step(function, False)
+else:
+    step = torch.compile(function, options={"cpp_wrapper": True}, dynamic=False)
+assert torch.allclose(step(torch.ones(3)), torch.ones(3).mul(2).sin())
+print(len(probes))
+"""
+
+
+@pytest.mark.slow
+def test_a_compiled_step_skips_most_of_inductors_per_process_isa_checks():
+    """Inductor checks the C++ compiler against each vector ISA of the CPU in every process, one child
+    Python each (about 1.3 s of a warm-cache `mtpc generate --compile`); compile_step's options skip the
+    base checks and keep the narrower ones. Counted in fresh processes, the code still right."""
+    import subprocess
+    import sys
+
+    def probes(options: str) -> int:
+        done = subprocess.run([sys.executable, "-c", PROBE_COUNT, options], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert probes("ours") < probes("inductor's default")
+
+
 @pytest.mark.parametrize("sample", [False, True])
 def test_the_cycle_step_traces_as_one_graph(sample):
     """Window, StepOutput and the packet are pytrees of tensors: dynamo sees the whole step (verify call,

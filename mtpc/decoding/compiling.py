@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["compile_step", "dynamic_length"]
+__all__ = ["CPU_OPTIONS", "compile_step", "dynamic_length"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
@@ -22,12 +22,20 @@ __all__ = ["compile_step", "dynamic_length"]
 # decoders of a bench (one `cycle_step` code object, a few variants each) would fall back to eager.
 ISOLATED = {"dynamic": False, "isolate_recompiles": True, "recompile_limit": 64}
 
+# Inductor options on a CPU. `cpp_wrapper`: a C++ wrapper around the kernels (measured 0.14-0.20 ms a call
+# where the Python one took 0.21-0.31). `cpp.vec_isa_ok`: inductor otherwise proves, in every process, that
+# the C++ compiler builds and loads code for each vector ISA the CPU reports, one child Python per check,
+# about 1.3 s of a warm-cache `mtpc generate --compile` on a 2-core machine. The ISAs it would check are
+# the CPU's own (read from cpuinfo either way), and any g++ or clang of the last several years builds
+# for them; the narrower checks (AVX-512 VNNI and bf16, AMX) still run.
+CPU_OPTIONS = {"cpp_wrapper": True, "cpp.vec_isa_ok": True}
+
 
 def compile_step(step: Callable, cuda: bool) -> Callable:
     """`step` compiled for fixed shapes (`dynamic=False`), with its own cache of compiled variants; on CUDA
     its tensor outputs are cloned."""
-    if not cuda:  # a C++ wrapper around the kernels: measured 0.14-0.20 ms a call where the Python one took 0.21-0.31
-        return torch.compile(step, options={"cpp_wrapper": True}, **ISOLATED)
+    if not cuda:
+        return torch.compile(step, options=CPU_OPTIONS, **ISOLATED)
     compiled = torch.compile(step, mode="reduce-overhead", **ISOLATED)
 
     def call(*args):
