@@ -3,6 +3,7 @@ LM saved as `mtpc tiny-lm` saves models and a head saved as `mtpc train` saves h
 
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -231,8 +232,17 @@ def test_a_comparison_names_its_baseline():
 
 
 @pytest.mark.slow
-def test_compare_with_compile_measures_against_compiled_plain_decoding(folders, capsys):
-    assert generate(folders, "a", "--max-new-tokens", "20", "--compile", "--compare", "--threads", "1") == 0
+def test_compare_with_compile_measures_against_compiled_plain_decoding(folders, capsys, monkeypatch):
+    """Compiled against compiled plain decoding; the speculative decoder generates once (it compiles
+    before its first cycle: no untimed warm-up generation), and --stats times the compiling apart."""
+    from mtpc.decoding import SpeculativeDecoder
+
+    calls = []
+    generate_once = SpeculativeDecoder.generate
+    monkeypatch.setattr(SpeculativeDecoder, "generate", lambda *a, **k: calls.append(1) or generate_once(*a, **k))
+    assert generate(folders, "a", "--max-new-tokens", "20", "--compile", "--compare", "--stats", "--threads", "1") == 0
     captured = capsys.readouterr()
-    assert captured.out == EXPECTED + "\n"
+    assert captured.out == EXPECTED + "\n" and len(calls) == 1
     assert "vs plain (static cache, compiled)" in captured.err and "greedy outputs identical: yes" in captured.err
+    speculative = next(line for line in captured.err.splitlines() if line.startswith("[speculative]"))
+    assert re.search(r"\(prefill [\d.]+ ms, compiling [\d.]+ s excluded\)", speculative), speculative

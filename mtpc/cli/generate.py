@@ -294,7 +294,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         return _run_batches(decode, decoder, texts, [r[0] for r in rows], eos, tok, cfg, device, out, err)
     streamer = None if not cfg.stream else Utf8Streamer(out) if isinstance(tok, ByteTokenizer) else \
         TokenStreamer(out, tok)
-    run = _measure(decode, prompt, cfg, streamer)
+    run = _measure(decode, prompt, cfg, streamer, speculative_warm_up(cfg) if head is not None else 4)
     new = run["sequence"][len(ids):]
     if not cfg.stream:
         out.write(tok.decode(new) + "\n")
@@ -330,7 +330,7 @@ def _run_batches(decode, decoder, texts: list[bytes], rows: list[list[int]], eos
             decoder.check_batch(len(batch), ids.shape[1], cfg.max_new_tokens, device)
         except ValueError as e:
             raise InputError(f"--batch-size {len(batch)}: {e}") from None
-        run = _measure(decode, ids, cfg, None, attention_mask=mask)
+        run = _measure(decode, ids, cfg, None, speculative_warm_up(cfg), attention_mask=mask)
         for text, row, sequence in zip(texts[first:first + size], batch, run["sequences"]):
             new = row_tokens(sequence[ids.shape[1]:], eos)
             line = {"prompt": text.decode("utf-8", errors="replace"), "text": tok.decode(new)}
@@ -392,7 +392,7 @@ def check_logits(model, prompt: torch.Tensor) -> None:
     "successfully" in greedy mode and fail deep inside sampling)."""
     logits = model(prompt[:, -1:]).logits  # [1, 1, V]
     if not torch.isfinite(logits).all():
-        raise MtpcError(f"the model's logits are not finite (NaN or inf); its weights are damaged")
+        raise MtpcError("the model's logits are not finite (NaN or inf); its weights are damaged")
 
 
 def _sampling(cfg: GenerateConfig) -> dict:
@@ -465,14 +465,21 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     return decode, decoder
 
 
-def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer, **batch) -> dict:
-    """One generation (after an untimed warm-up: 4 tokens, or with --compile the whole budget, so that the
-    caches the compiled cycle is specialised on are allocated, and compiled for, once), with its stats and
-    per-cycle breakdown. `batch`: a batch's `attention_mask` (its rows are in "sequences")."""
+def speculative_warm_up(cfg: GenerateConfig) -> int:
+    """Tokens of the untimed generation before a speculative decoder's timed one. Compiled: none, because
+    the decoder compiles its step before its first cycle, on the caches of the generation it is in (a
+    shorter warm-up would allocate smaller caches, and the timed run would compile again for its own)."""
+    return 0 if cfg.compile else 4
+
+
+def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer, warm: int = 4, **batch) -> dict:
+    """One generation, after an untimed warm-up of `warm` tokens (0: none), with its stats and per-cycle
+    breakdown. `batch`: a batch's `attention_mask` (its rows are in "sequences")."""
     from ..decoding import split_phases
 
-    warm = cfg.max_new_tokens if cfg.compile else min(4, cfg.max_new_tokens)
-    decode(prompt, warm, torch.Generator(prompt.device).manual_seed(cfg.seed), None, **batch)
+    if warm:
+        decode(prompt, min(warm, cfg.max_new_tokens), torch.Generator(prompt.device).manual_seed(cfg.seed), None,
+               **batch)
     out, clock = decode(prompt, cfg.max_new_tokens, torch.Generator(prompt.device).manual_seed(cfg.seed), streamer,
                         **batch)
     phases, _ = split_phases(clock.times())
@@ -505,7 +512,13 @@ def format_stats(label: str, run: dict, tok: ByteTokenizer | SubwordTokenizer | 
         count, per_cycle = f"{run['new_tokens']} bytes", f"{run['mean_accepted']:.2f} bytes/cycle"
     return (f"[{label}] {count} in {run['cycles']} cycles{lookup} ({per_cycle}), "
             f"{run['tokens_per_second']:.1f} tok/s, {1e3 * run['mean_cycle_latency']:.2f} ms/cycle "
-            f"(prefill {1e3 * run['prefill_seconds']:.1f} ms excluded); per cycle, ms: {phases}")
+            f"(prefill {1e3 * run['prefill_seconds']:.1f} ms{compiling(run)} excluded); per cycle, ms: {phases}")
+
+
+def compiling(run: dict) -> str:
+    """", compiling 3.2 s" when the run compiled its decoding step, else nothing."""
+    seconds = run.get("compile_seconds", 0.0)
+    return f", compiling {seconds:.1f} s" if seconds else ""
 
 
 def format_comparison(c: dict, threads: int) -> str:

@@ -77,9 +77,12 @@ class DecodeStats:
     `c` over all rows (at batch size 1: 1..width, the paper's accepted length),
     `draft_accepted_per_cycle[c]` = how many of them were drafted tokens (all but each row's `x_0`),
     `rows_per_cycle[c]` = the rows that committed tokens in it, `width_per_cycle[c]` = the positions
-    it verified (0: no backbone call, each row's `x_0` ended its generation). Times exclude the prefill."""
+    it verified (0: no backbone call, each row's `x_0` ended its generation). Times exclude the prefill,
+    and `compile_seconds`, the compilation of the step variants this generation was the first to need
+    (`compile=True`), is timed on its own."""
 
     prefill_seconds: float = 0.0
+    compile_seconds: float = 0.0
     cycle_seconds: list[float] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     draft_accepted_per_cycle: list[int] = field(default_factory=list)
@@ -122,7 +125,8 @@ class DecodeStats:
     def as_dict(self) -> dict:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
-                "prefill_seconds": self.prefill_seconds, "accepted_per_cycle": list(self.accepted_per_cycle),
+                "prefill_seconds": self.prefill_seconds, "compile_seconds": self.compile_seconds,
+                "accepted_per_cycle": list(self.accepted_per_cycle),
                 "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
                 "width_per_cycle": list(self.width_per_cycle), "rows_per_cycle": list(self.rows_per_cycle),
                 "lookup_cycles": self.lookup_cycles}
@@ -296,7 +300,10 @@ class SpeculativeDecoder:
         stamp("backbone_end")
         eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         if self.compile:
+            compiling = time.perf_counter()
             self._warm(h, target, eos_ids)
+            stats.compile_seconds = time.perf_counter() - compiling
+            start += stats.compile_seconds
         pending = self._first(target, logits, h, generator)
         lookups = None
         if self.lookup is not None:
