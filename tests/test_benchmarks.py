@@ -118,6 +118,25 @@ def test_bench_cycle_compiled(lab, tmp_path):
     assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
 
 
+@pytest.mark.slow
+def test_bench_startup_times_generate_with_and_without_compile(lab, tmp_path, capsys):
+    out = tmp_path / "startup.json"
+    script("bench_startup").main(["--model", lab["model"], "--head", lab["heads"]["btree4"], "--max-new-tokens", "8",
+                                  "--repeats", "1", "--compare", str(ROOT), "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["checkout"] for r in rows] == ["old", "this"]
+    for row in rows:
+        assert row["eager_s"] > 0 and row["compile_s"] > 0 and len(row["eager_all"]) == len(row["compile_all"]) == 1
+        assert row["extra_s"] == row["compile_s"] - row["eager_s"]
+    assert re.search(r"^this +[\d.]+ +[\d.]+ +-?[\d.]+$", capsys.readouterr().out, re.M)
+
+
+def test_bench_startup_refuses_a_folder_without_mtpc(tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        script("bench_startup").main(["--compare", str(tmp_path)])
+    assert refused.value.code == 2
+
+
 def test_bench_batch_runs_every_batch_size_and_draws_the_plot(lab, tmp_path, capsys):
     out = tmp_path / "batch"
     reports = script("bench_batch").main(["--model", lab["model"], "--heads", lab["heads"]["ff4"], "--prompts",
