@@ -11,7 +11,7 @@ It is a plain container; `digraph` gives the networkx view the checks and the lo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any

@@ -17,7 +17,7 @@ from typing import Any
 
 from .check import check_graph
 from .elaborate import elaborate
-from .errors import CircuitError, Diagnostic, SourceSpan
+from .errors import CircuitError, SourceSpan
 from .graph import RegionGraph, parse_json, read_source
 from .limits import DEFAULT_LIMITS, Limits, check_compiled_size
 from .syntax import parse

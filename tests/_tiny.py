@@ -26,6 +26,25 @@ def save_tiny_lm(path, sharpen: float = 1.0) -> str:
     return str(path)
 
 
+def save_subword_llama(path, tokenizer, vocab_size: int, context: int) -> str:
+    """A random 2-layer d=32 Llama (seed 0) of `vocab_size` tokens beside `tokenizer` (a transformers
+    tokenizer, saved with it), its output layer sharpened: a decided LM, no float near-ties between
+    greedy choices. A model folder without mtpc_tokenizer.json, as a subword checkpoint has none."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)
+    model.save_pretrained(path)
+    return str(path)
+
+
 def write_source_corpus(path, parts: int = 12, length: int = 900, overlap: int = 400) -> str:
     """`parts` files, each `length + overlap` characters of mtpc/training/data.py starting `length` apart."""
     text = (ROOT / "mtpc" / "training" / "data.py").read_text()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from _tiny import family_lm, planted_remote_model, write_source_corpus
+from _tiny import family_lm, planted_remote_model, save_subword_llama, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
@@ -24,7 +24,7 @@ def save_subword_lm(path, corpus: str) -> str:
     """A random Llama with a 1000-token vocabulary and a byte-level BPE tokenizer trained here on
     `corpus` (nothing downloaded), both saved as a model folder without mtpc_tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -34,16 +34,7 @@ def save_subword_lm(path, corpus: str) -> str:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     backend.train_from_iterator([corpus], trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tok.save_pretrained(path)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=SUBWORD_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8)  # a decided LM: no float near-ties between greedy choices
-    model.save_pretrained(path)
-    return str(path)
+    return save_subword_llama(path, tok, SUBWORD_VOCAB, context=256)
 
 
 @pytest.fixture

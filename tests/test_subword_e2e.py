@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _tiny import write_source_corpus
+from _tiny import save_subword_llama, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead
 from mtpc.cli import main
@@ -35,21 +35,10 @@ def refused(capsys, argv: list[str], *fragments: str) -> str:
 def save_bpe_lm(path, corpus: str, vocab: int = VOCAB, model_vocab: int | None = None) -> str:
     """A random Llama over a BPE that `mtpc.training.bpe.train_bpe` learnt from `corpus` (mtpc's specials
     at ids 0..7 and its chat template), saved as a model folder without mtpc_tokenizer.json."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from mtpc.training.bpe import train_bpe
 
     hf = train_bpe([corpus], vocab)
-    hf.save_pretrained(path)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=model_vocab or len(hf), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8)  # a decided LM: no float near-ties between greedy choices
-    model.save_pretrained(path)
-    return str(path)
+    return save_subword_llama(path, hf, model_vocab or len(hf), context=512)
 
 
 def save_tied_head(model: str, path) -> str:

@@ -128,7 +128,7 @@ def _naive_kl(head, h, x, valid, teacher_log_p) -> torch.Tensor:
 
 def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: int) -> torch.Tensor:
     circ = head.circ
-    n, v, Q, S = head.num_variables, head.num_states, head.num_leaves, circ.num_sum_params
+    n, v, Q = head.num_variables, head.num_states, head.num_leaves
     size = max(1, chunk_elements // window_elements(head))
     own = [torch.nonzero(circ.leaf_variable == j).flatten() for j in range(n)]  # each variable's leaves
     if Q % n == 0 and torch.equal(circ.leaf_variable, torch.arange(n, device=h.device).repeat_interleave(Q // n)):
@@ -195,7 +195,6 @@ class _KLBlock:
 
     def __call__(self, h, x, valid, teacher_log_p):
         head, circ = self.head, self.head.circ
-        n, Nb = head.num_variables, h.shape[0]
         with torch.autocast(h.device.type, enabled=False):
             with record_function("mtpc.head_forward"):  # phase labels: benchmarks/bench_train_step.py
                 h = at_least_float32(h)

@@ -40,7 +40,6 @@ import torch
 
 from ..errors import InputError
 from ..files import glob_paths, regular_file
-from ..heads.windows import target_validity, window_targets
 from ..tokenizer import ROLES, ByteTokenizer, SubwordTokenizer, to_bytes
 
 log = logging.getLogger(__name__)

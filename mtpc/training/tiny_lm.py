@@ -26,7 +26,8 @@ from ..heads.head import save_head
 from ..heads.nll_loss import valid_counts
 from ..tokenizer import SubwordTokenizer
 from .checkpoints import append_log, write_checkpoint
-from .data import collate, target_validity, to_device
+from ..heads.windows import target_validity
+from .data import collate, to_device
 from .distributed import all_sum, barrier, init_distributed, wrap_ddp
 from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype

@@ -12,7 +12,8 @@ from torch import nn
 
 from ..heads.nll_loss import mtp_loss, valid_counts
 from ..tokenizer import NUM_BYTES
-from .data import PackedDataset, collate, target_validity, to_device
+from ..heads.windows import target_validity
+from .data import PackedDataset, collate, to_device
 from .precision import autocast
 
 LN2 = math.log(2.0)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..heads.nll_loss import teacher_forced_accepted
-from .data import PackedDataset, collate, target_validity, to_device, window_targets
+from ..heads.windows import target_validity, window_targets
+from .data import PackedDataset, collate, to_device
 from .trainer_setup import DraftModel, TrainConfig
 
 
