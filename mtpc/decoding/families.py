@@ -159,7 +159,7 @@ class LayeredFamily(BackboneFamily):
     def __init__(self, layout: DecoderLayout = LLAMA_LAYOUT, lora_targets: tuple[str, ...] = (),
                  layers_pattern: str | None = None):
         self.layout = layout
-        self._cache_names: dict[type, str] = {}  # layer class -> the keyword it takes its cache by
+        self._forward_names: dict[type, frozenset[str]] = {}  # module class -> its forward's argument names
         self.lora_targets = lora_targets
         self.layers_pattern = layers_pattern or layout.layers
 
@@ -197,7 +197,7 @@ class LayeredFamily(BackboneFamily):
     def position_embeddings(self, config, parts, hidden, position_ids, num_layers):
         if parts.rotary is None:
             return [None] * num_layers
-        if "layer_type" not in inspect.signature(parts.rotary.forward).parameters:
+        if "layer_type" not in self._forward_names_of(parts.rotary):
             return [parts.rotary(hidden, position_ids)] * num_layers
         kinds = layer_types(config, num_layers)
         made = {kind: parts.rotary(hidden, position_ids, kind) for kind in set(kinds)}
@@ -209,11 +209,15 @@ class LayeredFamily(BackboneFamily):
                      **{self._cache_kwarg(layer): cache}, **extra)
 
     def _cache_kwarg(self, layer: nn.Module) -> str:
-        # read once per layer class before any call, so a compiled step never traces the signature lookup
-        name = self._cache_names.get(type(layer))
-        if name is None:
-            name = self._cache_names[type(layer)] = _cache_kwarg(layer)
-        return name
+        return cache_keyword(self._forward_names_of(layer))
+
+    def _forward_names_of(self, module: nn.Module) -> frozenset[str]:
+        # read on the first (eager) call and kept here, so a compiled step never traces a signature lookup:
+        # `inspect.signature` inside the step was a tenth of the source lines dynamo traced in it
+        names = self._forward_names.get(type(module))
+        if names is None:
+            names = self._forward_names[type(module)] = _forward_parameters(type(module))
+        return names
 
 
 class LlamaFamily(LayeredFamily):
@@ -297,10 +301,9 @@ def _forward_parameters(module_class: type) -> frozenset[str]:
     return frozenset(inspect.signature(module_class.forward).parameters)
 
 
-def _cache_kwarg(module: nn.Module) -> str:
-    """The name a layer (or model) takes its cache by: `cache` (transformers 5.x), `past_key_values`, or
-    `layer_past` (GPT-NeoX)."""
-    params = _forward_parameters(type(module))
+def cache_keyword(params: frozenset[str]) -> str:
+    """The name a layer (or model) whose forward takes `params` takes its cache by: `cache` (transformers
+    5.x), `past_key_values`, or `layer_past` (GPT-NeoX)."""
     return next((name for name in ("cache", "past_key_values", "layer_past") if name in params), "cache")
 
 
@@ -361,7 +364,7 @@ class WholeModelPath:
         for the last `keep` positions (all when None); `cache` is updated in place."""
         keeps = "logits_to_keep" in _forward_parameters(type(model))
         kwargs = {"logits_to_keep": keep or 0} if keeps else {}
-        kwargs[_cache_kwarg(model)] = cache  # transformers 5.x renamed it
+        kwargs[cache_keyword(_forward_parameters(type(model)))] = cache  # transformers 5.x renamed it
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **kwargs)
         start = 0 if keep is None else input_ids.shape[1] - keep
         logits = out.logits if keeps else out.logits[:, start:]
