@@ -288,7 +288,7 @@ print(len(probes))
 @pytest.mark.slow
 def test_a_compiled_step_skips_most_of_inductors_per_process_isa_checks():
     """Inductor checks the C++ compiler against each vector ISA of the CPU in every process, one child
-    Python each (about 1.3 s of a warm-cache `mtpc generate --compile`); compile_step's options skip the
+    Python each (a few tenths of a second each, in every `mtpc generate --compile`); compile_step's options skip the
     base checks and keep the narrower ones. Counted in fresh processes, the code still right."""
     import subprocess
     import sys

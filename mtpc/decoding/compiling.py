@@ -24,10 +24,10 @@ ISOLATED = {"dynamic": False, "isolate_recompiles": True, "recompile_limit": 64}
 
 # Inductor options on a CPU. `cpp_wrapper`: a C++ wrapper around the kernels (measured 0.14-0.20 ms a call
 # where the Python one took 0.21-0.31). `cpp.vec_isa_ok`: inductor otherwise proves, in every process, that
-# the C++ compiler builds and loads code for each vector ISA the CPU reports, one child Python per check,
-# about 1.3 s of a warm-cache `mtpc generate --compile` on a 2-core machine. The ISAs it would check are
-# the CPU's own (read from cpuinfo either way), and any g++ or clang of the last several years builds
-# for them; the narrower checks (AVX-512 VNNI and bf16, AMX) still run.
+# the C++ compiler builds and loads code for each vector ISA the CPU reports, one child Python per check
+# (three on our CPU, a few tenths of a second each, in every `mtpc generate --compile`). The ISAs it
+# would check are the CPU's own (read from cpuinfo either way), and any g++ or clang of the last several
+# years builds for them; the narrower checks (AVX-512 VNNI and bf16, AMX) still run.
 CPU_OPTIONS = {"cpp_wrapper": True, "cpp.vec_isa_ok": True}
 
 
