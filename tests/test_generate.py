@@ -246,3 +246,6 @@ def test_compare_with_compile_measures_against_compiled_plain_decoding(folders, 
     assert "vs plain (static cache, compiled)" in captured.err and "greedy outputs identical: yes" in captured.err
     speculative = next(line for line in captured.err.splitlines() if line.startswith("[speculative]"))
     assert re.search(r"\(prefill [\d.]+ ms, compiling [\d.]+ s excluded\)", speculative), speculative
+    cycle_ms = float(re.search(r"([\d.]+) ms/cycle", speculative).group(1))
+    phases_ms = [float(x) for x in re.findall(r"[a-z]+ ([\d.]+)(?=  |$)", speculative.split("per cycle, ms:")[1])]
+    assert sum(phases_ms) < 2 * cycle_ms, speculative  # the compiling is in no cycle's phases

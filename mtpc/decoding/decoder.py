@@ -297,13 +297,13 @@ class SpeculativeDecoder:
         stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
         stamp("backbone_start")
         logits, h = self.verifier.start(prompt, pads, max_new_tokens + self.span)
-        stamp("backbone_end")
         eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         if self.compile:
             compiling = time.perf_counter()
             self._warm(h, target, eos_ids)
             stats.compile_seconds = time.perf_counter() - compiling
             start += stats.compile_seconds
+        stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         pending = self._first(target, logits, h, generator)
         lookups = None
         if self.lookup is not None:
