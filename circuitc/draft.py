@@ -150,12 +150,13 @@ class DraftProgram:
             uniforms = torch.rand(self.n, generator=generator, dtype=torch.float64, device=theta.device)
         elif uniforms.shape != (self.n,):
             raise ValueError(f"uniforms must have shape ({self.n},), got {tuple(uniforms.shape)}")
-        u = uniforms.to(torch.float64)
+        u = uniforms if uniforms.dtype == torch.float64 else uniforms.to(torch.float64)
         if self._factorised:
             leaves = self._leaf_logits(theta)  # [n, v]
             x = inverse_cdf(leaves.double().softmax(-1), u)  # [n]
             return self._with_prefix(x, prefix), self._factorised_rows(leaves, prefix)
-        return self._run(theta, prefix, True, lambda j, scores: inverse_cdf(scores, u[j]), keep_rows=True)
+        draws = u.unbind()  # one op for all n, not a select per step
+        return self._run(theta, prefix, True, lambda j, scores: inverse_cdf(scores, draws[j]), keep_rows=True)
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -166,7 +167,8 @@ class DraftProgram:
             raise ValueError(f"x must hold {self.n} states, got {x.numel()}")
         if self._factorised:
             return self._leaf_logits(theta).double().softmax(-1)
-        return self._run(theta, None, True, lambda j, scores: x[j], keep_rows=True)[1]
+        states = x.unbind()
+        return self._run(theta, None, True, lambda j, scores: states[j], keep_rows=True)[1]
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -245,25 +247,26 @@ class DraftProgram:
         probs, weights = self._tables(theta)
         state = _State(self, probs, weights)
         steps = self.plan(m, sequential)
-        chosen, rows = [], []
+        given = prefix.unbind() if m else ()
+        chosen, scored = [], []
         for j in range(self.n):
             if j < m:
-                s = prefix[j]
-                rows.append(None)
+                s = given[j]
             else:
                 for op in steps[j]:
                     state.apply(op)
-                scores = state.scores(j)
+                scores = state.scores(j)  # [v]
                 s = pick(j, scores)
-                rows.append(scores / scores.sum() if keep_rows else None)
+                scored.append(scores)
             chosen.append(s)
             if sequential or j < m:
                 state.observe(j, s)
-        x = torch.stack(chosen).to(torch.long)
+        x = torch.stack(chosen)
         if not keep_rows:
             return x
-        zero = probs.new_zeros(self.v)
-        return x, torch.stack([zero if row is None else row for row in rows])
+        rows = torch.stack(scored)  # [n - m, v], normalised together: two ops, not two per step
+        rows = rows / rows.sum(-1, keepdim=True)
+        return x, rows if m == 0 else torch.cat([rows.new_zeros(m, self.v), rows])
 
 
 def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
@@ -272,7 +275,9 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     draw when `u ~ U[0, 1)`, and a pure function of its tensors (`torch.compile` traces it; a
     `torch.Generator` cannot be). Returns `[...]` long."""
     cdf = weights.cumsum(-1)  # [..., v]
-    point = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)  # [..., 1]
+    if u.dtype != cdf.dtype:
+        u = u.to(cdf.dtype)
+    point = (u * cdf[..., -1]).unsqueeze(-1)  # [..., 1]
     return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 

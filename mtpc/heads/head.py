@@ -342,8 +342,10 @@ class _AdapterHead(MTPHead):
 def _adapt(low: torch.Tensor, up: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """`base + B_q @ low_q` for every leaf: `low` `[..., Q, a]`, `up` (`B` transposed) `[Q, a, v]`,
     `base` `[..., Q, v]` -> `[..., Q, v]`."""
-    if low.dim() == 2:  # one hidden state: one batched [1, a] @ [a, v] product that adds base too
-        return torch.baddbmm(base.unsqueeze(1), low.unsqueeze(1), up).squeeze(1)
+    Q, a, v = up.shape
+    if low.numel() == Q * a:  # one hidden state (`[Q, a]` or `[1, Q, a]`, a decoding cycle's draft): one
+        # batched [1, a] @ [a, v] product that adds base too; einsum's own reshapes cost as much again
+        return torch.baddbmm(base.reshape(Q, 1, v), low.reshape(Q, 1, a), up).view(base.shape)
     return base + torch.einsum("...qa,qav->...qv", low, up)
 
 
