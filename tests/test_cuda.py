@@ -35,7 +35,7 @@ from mtpc.decoding.decoder import generate_autoregressive
 from mtpc.decoding.proposals import PromptLookup
 from mtpc.heads.kl_loss import kl_loss, logits_teacher
 from mtpc.heads.nll_loss import mtp_loss
-from test_decode import (PROMPT, D, ResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables,
+from test_decode import (PROMPT, D, BlockResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables,
                          prompts, random_head, sampling_setup, tiny_lm)
 from test_kl_loss import GRAPHS, batch, make_head
 from test_runtime import all_assignments, chi_square_p
@@ -285,7 +285,7 @@ def test_speculative_sampling_on_cuda_is_exact_and_a_wrong_residual_is_caught(n,
     model, head, prompt = model.to(CUDA), head.to(CUDA), PROMPT.to(CUDA)
     right = cuda_samples(SpeculativeDecoder(model, head), prompt, 600, seed=1)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = cuda_samples(SpeculativeDecoder(model, head, acceptance=ResidualIsTarget()), prompt, 600,
+    wrong = cuda_samples(SpeculativeDecoder(model, head, acceptance=BlockResidualIsTarget()), prompt, 600,
                          seed=1)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 

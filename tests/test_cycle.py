@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mtpc import SpeculativeDecoder
-from mtpc.decoding.acceptance import AcceptanceRule, Target, accept_window
+from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, Target, accept_window
 from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
 from mtpc.decoding.proposals import PromptLookup
 from mtpc.decoding.verify import Places, cache_length
@@ -132,6 +132,58 @@ def test_device_acceptance_equals_the_loop_over_positions(sample):
         assert torch.allclose(verdict.carried, expected[None]), seed
 
 
+def loop_block_verification(probs, rows, window, tested, u):
+    """Sun et al. 2024's block verification as a loop over the `g` tested positions in Python floats:
+    (tokens committed, next target)."""
+    g = tested
+    w, stop = [1.0], [1.0]
+    for i in range(1, g + 1):
+        token = int(window[i])
+        w.append(min(1.0, w[-1] * float(probs[i - 1, token]) / float(rows[i, token])))
+    for i in range(1, g + 1):
+        if i == g:
+            stop.append(w[g])
+        else:
+            mass = float((w[i] * probs[i] - rows[i + 1]).clamp_min(0).sum())
+            stop.append(mass / (mass + 1 - w[i]) if mass > 0 else 0.0)
+    kept = max(i for i in range(g + 1) if i == 0 or float(u[i - 1]) < stop[i])
+    if kept == g:
+        return 1 + kept, probs[kept]
+    residual = (w[kept] * probs[kept] - rows[kept + 1]).clamp_min(0)
+    return 1 + kept, residual / residual.sum()
+
+
+def test_block_verification_equals_the_loop_over_positions():
+    """The tensor form of block verification (running weights by a cumulative maximum, every stop
+    probability at once) against the algorithm written as a loop, on random windows with budgets and EOS."""
+    W, V = 6, 5
+    target, rule = Target(True), BlockVerification()
+    kept_more = 0
+    for seed in range(300):
+        gen = torch.Generator().manual_seed(seed)
+        logits = 2 * torch.randn(W, V, generator=gen, dtype=torch.float64)
+        hidden = torch.randn(W, 3, generator=gen, dtype=torch.float64)
+        rows = torch.softmax(2 * torch.randn(W, V, generator=gen, dtype=torch.float64), -1)
+        window = torch.multinomial(rows, 1, generator=gen)[:, 0]  # drafted from the rows, as the circuit does
+        if seed % 4 == 0:
+            rows[2] = torch.nn.functional.one_hot(window[2], V).double()  # a point-mass (lookup) proposal
+        limit = int(torch.randint(1, W + 1, (), generator=gen))
+        eos = {int(window[3])} if seed % 5 == 0 else set()
+        u = torch.rand(W, generator=gen, dtype=torch.float64)
+        verdict = accept_window(target, rule, window[None], logits[None], hidden[None], torch.tensor([limit]),
+                                torch.tensor(sorted(eos) or [-1]), rows[None], u[None])
+        probs = target.probs(logits)
+        tested = next((j - 1 for j in range(1, limit) if int(window[j - 1]) in eos), limit - 1)
+        accepted, carried = loop_block_verification(probs, rows, window, tested, u)
+        assert verdict.accepted.tolist() == [accepted], seed
+        assert torch.equal(verdict.hidden, hidden[accepted - 1][None])
+        assert torch.allclose(verdict.carried, carried[None]), seed
+        token_wise = accept_window(target, AcceptanceRule(), window[None], logits[None], hidden[None],
+                                   torch.tensor([limit]), torch.tensor(sorted(eos) or [-1]), rows[None], u[None])
+        kept_more += int(verdict.accepted) > int(token_wise.accepted)
+    assert kept_more > 10  # the same uniforms often keep more tokens as a block
+
+
 @pytest.mark.parametrize("structure", ["ff", "btree"])
 def test_a_shorter_window_is_lossless_and_verifies_fewer_tokens(structure):
     vocab, n = 12, 5
@@ -174,13 +226,13 @@ def test_adaptive_widths_follow_the_drafts_confidence_and_stay_lossless():
 
 
 def test_sampling_with_a_shorter_window_is_exact_and_a_wrong_rule_is_caught():
-    from test_decode import PROMPT, ResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
+    from test_decode import PROMPT, BlockResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
     model, head = sampling_setup(3, 5)
     joint = exact_joint(model, PROMPT, Target(True))
     right = SpeculativeDecoder(model, head, window=2)
     assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=1), joint) > 1e-3
-    wrong = SpeculativeDecoder(model, head, window=2, acceptance=ResidualIsTarget())
+    wrong = SpeculativeDecoder(model, head, window=2, acceptance=BlockResidualIsTarget())
     assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
 
 
@@ -217,13 +269,13 @@ def test_compiled_cycle_equals_eager(window):
 def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
     """The compiled cycle (one graph: the circuit window, the verify call and the acceptance) against
     exact enumeration, with the wrong residual that must fail on the same compiled path."""
-    from test_decode import PROMPT, ResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
+    from test_decode import PROMPT, BlockResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
     model, head = sampling_setup(3, 5)
     decoder = SpeculativeDecoder(model, head, compile=True)
     joint = exact_joint(model, PROMPT, Target(True))
     assert chi_square_pvalue(speculative_samples(decoder, PROMPT, 600, seed=1), joint) > 1e-3
-    wrong = SpeculativeDecoder(model, head, compile=True, acceptance=ResidualIsTarget())
+    wrong = SpeculativeDecoder(model, head, compile=True, acceptance=BlockResidualIsTarget())
     assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
 
 

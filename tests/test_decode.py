@@ -11,7 +11,7 @@ import circuitc
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.decoding.backbone import attach_draft_lora
-from mtpc.decoding.acceptance import AcceptanceRule, Target
+from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, Target
 from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
 
 D = 32
@@ -237,6 +237,13 @@ class ResidualIsTarget(AcceptanceRule):
         return p
 
 
+class BlockResidualIsTarget(BlockVerification):
+    """Wrong: block verification that draws from p after the kept tokens instead of its residual."""
+
+    def residual(self, p, q):
+        return p
+
+
 class AcceptAlways(AcceptanceRule):
     """Wrong: keep every drafted token."""
 
@@ -265,20 +272,22 @@ def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, window, target):
     right = SpeculativeDecoder(model, head, window=window)
     samples = speculative_samples(right, PROMPT, count, seed=1, **target)
     assert chi_square_pvalue(samples, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, window=window, acceptance=ResidualIsTarget()),
+    wrong = speculative_samples(SpeculativeDecoder(model, head, window=window, acceptance=BlockResidualIsTarget()),
                                 PROMPT, count, seed=1, **target)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
-@pytest.mark.parametrize("parameterisation", ["shared", pytest.param("factorised", marks=pytest.mark.slow)])
-def test_sampling_with_adapter_heads_is_exact(parameterisation):
+@pytest.mark.parametrize("parameterisation, rule, wrong_rule", [
+    ("shared", BlockVerification(), BlockResidualIsTarget()),  # the default rule
+    ("shared", AcceptanceRule(), ResidualIsTarget()),  # token by token
+    pytest.param("factorised", BlockVerification(), BlockResidualIsTarget(), marks=pytest.mark.slow)])
+def test_sampling_with_adapter_heads_is_exact(parameterisation, rule, wrong_rule):
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
     head = adapter_head(parameterisation, "btree", 3, VOCAB, seed=12, scale=0.8)
     joint = exact_joint(model, PROMPT, Target(True))
-    right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 600, seed=4)
+    right = speculative_samples(SpeculativeDecoder(model, head, acceptance=rule), PROMPT, 600, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=ResidualIsTarget()),
-                                PROMPT, 600, seed=4)
+    wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=wrong_rule), PROMPT, 600, seed=4)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
@@ -403,7 +412,7 @@ def test_greedy_with_lookup_equals_plain_greedy(structure):
     assert lookup_cycles > 12 and max(accepted) > n  # lookup drafted, and past the circuit's window
 
 
-class PointMassResidualIsTarget(AcceptanceRule):
+class PointMassResidualIsTarget(BlockVerification):
     """Wrong only for lookup tokens: after rejecting a point-mass proposal, draw from p itself (which
     can redraw the rejected token) instead of p with the token removed."""
 

@@ -9,14 +9,14 @@ callers pass), `clock` (phase timing from inside the loop), `head_entry` (a head
 to decode).
 """
 
-from .acceptance import AcceptanceRule, Target
+from .acceptance import AcceptanceRule, BlockVerification, Target
 from .backbone import BackboneFamily, LlamaFamily, SplitBackbone, attach_draft_lora, family_for
 from .clock import PHASES, PhaseClock, backbone_marks, split_phases
 from .decoder import AdaptiveWidth, DecodeStats, GenerateOutput, SpeculativeDecoder, generate_autoregressive
 from .head_entry import HeadEntry, head_info, load_head_entry
 from .proposals import PromptLookup
 
-__all__ = ["AcceptanceRule", "Target", "BackboneFamily", "LlamaFamily", "SplitBackbone", "attach_draft_lora",
+__all__ = ["AcceptanceRule", "BlockVerification", "Target", "BackboneFamily", "LlamaFamily", "SplitBackbone", "attach_draft_lora",
            "family_for", "PHASES", "PhaseClock", "backbone_marks", "split_phases", "AdaptiveWidth", "DecodeStats",
            "GenerateOutput", "SpeculativeDecoder", "generate_autoregressive", "HeadEntry", "head_info",
            "load_head_entry", "PromptLookup"]

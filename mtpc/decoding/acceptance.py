@@ -1,13 +1,16 @@
 """What a committed token must follow, and the rule that keeps speculative decoding exact.
 
 `Target` is the verifier's shaped next-token distribution (greedy, or temperature / top-k / top-p in
-transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule. The decoder
-(`mtpc.decoding.decoder`) applies both to every drafted token, whatever proposed it.
+transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule, token by
+token, and `BlockVerification` (the decoder's default) the rule that decides a drafted window as a
+whole and keeps at least as many tokens in expectation. The decoder (`mtpc.decoding.decoder`) applies
+them to every drafted token, whatever proposed it.
 
 `accept_window` decides a batch of verified windows at once on the tensors' device (no host reads):
-every position of every row is tested, each row's first rejection found by a cumulative product, the
-residual formed at that position only, and the next cycle's target, first token and hidden state
-gathered at each row's accepted index. `Verdict.accepted` is what the host needs per cycle.
+every position of every row is tested at once, each row's kept count found by tensor ops (a
+cumulative product, or block verification's running weights), the residual formed at the first
+position not kept only, and the next cycle's target, first token and hidden state gathered at each
+row's accepted index. `Verdict.accepted` is what the host needs per cycle.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from circuitc.draft import inverse_cdf
 
-__all__ = ["Target", "AcceptanceRule", "Verdict", "accept_window", "cycle_uniforms", "draw"]
+__all__ = ["Target", "AcceptanceRule", "BlockVerification", "Verdict", "accept_window", "cycle_uniforms", "draw"]
 
 
 # --------------------------------------------------------------------------- the verifier's target
@@ -45,7 +48,9 @@ class Target:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """`[..., V]` logits -> `[..., V]` float64 probabilities of the shaped target."""
-        scores = logits.double() / self.temperature
+        scores = logits.double()
+        if self.temperature != 1:
+            scores = scores / self.temperature
         if self.top_k:
             k = min(self.top_k, scores.shape[-1])
             kth = torch.topk(scores, k, dim=-1).values[..., -1:]
@@ -72,8 +77,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 # --------------------------------------------------------------------------- acceptance rule
 
 class AcceptanceRule:
-    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): a token `x ~ q` is kept with
-    probability `min(1, p(x) / q(x))`; after a rejection the token is drawn from the residual
+    """Speculative sampling token by token (Leviathan et al. 2023; Chen et al. 2023): a token `x ~ q` is
+    kept with probability `min(1, p(x) / q(x))`; after a rejection the token is drawn from the residual
     `norm(max(0, p - q))`. Together: exactly `p`. Subclass to study other rules (the tests show that
     wrong ones are caught)."""
 
@@ -83,11 +88,50 @@ class AcceptanceRule:
         return u * q_x < p_x
 
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """`[..., V]`, `[..., V]` -> `[..., V]`: the distribution of the token after a rejection (per row)."""
+        """`[..., V]`, `[..., V]` -> `[..., V]`: the distribution of the token after a rejection (per row).
+        `p` may be scaled by a weight in (0, 1] (block verification's); the result is normalised."""
         r = (p - q).clamp_min(0)
         total = r.sum(-1, keepdim=True)
         # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
         return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+    def keep(self, p_x: torch.Tensor, q_x: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
+             tested: torch.Tensor, tests: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decide a batch of windows: `p_x`, `q_x` `[B, W-1]` the target's and the proposal's
+        probability of each drafted token, `probs` `[B, W, V]` the targets, `rows` `[B, W, V]` the
+        proposals, `tested` `[B, W-1]` (a prefix per row), `tests` `[B, W-1]` uniforms. Returns the
+        drafted tokens each row keeps `[B]` long and the weight of `p` in the residual after them `[B]`
+        (None: 1, the plain residual)."""
+        ok = torch.as_tensor(self.accept(p_x, q_x, tests), device=p_x.device).expand_as(tested)
+        kept = (ok & tested).long().cumprod(1).sum(1)  # [B] up to the first rejection
+        return kept, None
+
+
+class BlockVerification(AcceptanceRule):
+    """Block verification (Sun et al. 2024, "Block Verification Accelerates Speculative Decoding"): the
+    window is decided as a whole, not token by token. With `w_0 = 1`, `w_i = min(1, w_{i-1} p(x_i) /
+    q(x_i))` and `r_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))` (the residual mass after `i` kept
+    tokens), the row keeps the longest `i` whose test `u_i < h_i` passes, with `h_i = r_i / (r_i + 1 -
+    w_i)` before the last tested position `g`, `h_g = w_g` and `h_0 = 1`; the next token is drawn from
+    `norm(max(0, w_i p - q))` after `i < g` kept tokens, from `p` after all `g`. Exactly `p` like the
+    token-wise rule, and never fewer tokens kept in expectation (the paper proves it optimal for one
+    drafted window). Every quantity is a tensor op over the window: no loop over positions."""
+
+    def keep(self, p_x, q_x, probs, rows, tested, tests):
+        B = tested.shape[0]
+        # w_i = min over k <= i of prod_{k < j <= i} p/q, by window position (w_0 = 1): a cumulative sum of
+        # log ratios less its running maximum, floored at 0 for w_0; an untested position's ratio is 1
+        ratio = torch.cat([p_x.new_ones(B, 1), torch.where(tested, p_x / q_x, 1.0)], 1)  # [B, W]
+        log_w = ratio.log().cumsum(1)
+        w = (log_w - log_w.cummax(1).values).exp()  # [B, W] w_0 .. w_{W-1}
+        # h_i = r_i / (r_i + 1 - w_i) for i = 1 .. W-2, with r_i the residual mass after i kept tokens (the
+        # target then is probs[:, i], its proposal rows[:, i + 1]); 0/0 (r_i = 0, w_i = 1) passes no test
+        mass = (w[:, 1:-1, None] * probs[:, 1:-1] - rows[:, 2:]).clamp_min(0).sum(-1)  # [B, W-2]
+        stop = torch.cat([mass / (mass + 1 - w[:, 1:-1]), w[:, -1:]], 1)  # [B, W-1] h_1 .. h_{W-1}
+        position = torch.arange(1, stop.shape[1] + 1, device=tested.device)  # [W-1]
+        stop = torch.where(position == tested.sum(1, keepdim=True), w[:, 1:], stop)  # h_g = w_g at the last tested g
+        kept = (((tests < stop) & tested) * position).amax(1)  # [B] the longest passing i; 0: none (h_0 = 1)
+        return kept, w.gather(1, kept[:, None])[:, 0]
 
 
 # --------------------------------------------------------------------------- a whole window at once
@@ -118,8 +162,9 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     `uniforms` `[B, W]` float64 in [0, 1) are the windows' randomness (`uniforms[b, j - 1]` tests
     `window[b, j]`, `uniforms[b, widths[b] - 1]`, which no test uses, draws the next first token by
     inverse CDF; `widths` `[B]` long: each row's own verify width, None: all `W`, so a row draws as it
-    would in a batch of its own), and after a rejection at `a` the next target is
-    `rule.residual(p_{a-1}, rows[b, a])`.
+    would in a batch of its own). `rule.keep` says how many drafted tokens each row keeps; when it keeps
+    fewer than it tested, `a` tokens in all, the next target is `rule.residual(w * p_{a-1}, rows[b, a])`
+    with the rule's weight `w` (1 token by token).
     Randomness comes in as a tensor, not a generator, so the function is pure and `torch.compile`
     traces it whole (`cycle_uniforms` draws them).
     """
@@ -127,25 +172,25 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     drafted = window[:, 1:]  # [B, W-1]
     position = torch.arange(1, W, device=window.device)  # [W-1] window index of each tested token
     after_eos = torch.isin(window[:, :-1], eos).long().cumsum(1) > 0  # [B, W-1] an EOS at or before j - 1
-    tested = (position[None] < limit[:, None]) & ~after_eos  # [B, W-1]
+    tested = (position[None] < limit[:, None]) & ~after_eos  # [B, W-1] a prefix of each row
+    batch = torch.arange(B, device=window.device)  # [B]
     if target.do_sample:
         probs = target.probs(logits)  # [B, W, V] float64
+        rows = rows if rows.dtype == probs.dtype else rows.to(probs.dtype)
         p_x = probs[:, :-1].gather(2, drafted[..., None])[..., 0]  # [B, W-1]
-        q_x = rows[:, 1:].gather(2, drafted[..., None])[..., 0].to(probs.dtype)  # [B, W-1]
-        ok = torch.as_tensor(rule.accept(p_x, q_x, uniforms[:, :-1]), device=window.device).expand(B, W - 1)
+        q_x = rows[:, 1:].gather(2, drafted[..., None])[..., 0]  # [B, W-1]
+        kept, weight = rule.keep(p_x, q_x, probs, rows, tested, uniforms[:, :-1])  # [B], [B]
     else:
         probs = logits
-        ok = drafted == logits[:, :-1].argmax(-1)
-    run = (ok & tested).long().cumprod(1)  # [B, W-1] 1 while every token so far was accepted
-    accepted = 1 + run.sum(1)  # [B]
-    last = accepted - 1  # [B] index of each row's last committed token
+        kept = ((drafted == logits[:, :-1].argmax(-1)) & tested).long().cumprod(1).sum(1)  # [B]
+    accepted = 1 + kept  # [B]
     # `x[b, index[b]]` for every row with the indices on the device (reading them to the host would be a
     # device sync, and a graph break under `torch.compile`)
-    batch = torch.arange(B, device=window.device)  # [B]
-    rejected = (accepted < W) & tested[batch, last.clamp_max(W - 2)]  # [B] the token after `last` failed its test
-    carried = probs[batch, last]  # [B, V]
+    carried = probs[batch, kept]  # [B, V]
     if target.do_sample:
-        residual = rule.residual(carried, rows[batch, accepted.clamp_max(W - 1)].to(carried.dtype))
+        rejected = kept < tested.sum(1)  # [B] a tested token after the kept ones was not kept
+        scaled = carried if weight is None else weight[:, None] * carried
+        residual = rule.residual(scaled, rows[batch, accepted.clamp_max(W - 1)])
         carried = torch.where(rejected[:, None], residual, carried)
         if widths is None:
             draw = uniforms[:, -1]  # [B]
@@ -154,7 +199,7 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
         next_first = inverse_cdf(carried, draw)
     else:
         next_first = carried.argmax(-1)
-    return Verdict(accepted, carried, next_first, hidden[batch, last])
+    return Verdict(accepted, carried, next_first, hidden[batch, kept])
 
 
 def cycle_uniforms(rows: int, size: int, generator, device) -> torch.Tensor:

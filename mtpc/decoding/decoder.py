@@ -55,7 +55,7 @@ from torch import nn
 from circuitc.draft import inverse_cdf
 
 from ..heads import MTPHead
-from .acceptance import AcceptanceRule, Target, accept_window, cycle_uniforms
+from .acceptance import AcceptanceRule, BlockVerification, Target, accept_window, cycle_uniforms
 from .backbone import SplitBackbone, lora_depth
 from .compiling import compile_step, dynamic_length
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
@@ -215,8 +215,9 @@ class SpeculativeDecoder:
     positions as its own draft's probabilities justify (measured against fixed widths in
     docs/results.md). `compile`: run the cycle step through
     `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
-    later generation. `acceptance`: the speculative-sampling rule (an `AcceptanceRule`; replace it
-    only to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.
+    later generation. `acceptance`: the speculative-sampling rule (default `BlockVerification`, which
+    keeps more tokens than the token-by-token `AcceptanceRule()`; replace it only to compare the two or
+    to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.
 
     The host reads one small tensor per cycle through `host_reads` (its `count` is what the sync
     tests check), and one after the prefill, whatever the batch size.
@@ -234,7 +235,7 @@ class SpeculativeDecoder:
                              f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
         self.lookup = PromptLookup.of(lookup)
-        self.acceptance = acceptance or AcceptanceRule()
+        self.acceptance = acceptance or BlockVerification()
         widths, position_cost = window_widths(window, head.num_variables)
         self.widths = widths  # the verify widths of circuit windows
         self.span = max(widths[-1], 1 + self.lookup.tokens) if self.lookup is not None else widths[-1]
