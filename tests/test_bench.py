@@ -141,6 +141,12 @@ def test_sampling_mode_and_decoder_variants(setup):
     assert report["greedy_identical"] is None and all("greedy_check" not in r for r in report["heads"])
     assert {r["ff_reference"] for r in report["heads"]} == {"ff4", "ff4/adaptive"}
     assert [r["width"] for r in report["heads"]] == [N, "adaptive", N, "adaptive"]
+    rules = run_bench(config(setup, mode="sample", heads=[setup["heads"]["ff"], setup["heads"]["cp"]],
+                             acceptance=("block", "token")))
+    assert [r["label"] for r in rules["heads"]] == ["ff4", "ff4/token", "cp4", "cp4/token"]
+    assert [r["acceptance"] for r in rules["heads"]] == ["block", "token"] * 2
+    assert [r["ff_reference"] for r in rules["heads"]] == ["ff4", "ff4/token"] * 2  # FF under the same rule
+    assert rules["config"]["acceptance"] == ["block", "token"]
     greedy = run_bench(config(setup, heads=[setup["heads"]["cp"]]))
     assert [r["label"] for r in greedy["heads"]] == ["cp4"] and greedy["greedy_identical"] is True
     assert all(r["ff_reference"] is None and "speedup_ff" not in r for r in greedy["heads"])

@@ -14,11 +14,12 @@ from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
 if TYPE_CHECKING:
     from ..decoding import HeadEntry, SpeculativeDecoder
 
-__all__ = ["BenchConfig", "Variant", "DTYPES", "MODES", "LOOKUP_MODES"]
+__all__ = ["BenchConfig", "Variant", "DTYPES", "MODES", "LOOKUP_MODES", "ACCEPTANCE_RULES"]
 
 DTYPES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}  # a --dtype name -> its torch dtype's name
 MODES = ("greedy", "sample")
 LOOKUP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # --lookup -> BenchConfig.lookup
+ACCEPTANCE_RULES = ("block", "token")  # --acceptance: BlockVerification (the decoder's default), AcceptanceRule
 MAX_LOOKUP_TOKENS = 1024
 MAX_BATCH = 4096  # rows of one --batch-size batch (the decoder also checks memory before allocating)
 
@@ -52,6 +53,10 @@ class BenchConfig:
         (None,), flag="--window", nargs="+", type=width_or_adaptive, metavar="K",
         help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or 'adaptive' "
              "(each window's width chosen from its draft's probabilities); default: n")
+    acceptance: Sequence[str] = setting(
+        ("block",), nargs="+", choices=ACCEPTANCE_RULES,
+        help="speculative-sampling rules to compare side by side: block (block verification, the decoder's "
+             "default) and/or token (token by token); greedy decoding is the same under both")
     peers: Sequence[str] = setting(
         (), nargs="+", metavar="PEER",
         help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR (a small draft "
@@ -89,3 +94,4 @@ class Variant:
     decoder: SpeculativeDecoder
     compiled: bool = False  # the cycle step runs through torch.compile
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
+    acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES

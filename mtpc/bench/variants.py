@@ -1,5 +1,5 @@
 """What `mtpc bench` runs on: the LM and its heads loaded, and one decoder variant per head x lookup x
-verify width x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
+verify width x acceptance rule x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
 batched one (`batch`); `config` stays torch-free so `mtpc bench --help` loads no torch."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 import torch
 
 from .. import loading
-from ..decoding import AdaptiveWidth, HeadEntry, PromptLookup, SpeculativeDecoder, load_head_entry
+from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
+                        load_head_entry)
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
@@ -22,24 +23,27 @@ __all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
 
 def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
                    lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
-                   windows: Sequence[int | str | None] = (None,)) -> list[Variant]:
+                   windows: Sequence[int | str | None] = (None,), acceptance: Sequence[str] = ("block",)) -> list[Variant]:
     """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
-    x eager/compiled. A window wider than a head's circuit is an input error."""
-    lookup, windows = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows))
+    x acceptance rule ("block" or "token") x eager/compiled. A window wider than a head's circuit is an
+    input error."""
+    lookup, windows, acceptance = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows)), list(dict.fromkeys(acceptance))
     for entry in entries:
         widest = max(entry.info["n"], 2)
         wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     variants = []
-    for entry, use, width, c in itertools.product(entries, lookup, windows, compiled):
-        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/compile" if c else ""))
+    for entry, use, width, rule, c in itertools.product(entries, lookup, windows, acceptance, compiled):
+        label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/token" if rule == "token" else "")
+                 + ("/compile" if c else ""))
         window = AdaptiveWidth() if width == "adaptive" else width
         decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                              acceptance=AcceptanceRule() if rule == "token" else BlockVerification(),
                               **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
         window = decoder.span if use else min(decoder.width, entry.info["n"])
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width))
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width, acceptance=rule))
     return variants
 
 
@@ -72,7 +76,8 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
-                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows)
+                              compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows,
+                              acceptance=cfg.acceptance)
     return Loaded(device, dtype, bench_tokenizer(cfg)[1], base, load_model, variants)
 
 
