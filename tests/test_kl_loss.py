@@ -34,8 +34,9 @@ def batch(seed=0):
     return tokens, doc_ids, mask, logits
 
 
-def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma):
-    """Eq. 5 with KL terms, every conditional by enumerating the circuit's joint over all v^n windows."""
+def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma, divergence="kl"):
+    """Eq. 5 with KL (or total variation) terms, every conditional by enumerating the circuit's joint
+    over all v^n windows."""
     circ, n, v = head.circ, head.num_variables, head.num_states
     B, T = tokens.shape
     grid = torch.tensor(list(itertools.product(range(v), repeat=n)))  # [v^n, n]
@@ -57,7 +58,10 @@ def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma):
                 q = torch.stack([joint[match & (grid[:, j] == s)].sum() for s in range(v)])
                 q = q / q.sum()
                 p = logits[b, t + j, :v].softmax(-1)
-                sums[j] += float((p * (p.log() - q.log())).sum())
+                if divergence == "kl":
+                    sums[j] += float((p * (p.log() - q.log())).sum())
+                else:
+                    sums[j] += float((p - q).abs().sum() / 2)
                 counts[j] += 1
     return sum(gamma ** j * sums[j] / max(1, counts[j]) for j in range(n)), counts
 
@@ -74,6 +78,27 @@ def test_kl_equals_brute_force_enumeration(name, fused):
     assert out.counts.tolist() == counts
     assert out.loss.item() == pytest.approx(expect, rel=1e-9, abs=1e-12)
     assert (out.term_sums >= 0).all() and out.loss.item() > 0
+
+
+@pytest.mark.parametrize("name", ["btree", "cp"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_total_variation_equals_brute_force_and_its_gradient_matches_the_reference(name, fused):
+    head = make_head(GRAPHS[name])
+    tokens, doc_ids, mask, logits = batch(seed=2)
+    hidden = torch.randn(2, 9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    out = kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask, gamma=0.8, fused=fused,
+                  chunk_elements=64, divergence="tv")
+    expect, _ = brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, 0.8, divergence="tv")
+    assert out.loss.item() == pytest.approx(expect, rel=1e-9, abs=1e-12)
+    assert ((out.term_sums >= 0) & (out.term_sums <= out.counts)).all()  # each term is in [0, 1]
+    grads = torch.autograd.grad(out.loss, list(head.parameters()))
+    reference = kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask, gamma=0.8, fused=False,
+                        divergence="tv")
+    for got, want in zip(grads, torch.autograd.grad(reference.loss, list(head.parameters()))):
+        assert torch.allclose(got, want, rtol=1e-7, atol=1e-10)
+    assert any(g.abs().sum() > 0 for g in grads)
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask, divergence="js")
 
 
 def test_kl_is_zero_when_the_head_is_the_teacher():

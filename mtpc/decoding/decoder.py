@@ -13,10 +13,10 @@ whole batch:
    the same width, each tests only its own) at each row's own slots and positions in static caches
    (`Verifier.forward`): the verifier's targets `p_1 .. p_W` and the draft path's hidden states;
 2. `accept_window` decides every drafted token of every row at once on the device (greedy: equal to
-   `argmax p_j`; sampling: the Leviathan/Chen rule against the proposal's exact conditionals) and
-   draws each row's next `x_0` from the target at its last accepted position, or from the residual
-   `norm(max(0, p_j - r_j))` after a rejection at `j` (so the deferred token is still exactly
-   distributed);
+   `argmax p_j`; sampling: block verification against the proposal's exact conditionals, or the
+   token-by-token Leviathan/Chen rule) and draws each row's next `x_0` from the target at its last
+   accepted position, or from the rule's residual `norm(max(0, w p_j - r_j))` when a tested token
+   after it was not kept (`w` = 1 token by token; so the deferred token is still exactly distributed);
 3. the circuit drafts each row's next window after that `x_0`, from the hidden state there
    (`Drafter.circuit_window`), with its verify width.
 
@@ -33,8 +33,9 @@ with `compile=True` the step is one graph per verify width.
 
 Prompt lookup (`lookup=K` or a `mtpc.decoding.proposals.PromptLookup`; off by default): before a
 cycle the host may replace a row's circuit window with `x_0`, the `K` tokens that followed the latest
-earlier occurrence of the row's last few tokens (point-mass proposals: accepted with probability
-`p(c)`, residual `p` without `c`, renormalised), and the circuit's draft after them; the choice
+earlier occurrence of the row's last few tokens (point-mass proposals, decided by the same rule:
+token by token a token `c` is kept with probability `p(c)`, its residual is `p` without `c`,
+renormalised), and the circuit's draft after them; the choice
 reads only the row's past (`LookupState.use`), so decoding stays exact. It enters the same step.
 
 Also usable from transformers: `model.generate(ids, custom_generate=decoder.custom_generate, ...)`

@@ -9,6 +9,11 @@ and the loss is the KL divergence, weighted and averaged like the NLL of `mtpc.h
 
     L = sum_j gamma^(j-1) * (sum_t valid[t, j] * KL(p_j || q_{t,j})) / N_j.
 
+`divergence="tv"` replaces the KL with the total variation `1 - sum_s min(p_j(s), q_{t,j}(s))`: one minus
+the probability that speculative sampling keeps the drafted byte at that position when the bytes before
+it were kept (the token-by-token rule's acceptance rate), so it trains what decoding measures; its
+gradient reaches `q` only where `q < p`.
+
 Choices (the same as the NLL's where they overlap):
 - `valid[t, j]`, `N_j` and the global `normalizer` are those of `mtp_loss`; the conditioning bytes
   `x_{t+1..t+j-1}` that are not valid targets are summed out of `q`, as in the NLL. The teacher
@@ -63,11 +68,15 @@ def logits_teacher(logits: torch.Tensor) -> Teacher:
 def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, doc_ids: torch.Tensor,
             loss_mask: torch.Tensor, *, gamma: float = 0.9, fused: bool = True,
             normalizer: torch.Tensor | None = None, window_mask: torch.Tensor | None = None,
-            chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
+            chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, divergence: str = "kl") -> LossOutput:
     """The KL loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `teacher` (e.g.
     `lm_teacher(lm.lm_head, verifier_hidden)`: the logits at position `t` predict `tokens[t + 1]`),
     `tokens`, `doc_ids` [B, T] long, `loss_mask` [B, T] bool; `normalizer` and `window_mask` as in
-    `mtpc.heads.nll_loss.mtp_loss`. `term_sums[j]` is the sum of the KLs at window position `j`."""
+    `mtpc.heads.nll_loss.mtp_loss`. `term_sums[j]` is the sum of the KLs at window position `j`.
+    `divergence`: "kl" or "tv" (the total variation instead, see the module docstring)."""
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {tuple(DIVERGENCES)}, got {divergence!r}")
+    measure = DIVERGENCES[divergence]
     n, v = head.num_variables, head.num_states
     B, T = tokens.shape
     valid = window_validity(tokens, doc_ids, loss_mask, n, v, window_mask)  # [B, T, n]
@@ -83,9 +92,9 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
     if h.shape[0] == 0:  # nothing to score: a zero that still reaches every trainable input (for DDP)
         kls = valid.to(h.dtype) + 0 * head.sum_logits(h).sum()  # [0, n]
     elif fused:
-        kls = _blocked_kl(head, h, x, valid, positions, teacher, chunk_elements)  # [N, n]
+        kls = _blocked_kl(head, h, x, valid, positions, teacher, chunk_elements, measure)  # [N, n]
     else:
-        kls = _naive_kl(head, h, x, valid, _teacher_log_probs(teacher, positions, v))  # [N, n]
+        kls = _naive_kl(head, h, x, valid, _teacher_log_probs(teacher, positions, v), measure)  # [N, n]
     sums = kls.sum(0)  # [n]
     denom = (counts if normalizer is None else normalizer).to(sums).clamp(min=1)
     loss = (gamma_weights(n, gamma, sums.dtype, sums.device) * sums / denom).sum()
@@ -106,10 +115,18 @@ def _kl(teacher_log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     return (teacher_log_p.exp() * (teacher_log_p - log_q)).sum(-1)
 
 
+def _tv(teacher_log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """`[..]` total variation `1 - sum min(p, q)` over the last dimension."""
+    return 1 - torch.minimum(teacher_log_p, log_q).exp().sum(-1)
+
+
+DIVERGENCES = {"kl": _kl, "tv": _tv}  # kl_loss(divergence=...) -> the measure of (teacher log p, log q)
+
+
 # ------------------------------------------------------------------ reference path
 
 
-def _naive_kl(head, h, x, valid, teacher_log_p) -> torch.Tensor:
+def _naive_kl(head, h, x, valid, teacher_log_p, measure=_kl) -> torch.Tensor:
     """`[N, n]` from the full parameter vectors `[N, P]` and `conditional_log_distribution`."""
     n = head.num_variables
     theta = at_least_float32(head(h))  # [N, P]
@@ -118,7 +135,7 @@ def _naive_kl(head, h, x, valid, teacher_log_p) -> torch.Tensor:
         keep = torch.zeros_like(valid)
         keep[:, :j] = valid[:, :j]
         log_q = head.circ.conditional_log_distribution(x, keep, theta, j)  # [N, v]
-        out.append(_kl(teacher_log_p[:, j].to(log_q.dtype), log_q))
+        out.append(measure(teacher_log_p[:, j].to(log_q.dtype), log_q))
     kl = torch.stack(out, 1)  # [N, n]
     return torch.where(valid, kl, torch.zeros_like(kl))
 
@@ -126,7 +143,7 @@ def _naive_kl(head, h, x, valid, teacher_log_p) -> torch.Tensor:
 # ------------------------------------------------------------------ fused path
 
 
-def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: int) -> torch.Tensor:
+def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: int, measure=_kl) -> torch.Tensor:
     circ = head.circ
     n, v, Q = head.num_variables, head.num_states, head.num_leaves
     size = max(1, chunk_elements // window_elements(head))
@@ -138,7 +155,7 @@ def _blocked_kl(head, h, x, valid, positions, teacher: Teacher, chunk_elements: 
         t1 = min(h.shape[0], t0 + size)
         teacher_log_p = _teacher_log_probs(teacher, positions[t0:t1], v)  # [Nb, n, v], no gradient
         params = [p for p in head.parameters() if p.requires_grad]
-        out.append(_Recomputed.apply(_KLBlock(head, own), h[t0:t1], x[t0:t1], valid[t0:t1], teacher_log_p,
+        out.append(_Recomputed.apply(_KLBlock(head, own, measure), h[t0:t1], x[t0:t1], valid[t0:t1], teacher_log_p,
                                      *params))
     return torch.cat(out, 0)
 
@@ -190,8 +207,9 @@ class _Recomputed(torch.autograd.Function):
 class _KLBlock:
     """`[Nb, n]` KLs of a block of windows, keeping nothing larger than `[Nb, Q, v]`."""
 
-    def __init__(self, head, own: list[torch.Tensor] | None):
+    def __init__(self, head, own: list[torch.Tensor] | None, measure=_kl):
         self.head, self.own = head, own  # each variable's leaves, or None: variable-major, r leaves each
+        self.measure = measure  # _kl or _tv
 
     def __call__(self, h, x, valid, teacher_log_p):
         head, circ = self.head, self.head.circ
@@ -217,12 +235,12 @@ class _KLBlock:
             # cost a zero-filled [Nb, Q, v] gradient in the backward (and the double backward)
             d = torch.diagonal(posterior.view(n, Nb, n, Q // n), dim1=0, dim2=2).permute(0, 2, 1)  # [Nb, n, r]
             log_q = torch.logsumexp(d.clamp_min(tiny).log().unsqueeze(-1) + log_p.view(Nb, n, Q // n, v), 2)
-            return _kl(teacher_log_p.to(log_q.dtype), log_q)  # [Nb, n]
+            return self.measure(teacher_log_p.to(log_q.dtype), log_q)  # [Nb, n]
         kls = []
         for j in range(n):
             d = posterior[j].index_select(1, self.own[j])  # [Nb, Qv]
             log_q = torch.logsumexp(d.clamp_min(tiny).log().unsqueeze(-1) + log_p.index_select(1, self.own[j]), 1)
-            kls.append(_kl(teacher_log_p[:, j].to(log_q.dtype), log_q))  # [Nb]
+            kls.append(self.measure(teacher_log_p[:, j].to(log_q.dtype), log_q))  # [Nb]
         return torch.stack(kls, 1)
 
     def _posteriors(self, observed: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ..settings import setting
 
 __all__ = ["TrainConfig", "TinyLMConfig", "DistillConfig", "LOSSES", "PRECISIONS", "JOINT_PARAMETERISATIONS"]
 
-LOSSES = ("nll", "kl", "nll+kl")
+LOSSES = ("nll", "kl", "nll+kl", "tv")
 PRECISIONS = ("auto", "fp32", "bf16")  # autocast dtypes (auto: bf16 where the hardware runs it natively)
 # tiny-lm's joint head copies the fresh LM's unembedding rows; a tied head would read the output layer itself
 JOINT_PARAMETERISATIONS = tuple(p for p in PARAMETERISATIONS if p != "tied")
@@ -73,7 +73,8 @@ class TrainConfig:
     loss: str = setting(  # see mtpc.training.trainer
         "nll", choices=LOSSES,
         help="nll: likelihood of the gold bytes; kl: KL from the frozen LM's own next-byte distributions to the "
-             "head's conditionals (self-distillation); nll+kl: their sum")
+             "head's conditionals (self-distillation); nll+kl: their sum; tv: total variation between the same "
+             "two (1 - sum min(p, q): one minus the rate at which sampling keeps a drafted byte)")
     window_stride: int = setting(  # shifting with the step
         1, type=positive_int, help="score the windows at every s-th position only (s x cheaper head)")
     val_every: int = setting(50, type=positive_int, help="validate every this many steps")

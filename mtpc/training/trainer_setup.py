@@ -73,11 +73,12 @@ class DraftModel(nn.Module):
                       chunk_elements=self.chunk_elements)
         with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
             nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
-            if "kl" in self.loss:
-                kl = kl_loss(self.head, h, self.teacher(tokens, h), tokens, doc_ids, loss_mask, **kwargs)
+            if "kl" in self.loss or self.loss == "tv":
+                kl = kl_loss(self.head, h, self.teacher(tokens, h), tokens, doc_ids, loss_mask,
+                             divergence="tv" if self.loss == "tv" else "kl", **kwargs)
         if self.loss == "nll":
             return nll.loss, nll.term_sums, nll.counts
-        if self.loss == "kl":
+        if self.loss in ("kl", "tv"):
             return kl.loss, kl.term_sums, kl.counts
         return nll.loss + kl.loss, nll.term_sums, nll.counts
 
