@@ -118,6 +118,28 @@ def test_one_training_step(model_type):
     assert not torch.equal(head.weight, before)
 
 
+def test_a_total_variation_training_step():
+    """`loss="tv"`: the trainer's loss is the total variation against the model's own conditionals (each
+    window position's term in [0, 1]), and one step moves the head."""
+    from mtpc.heads.kl_loss import kl_loss
+
+    model = family_lm("llama", V, dtype=torch.float32)
+    model.requires_grad_(False)
+    head = MTPHead(builders.cp_graph(3, 2, V), 32, init_from=model.get_output_embeddings().weight, sum_init_std=0.1)
+    draft = DraftModel(model, head, gamma=0.9, chunk_elements=1 << 16, amp=None, loss="tv")
+    tokens = torch.randint(0, V, (2, 10), generator=torch.Generator().manual_seed(4))
+    docs, mask = torch.zeros_like(tokens), torch.ones_like(tokens, dtype=torch.bool)
+    loss, sums, counts = draft(tokens, docs, mask, normalizer=None)
+    hidden = draft.hidden(tokens)
+    direct = kl_loss(head, hidden, draft.teacher(tokens, hidden), tokens, docs, mask, gamma=0.9, divergence="tv")
+    torch.testing.assert_close(loss, direct.loss)
+    assert ((sums >= 0) & (sums <= counts)).all() and counts.sum() > 0
+    loss.backward()
+    before = head.weight.detach().clone()
+    torch.optim.AdamW(head.parameters(), lr=1e-2).step()
+    assert not torch.equal(head.weight, before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["gpt2", "gemma2", "gpt_neox"])
 def test_cli_train_generate_bench_end_to_end(model_type, tmp_path, capsys):
