@@ -277,8 +277,10 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     cdf = weights.cumsum(-1)  # [..., v]
     if u.dtype != cdf.dtype:
         u = u.to(cdf.dtype)
-    point = (u * cdf[..., -1]).unsqueeze(-1)  # [..., 1]
-    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
+    point = u * cdf[..., -1]  # [...]
+    if point.dim() == 0:  # one distribution (a draft's step): searchsorted takes the scalar as it is
+        return torch.searchsorted(cdf, point, right=True).clamp_max(weights.shape[-1] - 1)
+    return torch.searchsorted(cdf, point.unsqueeze(-1), right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
 def graph_sum_params(layout: list[ParamSlot]) -> int:

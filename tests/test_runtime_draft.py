@@ -135,3 +135,19 @@ def test_samples_follow_the_circuit_and_report_their_conditionals(name):
         expected = (target[keep] / target[keep].sum() * 1000).numpy()
         assert chisquare(counts[keep].numpy(), expected).pvalue > 1e-3
         assert counts[~keep].sum() == 0
+
+
+def test_inverse_cdf_draws_the_state_whose_interval_holds_u():
+    """One distribution (`u` a scalar) and a batch give the same draws: the state whose CDF interval
+    holds `u * total` (weights need not sum to 1), never a zero-weight state, never past the last."""
+    from circuitc.draft import inverse_cdf
+
+    weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0, 3.0]], dtype=torch.float64)
+    u = torch.tensor([[0.0, 0.49, 0.5, 0.74, 0.75, 0.999999], [0.0, 0.24, 0.25, 0.5, 0.9, 1 - 1e-17]],
+                     dtype=torch.float64)
+    expected = [[1, 1, 3, 3, 4, 4], [0, 0, 4, 4, 4, 4]]
+    batched = inverse_cdf(weights[:, None].expand(2, 6, 5), u)  # [2, 6]
+    assert batched.tolist() == expected
+    for b in range(2):
+        assert [int(inverse_cdf(weights[b], u[b, k])) for k in range(6)] == expected[b]
+        assert inverse_cdf(weights[b], u[b, 0]).dim() == 0
