@@ -13,6 +13,9 @@ its own, eagerly and through `mtpc.decoding.compiling.compile_step` (as the deco
   `SpeculativeDecoder(compile=True)` runs per cycle). `sum` - `cycle` is what one graph saves.
 
 Medians over `--repeats` calls, milliseconds, at `--threads` torch threads (say it with every number).
+Eager, each step's tensor ops are counted too (`*_ops`: the top-level aten calls of one call, under the
+torch profiler): unlike the milliseconds, which drift between runs on a shared machine, the count is
+the same in every run, so two checkouts compare exactly.
 
 Usage:
     python benchmarks/bench_cycle.py [--model models/byte-lm] [--heads models/heads/ff8 ...] [--threads 1]
@@ -86,8 +89,18 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
     def cycle():
         return cycle_step(target, window, places, limit, eos, uniforms)
 
-    return {"draft_ms": median_ms(draft, repeats, WARMUP), "verify_ms": median_ms(verify, repeats, WARMUP),
-            "accept_ms": median_ms(accept_step, repeats, WARMUP), "cycle_ms": median_ms(cycle, repeats, WARMUP)}
+    steps = {"draft": draft, "verify": verify, "accept": accept_step, "cycle": cycle}
+    record = {f"{name}_ms": median_ms(step, repeats, WARMUP) for name, step in steps.items()}
+    if not compiled:
+        record.update({f"{name}_ops": op_count(step) for name, step in steps.items()})
+    return record
+
+
+def op_count(step) -> int:
+    """The top-level aten calls of one call of `step` (ops a kernel calls inside another are not counted)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(1 for event in prof.events() if event.name.startswith("aten::") and event.cpu_parent is None)
 
 
 def main(argv=None) -> dict:
@@ -110,12 +123,15 @@ def main(argv=None) -> dict:
                 times = step_times(decoder, target, args.repeats, compiled)
                 records.append({"head": Path(head_dir).name, "mode": mode, "compiled": compiled, **times})
     print(f"one cycle's steps at batch 1, threads={args.threads}, median ms over {args.repeats} calls")
-    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}")
+    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}"
+          f"{'ops: draft':>12}{'verify':>8}{'accept':>8}{'cycle':>8}")
     for r in records:
         kind = "compiled" if r["compiled"] else "eager"
         total = r["draft_ms"] + r["verify_ms"] + r["accept_ms"]
+        ops = "".join(f"{r[f'{step}_ops']:>{12 if step == 'draft' else 8}}" for step in ("draft", "verify", "accept", "cycle")
+                      ) if not r["compiled"] else ""
         print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_ms']:>8.3f}{r['verify_ms']:>8.3f}{r['accept_ms']:>8.3f}"
-              f"{total:>8.3f}{r['cycle_ms']:>8.3f}")
+              f"{total:>8.3f}{r['cycle_ms']:>8.3f}{ops}")
     result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name, "records": records}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
