@@ -89,14 +89,14 @@ class AcceptanceRule:
 
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """`[..., V]`, `[..., V]` -> `[..., V]`: the distribution of the token after a rejection (per row).
-        `p` may be scaled by a weight in (0, 1] (block verification's); the result is normalised."""
+        `p` may be scaled by a weight in (0, 1] (block verification's)."""
         r = (p - q).clamp_min(0)
         total = r.sum(-1, keepdim=True)
         # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
         return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
     def keep(self, p_x: torch.Tensor, q_x: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-             tested: torch.Tensor, tests: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+             tested: torch.Tensor, tests: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decide a batch of windows: `p_x`, `q_x` `[B, W-1]` the target's and the proposal's
         probability of each drafted token, `probs` `[B, W, V]` the targets, `rows` `[B, W, V]` the
         proposals, `tested` `[B, W-1]` (a prefix per row), `tests` `[B, W-1]` uniforms. Returns the
@@ -119,8 +119,9 @@ class BlockVerification(AcceptanceRule):
 
     def keep(self, p_x, q_x, probs, rows, tested, tests):
         B = tested.shape[0]
-        # w_i = min over k <= i of prod_{k < j <= i} p/q, by window position (w_0 = 1): a cumulative sum of
-        # log ratios less its running maximum, floored at 0 for w_0; an untested position's ratio is 1
+        # w_i = min over k <= i of prod_{k < j <= i} p/q, by window position: a cumulative sum of log ratios
+        # less its running maximum (w_0 = 1 enters as log 1 = 0, so the maximum is never below 0); an
+        # untested position's ratio is 1
         ratio = torch.cat([p_x.new_ones(B, 1), torch.where(tested, p_x / q_x, 1.0)], 1)  # [B, W]
         log_w = ratio.log().cumsum(1)
         w = (log_w - log_w.cummax(1).values).exp()  # [B, W] w_0 .. w_{W-1}
