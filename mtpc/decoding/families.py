@@ -362,9 +362,10 @@ class WholeModelPath:
     def run(model: nn.Module, input_ids: torch.Tensor, cache, keep: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`input_ids` `[B, T]` after the cached tokens -> (logits `[B, T', V]`, final hidden `[B, T', d]`)
         for the last `keep` positions (all when None); `cache` is updated in place."""
-        keeps = "logits_to_keep" in _forward_parameters(type(model))
+        params = _forward_parameters(type(model))
+        keeps = "logits_to_keep" in params
         kwargs = {"logits_to_keep": keep or 0} if keeps else {}
-        kwargs[cache_keyword(_forward_parameters(type(model)))] = cache  # transformers 5.x renamed it
+        kwargs[cache_keyword(params)] = cache  # transformers 5.x renamed it
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **kwargs)
         start = 0 if keep is None else input_ids.shape[1] - keep
         logits = out.logits if keeps else out.logits[:, start:]
