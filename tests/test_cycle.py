@@ -249,11 +249,14 @@ def test_a_window_outside_the_circuit_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [None, 2])
-def test_compiled_cycle_equals_eager(window):
+@pytest.mark.parametrize("window, first_token", [(None, False), (2, True)])  # True: a head that reads x_0
+def test_compiled_cycle_equals_eager(window, first_token):
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    if first_token:
+        with torch.no_grad():
+            head.read_first_token().first_embedding.normal_(0, 0.3, generator=torch.Generator().manual_seed(3))
     lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2)
     compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, compile=True)
     eager = SpeculativeDecoder(model, head, lookup=lookup, window=window)

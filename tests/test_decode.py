@@ -139,6 +139,30 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
     assert counts[1] > 5 and counts[n] > 5, counts
 
 
+def first_token_head(structure, n, v, seed, scale=2.0, **kwargs):
+    """A random head that also reads the window's first token, its embedding random too."""
+    head = random_head(structure, n, v, seed, **kwargs).read_first_token()
+    with torch.no_grad():
+        head.first_embedding.normal_(0, scale, generator=torch.Generator().manual_seed(seed))
+    return head
+
+
+def test_greedy_with_a_head_reading_the_first_token_equals_plain_greedy():
+    vocab, n = 12, 3
+    model = cyclic_lm(vocab)
+    heads = [first_token_head("btree", n, vocab, seed=4),
+             first_token_head("hmm", n, vocab, seed=5, scale=0.3, std=0.3, init_from=oracle_tables(model, n))]
+    accepted = []
+    for head in heads:
+        decoder = SpeculativeDecoder(model, head)
+        for i, ids in enumerate(prompts(vocab, 4, seed=7 + len(accepted))):
+            plain = generate_autoregressive(model, ids, 13).sequences
+            assert torch.equal(decoder.generate(ids, 13).sequences, plain), ids.tolist()
+            accepted += decoder.generate(ids, 13).stats.accepted_per_cycle
+    counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
+    assert counts[1] > 5 and counts[n] > 5, counts
+
+
 def test_greedy_with_circuit_over_fewer_states_than_the_vocabulary():
     model = tiny_lm(16, scale=3.0)
     head = random_head("hmm", 4, 10, seed=3, init_from=model.lm_head.weight)  # drafts token ids 0..9 only
@@ -288,6 +312,17 @@ def test_sampling_with_adapter_heads_is_exact(parameterisation, rule, wrong_rule
     right = speculative_samples(SpeculativeDecoder(model, head, acceptance=rule), PROMPT, 600, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=wrong_rule), PROMPT, 600, seed=4)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
+def test_sampling_with_a_head_reading_the_first_token_is_exact():
+    model = tiny_lm(VOCAB, scale=4.0, seed=11)
+    head = first_token_head("btree", 3, 4, seed=13, std=0.6)  # x_0 = 4 is no circuit state: the last state's row
+    joint = exact_joint(model, PROMPT, Target(True))
+    right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 600, seed=5)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=BlockResidualIsTarget()), PROMPT, 600,
+                                seed=5)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 

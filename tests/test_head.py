@@ -264,3 +264,35 @@ def test_the_chunked_loss_trains_adapter_heads_like_the_naive_loss(parameterisat
     torch.testing.assert_close(results[0][0], results[1][0])
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("parameterisation, ranks", [("full", {}), ("shared", {"adapter_rank": 3})])
+def test_a_head_that_reads_the_first_token_starts_as_it_was_and_round_trips(tmp_path, parameterisation, ranks):
+    from mtpc.decoding.drafting import Drafter
+
+    torch.manual_seed(0)
+    head = MTPHead(builders.btree_graph(3, 2, 5), D, parameterisation=parameterisation, sum_init_std=0.5,
+                   dtype=torch.float64, **ranks)
+    h, first = torch.randn(4, D, dtype=torch.float64), torch.tensor([0, 4, 7, 2])  # 7: a special token past v
+    before = head(h)
+    assert not head.reads_first_token and torch.equal(head.with_first_token(h, first), h)
+    assert head.read_first_token() is head and head.read_first_token().reads_first_token  # idempotent
+    assert head.first_embedding.shape == (5, D) and torch.equal(head(head.with_first_token(h, first)), before)
+    with torch.no_grad():
+        head.first_embedding.normal_()
+    read = head.with_first_token(h, first)
+    assert torch.equal(read[2], h[2] + head.first_embedding[4])  # the special token reads the last state's row
+    drafter = Drafter(head, (3,), None, 3, 9)
+    assert torch.equal(drafter.theta(h, first), head(read)) and not torch.allclose(head(read), before)
+    # its windows are those of the same head without the embedding, drafted from the embedded input
+    plain = MTPHead(builders.btree_graph(3, 2, 5), D, parameterisation=parameterisation, dtype=torch.float64, **ranks)
+    plain.load_state_dict({k: t for k, t in head.state_dict().items() if k != "first_embedding"})
+    uniforms = torch.rand(4, 3, dtype=torch.float64)
+    for draws in (None, uniforms):
+        ours, theirs = drafter.circuit_window(h, first, draws), Drafter(plain, (3,), None, 3, 9).circuit_window(read, first, draws)
+        assert torch.equal(ours.tokens, theirs.tokens)
+    save_head(head, tmp_path / "head")
+    assert json.loads((tmp_path / "head" / "head.json").read_text())["options"]["first_token"] is True
+    loaded = load_head(tmp_path / "head")
+    assert loaded.reads_first_token and torch.equal(loaded.first_embedding, head.first_embedding)
+    assert torch.equal(loaded(loaded.with_first_token(h, first)), head(read)) and "first_token=True" in repr(loaded)

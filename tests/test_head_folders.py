@@ -80,6 +80,8 @@ def truncate(name, size):
     (edit_config(options={"adapter_rank": 5}), r"head\.safetensors: proj_weight has shape \(22, 8\), the graph and options in head\.json need \(34, 8\)"),
     (edit_config(options={"adapter_rank": "x"}), r"options: adapter_rank must be an integer"),
     (edit_config(parameterisation="full"), r"head\.safetensors holds .*a 'full' head has"),
+    (edit_config(options={"first_token": "yes"}), r"options: first_token must be a bool, got a string"),
+    (edit_config(options={"adapter_rank": 2, "first_token": True}), r"head\.safetensors holds .*a 'shared' head has"),
 ])
 def test_a_damaged_folder_names_the_file_and_the_problem(tmp_path, change, message):
     folder = damaged(tmp_path, change)

@@ -34,9 +34,9 @@ def batch(seed=0):
     return tokens, doc_ids, mask, logits
 
 
-def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma, divergence="kl"):
+def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma, divergence="kl", first_given=False):
     """Eq. 5 with KL (or total variation) terms, every conditional by enumerating the circuit's joint
-    over all v^n windows."""
+    over all v^n windows. `first_given`: the head reads `tokens[t + 1]`'s embedding, position 1 unscored."""
     circ, n, v = head.circ, head.num_variables, head.num_states
     B, T = tokens.shape
     grid = torch.tensor(list(itertools.product(range(v), repeat=n)))  # [v^n, n]
@@ -47,7 +47,10 @@ def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma, divergenc
                      and bool(mask[b, t + j]) and int(tokens[b, t + j]) < v for j in range(1, n + 1)]
             if not any(valid):
                 continue
-            joint = circ.log_prob(grid, head(hidden[b, t]).detach()).exp()  # [v^n]
+            h = hidden[b, t]
+            if first_given and t + 1 < T:
+                h = h + head.first_embedding[min(int(tokens[b, t + 1]), v - 1)]
+            joint = circ.log_prob(grid, head(h).detach()).exp()  # [v^n]
             for j in range(n):
                 if not valid[j]:
                     continue
@@ -63,7 +66,7 @@ def brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, gamma, divergenc
                 else:
                     sums[j] += float((p - q).abs().sum() / 2)
                 counts[j] += 1
-    return sum(gamma ** j * sums[j] / max(1, counts[j]) for j in range(n)), counts
+    return sum(gamma ** j * sums[j] / max(1, counts[j]) for j in range(int(first_given), n)), counts
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
@@ -99,6 +102,21 @@ def test_total_variation_equals_brute_force_and_its_gradient_matches_the_referen
     assert any(g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="divergence must be one of"):
         kl_loss(head, hidden, logits_teacher(logits), tokens, doc_ids, mask, divergence="js")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_kl_of_a_head_reading_the_first_token_equals_brute_force(fused):
+    head = make_head(GRAPHS["btree"]).read_first_token()
+    with torch.no_grad():
+        head.first_embedding.normal_(0, 1, generator=torch.Generator().manual_seed(4))
+    tokens, doc_ids, mask, logits = batch(seed=5)
+    hidden = torch.randn(2, 9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    read = head.with_first_token(hidden, torch.cat([tokens[:, 1:], tokens[:, -1:]], 1))
+    out = kl_loss(head, read, logits_teacher(logits), tokens, doc_ids, mask, gamma=0.8, fused=fused,
+                  chunk_elements=64, first_given=True)
+    expect, counts = brute_force_kl(head, hidden, logits, tokens, doc_ids, mask, 0.8, first_given=True)
+    assert out.counts.tolist() == counts and out.loss.item() == pytest.approx(expect, rel=1e-9, abs=1e-12)
+    assert torch.autograd.grad(out.loss, head.first_embedding)[0].abs().sum() > 0
 
 
 def test_kl_is_zero_when_the_head_is_the_teacher():

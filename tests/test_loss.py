@@ -22,8 +22,9 @@ def make_head(graph, d=5, seed=0, dtype=torch.float64):
     return head
 
 
-def brute_force_loss(head, hidden, tokens, doc_ids, mask, gamma):
-    """Eq. 5 term by term from `log_marginal` with explicit keep masks (no shared helpers)."""
+def brute_force_loss(head, hidden, tokens, doc_ids, mask, gamma, first_given=False):
+    """Eq. 5 term by term from `log_marginal` with explicit keep masks (no shared helpers). `first_given`:
+    the head reads the window's first token (its embedding added to `hidden`) and position 1 is not scored."""
     circ, n, v = head.circ, head.num_variables, head.num_states
     B, T = tokens.shape
     sums, counts = [0.0] * n, [0] * n
@@ -37,7 +38,10 @@ def brute_force_loss(head, hidden, tokens, doc_ids, mask, gamma):
             if not any(valid):
                 continue
             x = torch.tensor([[int(tokens[b, t + j]) if valid[j - 1] else 0 for j in range(1, n + 1)]])
-            theta = head(hidden[b, t])
+            h = hidden[b, t]
+            if first_given and t + 1 < T:
+                h = h + head.first_embedding[min(int(tokens[b, t + 1]), v - 1)]
+            theta = head(h)
             for j in range(n):
                 if not valid[j]:
                     continue
@@ -46,7 +50,7 @@ def brute_force_loss(head, hidden, tokens, doc_ids, mask, gamma):
                 before = circ.log_marginal(x, keep_before, theta)[0].detach() if keep_before.any() else 0.0
                 sums[j] += float(circ.log_marginal(x, keep_now, theta)[0].detach() - before)
                 counts[j] += 1
-    return -sum(gamma ** j * sums[j] / max(1, counts[j]) for j in range(n)), counts
+    return -sum(gamma ** j * sums[j] / max(1, counts[j]) for j in range(int(first_given), n)), counts
 
 
 def batch(seed=0, B=2, T=9, states=6):
@@ -137,10 +141,10 @@ def test_fused_and_naive_give_the_same_loss_and_gradients(chunk_elements):
     assert results[0][1].abs().sum() > 0
 
 
-def greedy_draft_by_enumeration(circ, theta, n, v):
-    """Sequential argmax of exact conditionals, by enumerating marginals."""
-    draft = []
-    for j in range(n):
+def greedy_draft_by_enumeration(circ, theta, n, v, first=None):
+    """Sequential argmax of exact conditionals, by enumerating marginals (after a given first token)."""
+    draft = [] if first is None else [first]
+    for j in range(len(draft), n):
         best, arg = None, None
         for s in range(v):
             x = torch.tensor([draft + [s] + [0] * (n - j - 1)])
@@ -166,6 +170,38 @@ def test_teacher_forced_accepted_length_matches_a_greedy_draft():
         expect.append(k)
     got = teacher_forced_accepted(head, hidden, torch.tensor(x))
     assert got.tolist() == expect
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_head_reading_the_first_token_is_scored_after_it(fused):
+    """With `first_given` the head's input carries `x_0` (`tokens[t + 1]`), position 1 is not scored, and
+    the embedding is trained through the other positions."""
+    head = make_head(GRAPHS["btree"]).read_first_token()
+    with torch.no_grad():
+        head.first_embedding.normal_(0, 1, generator=torch.Generator().manual_seed(2))
+    tokens, doc_ids, mask = batch()
+    hidden = torch.randn(2, 9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    read = head.with_first_token(hidden, torch.cat([tokens[:, 1:], tokens[:, -1:]], 1))
+    out = mtp_loss(head, read, tokens, doc_ids, mask, gamma=0.8, fused=fused, chunk_elements=8, first_given=True)
+    expect, counts = brute_force_loss(head, hidden, tokens, doc_ids, mask, 0.8, first_given=True)
+    assert out.counts.tolist() == counts and out.loss.item() == pytest.approx(expect, rel=1e-9, abs=1e-9)
+    scored = mtp_loss(head, read, tokens, doc_ids, mask, gamma=0.8, fused=fused, chunk_elements=8)
+    assert scored.loss.item() > out.loss.item()  # the left-out term is a positive NLL
+    assert torch.autograd.grad(out.loss, head.first_embedding)[0].abs().sum() > 0
+
+
+def test_teacher_forced_accepted_after_a_given_first_token_matches_a_greedy_draft():
+    head = make_head(GRAPHS["btree"], seed=6)
+    torch.manual_seed(7)
+    hidden = torch.randn(40, 5, dtype=torch.float64)
+    x, expect = [], []
+    for i, h in enumerate(hidden):
+        first = i % 4
+        draft = greedy_draft_by_enumeration(head.circ, head(h), 3, 4, first=first)
+        k = 1 + i % 3  # the draft after x_0 agrees with the actual bytes on k - 1 positions
+        x.append(draft[:k] + [(draft[j] + 1) % 4 for j in range(k, 3)])
+        expect.append(k)
+    assert teacher_forced_accepted(head, hidden, torch.tensor(x), first_given=True).tolist() == expect
 
 
 class WrappedHead(torch.nn.Module):

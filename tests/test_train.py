@@ -134,6 +134,26 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     assert torch.equal(out.sequences, plain.sequences)
 
 
+def test_a_second_stage_can_read_the_first_token(tiny_lm, corpus, tmp_path):
+    """`--first-token` on an `--init-head` head: it starts from the head's own distributions (a zero
+    embedding: the same held-out windows scored the same) and trains the embedding; the saved head reads it."""
+    from mtpc.heads.head import load_head
+
+    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
+    assert main(["train", "--model", tiny_lm, "--init-head", str(tmp_path / "stage1"), "--data", corpus, "--out",
+                 str(tmp_path / "stage2"), "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision",
+                 "fp32", "--no-progress", "--first-token", "--val-every", "1", "--lr", "1e-2",
+                 "--val-sequences", "2"]) == 0
+    records = [json.loads(x) for x in (tmp_path / "stage2" / "train_log.jsonl").read_text().splitlines()]
+    first = json.loads((tmp_path / "stage1" / "train_log.jsonl").read_text().splitlines()[-1])
+    start = records[0]
+    assert start["step"] == 0 and start["val_committed"] == pytest.approx(first["val_committed"])
+    assert start["val_accepted"] == start["val_committed"] >= 1  # counted after x_0, as the decoder drafts
+    head = load_head(tmp_path / "stage2")
+    assert head.reads_first_token and head.first_embedding.abs().sum() > 0
+    assert json.loads((tmp_path / "stage2" / "train_config.json").read_text())["first_token"] is True
+
+
 def test_bad_data_is_skipped_not_fatal(tiny_lm, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -117,9 +117,10 @@ class Drafter:
         self._candidates = torch.tensor(widths, device=device)
         self._fixed_width = torch.tensor(widths[-1], device=device)
 
-    def theta(self, h: torch.Tensor) -> torch.Tensor:
-        """`[P]` the circuit's parameters at the draft hidden state `h` `[d]`."""
-        return self.head(h.to(self.head.dtype))
+    def theta(self, h: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """`[..., P]` the circuit's parameters at the draft hidden states `h` `[..., d]` of windows whose first
+        token is `first` `[...]` long (read when the head reads it: `MTPHead.read_first_token`)."""
+        return self.head(self.head.with_first_token(h.to(self.head.dtype), first))
 
     def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None) -> Window:
         """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`),
@@ -127,7 +128,7 @@ class Drafter:
         # a first token the circuit has no state for (a special token past its `v`) conditions the draft
         # as its last state would: any function of the past is a valid proposal, and the rows say which
         prefix = first.clamp_max(self.v - 1)  # [B]
-        theta = self.theta(h)  # [B, P]
+        theta = self.theta(h, prefix)  # [B, P]
         drafted, conditionals = self._drafts(theta, prefix, uniforms)  # [B, n], [B, n, v] or None
         tokens = self._padded(torch.cat([first[:, None], drafted[:, 1:]], 1))  # [B, S]
         if len(self.widths) > 1:
@@ -168,9 +169,9 @@ class Drafter:
         if len(given) >= self.n or max(given) >= self.v:
             tokens, conditionals = prefix, None
         elif uniforms is None:
-            tokens, conditionals = self.program.greedy(self.theta(h), prefix, with_rows=True)
+            tokens, conditionals = self.program.greedy(self.theta(h, prefix[0]), prefix, with_rows=True)
         else:
-            tokens, conditionals = self.program.sample(self.theta(h), None, prefix, uniforms)
+            tokens, conditionals = self.program.sample(self.theta(h, prefix[0]), None, prefix, uniforms)
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
         if uniforms is None:

@@ -115,7 +115,7 @@ class MTPHead(nn.Module, ABC):
     def __init__(self, circ, hidden_size: int, init_from: torch.Tensor | Sequence[torch.Tensor] | None = None, *,
                  parameterisation: str = "full", identity_init: float | None = None, sum_init_std: float = 0.0,
                  adapter_rank: int = DEFAULT_ADAPTER_RANK, factor_rank: int = DEFAULT_FACTOR_RANK,
-                 dtype: torch.dtype | None = None):
+                 first_token: bool = False, dtype: torch.dtype | None = None):
         super().__init__()
         if parameterisation != self.parameterisation:
             raise ValueError(f"{type(self).__name__} is the {self.parameterisation!r} parameterisation, "
@@ -136,6 +136,9 @@ class MTPHead(nn.Module, ABC):
         self.num_params = int(circ.num_params)
         self.num_sum_params = self.num_params - self.num_input_params  # S
         self._build(dtype or torch.get_default_dtype(), adapter_rank=int(adapter_rank), factor_rank=int(factor_rank))
+        self.first_embedding: nn.Parameter | None = None
+        if first_token:
+            self.read_first_token()
         with torch.no_grad():
             self._init_inputs(init_from)
             self._init_sums(identity_init, sum_init_std)
@@ -162,6 +165,34 @@ class MTPHead(nn.Module, ABC):
     def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """`[..., d]` -> `[..., Q_chunk, v]` for the leaves selected by a slice or a LongTensor of leaf
         indices (leaf order as the circuit's)."""
+
+    # ----------------------------------------------------------------- the window's first token
+
+    @property
+    def reads_first_token(self) -> bool:
+        """Whether the head's input carries the window's first token `x_0` (see `with_first_token`)."""
+        return self.first_embedding is not None
+
+    def read_first_token(self) -> "MTPHead":
+        """Give the head an embedding of the window's first token `x_0` `[v, d]`, added to its input
+        (`with_first_token`). It starts at zero, so a trained head keeps its distributions and training
+        goes on from them. `x_0` is known before a window is drafted (the verifier chose it), and its
+        embedding reaches every unit and mixture weight directly, not only through the circuit's
+        `r`-state conditioning on it; the head then models the window after `x_0`, so the training
+        losses leave `x_0`'s own term out (`first_given`). Idempotent; returns the head."""
+        if self.first_embedding is None:
+            weight = next(self.parameters())
+            self.first_embedding = nn.Parameter(torch.zeros(self.num_states, self.hidden_size, dtype=weight.dtype,
+                                                            device=weight.device))  # [v, d]
+            self.options["first_token"] = True
+        return self
+
+    def with_first_token(self, h: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The head's input: `h` `[..., d]`, plus the embedding of each window's first token `first` `[...]`
+        long when the head reads it (a token past the circuit's `v` states reads the last state's row)."""
+        if self.first_embedding is None:
+            return h
+        return h + self.first_embedding[first.clamp(0, self.num_states - 1)].to(h.dtype)  # [..., d]
 
     # ----------------------------------------------------------------- shared by all
 
@@ -230,7 +261,7 @@ class MTPHead(nn.Module, ABC):
         return head.to(dtype) if dtype is not None else head
 
     def extra_repr(self) -> str:
-        extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank"))
+        extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank") or k == "first_token")
         return (f"n={self.num_variables}, v={self.num_states}, leaves={self.num_leaves}, params={self.num_params}, "
                 f"hidden_size={self.hidden_size}, parameterisation={self.parameterisation!r}{extra}")
 
@@ -567,6 +598,7 @@ def _read_head_config(path: Path) -> dict:
     for key in ("adapter_rank", "factor_rank"):
         field(options, key, f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=None)
     field(options, "sum_init_std", f"{path}: options", "number", low=0, high=1e6, default=0.0)
+    field(options, "first_token", f"{path}: options", "bool", default=False)
     identity = options.get("identity_init")
     if identity is not None:
         field(options, "identity_init", f"{path}: options", "number", low=-1e6, high=1e6)
@@ -585,7 +617,7 @@ def _build_args(config: dict) -> tuple[dict, dict]:
     options = dict(config.get("options", {}))
     ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
     return {"parameterisation": config.get("parameterisation", "full"), "identity_init": options.get("identity_init"),
-            "sum_init_std": options.get("sum_init_std", 0.0)}, ranks
+            "sum_init_std": options.get("sum_init_std", 0.0), "first_token": options.get("first_token", False)}, ranks
 
 
 def _planned_shapes(config: dict, directory: Path):

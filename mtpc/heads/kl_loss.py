@@ -68,12 +68,13 @@ def logits_teacher(logits: torch.Tensor) -> Teacher:
 def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, doc_ids: torch.Tensor,
             loss_mask: torch.Tensor, *, gamma: float = 0.9, fused: bool = True,
             normalizer: torch.Tensor | None = None, window_mask: torch.Tensor | None = None,
-            chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, divergence: str = "kl") -> LossOutput:
+            chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, divergence: str = "kl", first_given: bool = False) -> LossOutput:
     """The KL loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `teacher` (e.g.
     `lm_teacher(lm.lm_head, verifier_hidden)`: the logits at position `t` predict `tokens[t + 1]`),
     `tokens`, `doc_ids` [B, T] long, `loss_mask` [B, T] bool; `normalizer` and `window_mask` as in
     `mtpc.heads.nll_loss.mtp_loss`. `term_sums[j]` is the sum of the KLs at window position `j`.
-    `divergence`: "kl" or "tv" (the total variation instead, see the module docstring)."""
+    `divergence`: "kl" or "tv" (the total variation instead, see the module docstring); `first_given` as in
+    `mtp_loss` (position 1's term left out: the head reads that token)."""
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {tuple(DIVERGENCES)}, got {divergence!r}")
     measure = DIVERGENCES[divergence]
@@ -97,7 +98,7 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
         kls = _naive_kl(head, h, x, valid, _teacher_log_probs(teacher, positions, v), measure)  # [N, n]
     sums = kls.sum(0)  # [n]
     denom = (counts if normalizer is None else normalizer).to(sums).clamp(min=1)
-    loss = (gamma_weights(n, gamma, sums.dtype, sums.device) * sums / denom).sum()
+    loss = (gamma_weights(n, gamma, sums.dtype, sums.device, first_given) * sums / denom).sum()
     return LossOutput(loss, sums.detach(), counts)
 
 

@@ -197,8 +197,11 @@ def _block_logits(h, weight, bias, q0: int, q1: int, v: int, mm_dtype, out_dtype
 # ------------------------------------------------------------------ the loss
 
 
-def gamma_weights(n: int, gamma: float, dtype=torch.float32, device=None) -> torch.Tensor:
-    return gamma ** torch.arange(n, dtype=dtype, device=device)  # [n]
+def gamma_weights(n: int, gamma: float, dtype=torch.float32, device=None, first_given: bool = False) -> torch.Tensor:
+    """`[n]` the weight of window position `j`: `gamma^(j-1)`; 0 for `j = 1` when the head is given the
+    window's first token (`MTPHead.read_first_token`: its own term would score a token the head reads)."""
+    weights = gamma ** torch.arange(n, dtype=dtype, device=device)  # [n]
+    return torch.cat([weights.new_zeros(1), weights[1:]]) if first_given else weights
 
 
 def window_terms(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor, *, fused: bool = True,
@@ -256,9 +259,12 @@ def _prefix(circ, leaves: torch.Tensor, sum_logits: torch.Tensor) -> torch.Tenso
 
 def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Tensor, loss_mask: torch.Tensor, *,
              gamma: float = 0.9, fused: bool = True, normalizer: torch.Tensor | None = None,
-             window_mask: torch.Tensor | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LossOutput:
+             window_mask: torch.Tensor | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+             first_given: bool = False) -> LossOutput:
     """The composite loss of a batch: `hidden` [B, T, d] (draft-path hidden states), `tokens`,
     `doc_ids` [B, T] long, `loss_mask` [B, T] bool (see `mtpc.training.data`).
+    `first_given`: the head's input carries each window's first token (`hidden` is then
+    `head.with_first_token(h, tokens shifted by one)`), so position 1's term is left out (`gamma_weights`).
 
     `normalizer` ([n], optional) replaces the batch's own `N_j`: pass the counts of the whole
     (global, accumulated) batch so that micro-batches and data-parallel ranks add up exactly.
@@ -273,7 +279,7 @@ def mtp_loss(head, hidden: torch.Tensor, tokens: torch.Tensor, doc_ids: torch.Te
     terms = window_terms(head, h, x, valid, fused=fused, chunk_elements=chunk_elements)  # [N, n]
     sums = terms.sum(0)  # [n]
     denom = (counts if normalizer is None else normalizer).to(sums).clamp(min=1)
-    loss = -(gamma_weights(n, gamma, sums.dtype, sums.device) * sums / denom).sum()
+    loss = -(gamma_weights(n, gamma, sums.dtype, sums.device, first_given) * sums / denom).sum()
     return LossOutput(loss, sums.detach(), counts)
 
 
@@ -295,17 +301,20 @@ def valid_counts(doc_ids: torch.Tensor, loss_mask: torch.Tensor, tokens: torch.T
 
 
 @torch.no_grad()
-def teacher_forced_accepted(head, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def teacher_forced_accepted(head, h: torch.Tensor, x: torch.Tensor, first_given: bool = False) -> torch.Tensor:
     """`[N]` accepted draft length per window under greedy verification with the actual next bytes
     `x` [N, n] standing in for the verifier's greedy choices: the number of leading `j` at which the
     circuit's greedy draft (the sequential argmax of its exact conditionals) equals `x_{t+j}`. While
-    the draft matches, its prefix *is* `x`, so term `j` only needs `argmax_s q(s | x_{<j}) == x_j`."""
+    the draft matches, its prefix *is* `x`, so term `j` only needs `argmax_s q(s | x_{<j}) == x_j`.
+    `first_given`: as the decoder drafts, after the verifier's own `x_0 = x[:, 0]`, counted as accepted
+    (1 + the leading matches from `j = 1`: the bytes a greedy cycle commits); `h` is the head's input
+    (with `x_0`'s embedding when the head reads it)."""
     N, n = x.shape
-    accepted = torch.zeros(N, dtype=torch.long, device=x.device)
+    accepted = torch.full((N,), int(first_given), dtype=torch.long, device=x.device)
     alive = torch.arange(N, device=x.device)  # windows whose draft matched so far
     theta = at_least_float32(head(h))  # [N, P]
     circ = head.circ
-    for j in range(n):
+    for j in range(int(first_given), n):
         if alive.numel() == 0:
             break
         keep = torch.zeros(alive.numel(), n, dtype=torch.bool, device=x.device)

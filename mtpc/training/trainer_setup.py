@@ -66,15 +66,22 @@ class DraftModel(nn.Module):
         base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
         return lm_teacher(OutputLayer(base), self.teacher_hidden(tokens, draft))
 
+    def head_input(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` what the head reads at each position: `h`, with the embedding of the window's first
+        token `tokens[:, t + 1]` when the head reads it (the last position's window has no targets)."""
+        following = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)  # [B, T]
+        return self.head.with_first_token(h, following)
+
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
         with record_function("mtpc.lm_forward"):  # phase labels: benchmarks/bench_train_step.py
             h = self.hidden(tokens)  # [B, T, d]
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
-                      chunk_elements=self.chunk_elements)
+                      chunk_elements=self.chunk_elements, first_given=self.head.reads_first_token)
         with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
-            nll = mtp_loss(self.head, h, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
+            x = self.head_input(h, tokens)  # [B, T, d]
+            nll = mtp_loss(self.head, x, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss or self.loss == "tv":
-                kl = kl_loss(self.head, h, self.teacher(tokens, h), tokens, doc_ids, loss_mask,
+                kl = kl_loss(self.head, x, self.teacher(tokens, h), tokens, doc_ids, loss_mask,
                              divergence="tv" if self.loss == "tv" else "kl", **kwargs)
         if self.loss == "nll":
             return nll.loss, nll.term_sums, nll.counts
@@ -132,12 +139,14 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
     output = base.get_output_embeddings()
     if init is not None:
         head = init.float().to(device)
+        if cfg.first_token:
+            head.read_first_token()
         return head.tie_to(output) if head.parameterisation == "tied" else head
     # a tied head references the output layer itself (its bias too); the others copy rows of its weight
     unembed = output if cfg.parameterisation == "tied" else output.weight.detach()  # [V, d]
     head = MTPHead(graph, output.weight.shape[1], init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
-                   factor_rank=cfg.factor_rank)
+                   factor_rank=cfg.factor_rank, first_token=cfg.first_token)
     return head.to(device)
 
 

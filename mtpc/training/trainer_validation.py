@@ -1,5 +1,6 @@
 """`mtpc train`, validation: the loss and the teacher-forced mean accepted length of the circuit's
-greedy draft on held-out windows (run on rank 0)."""
+greedy draft on held-out windows (run on rank 0); `val_committed` counts as a greedy cycle commits
+(the verifier's `x_0`, then the draft's leading matches after it), the same for every head."""
 
 from __future__ import annotations
 
@@ -29,9 +30,19 @@ def validate(module: DraftModel, val_set: PackedDataset, cfg: TrainConfig, devic
     hw = h.flatten(0, 1)[full]  # [W, d]
     chosen = torch.tensor(spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
     x, hw = x[chosen], hw[chosen]
-    accepted = torch.cat([teacher_forced_accepted(head, hw[i:i + 128], x[i:i + 128])
-                          for i in range(0, len(x), 128)]) if len(x) else torch.zeros(0, dtype=torch.long)
-    return {"val_loss": loss.item(), "val_accepted": accepted.float().mean().item() if len(x) else float("nan"),
+    hw = head.with_first_token(hw, x[:, 0])  # [W, d] the head's input
+
+    def lengths(first_given: bool) -> torch.Tensor:  # [W]
+        if not len(x):
+            return torch.zeros(0, dtype=torch.long)
+        return torch.cat([teacher_forced_accepted(head, hw[i:i + 128], x[i:i + 128], first_given)
+                          for i in range(0, len(x), 128)])
+
+    # a head that reads x_0 is scored after it; `val_committed` scores every head so (as the decoder drafts)
+    accepted = lengths(head.reads_first_token)
+    committed = accepted if head.reads_first_token else lengths(True)
+    mean = lambda t: t.float().mean().item() if len(t) else float("nan")  # noqa: E731
+    return {"val_loss": loss.item(), "val_accepted": mean(accepted), "val_committed": mean(committed),
             "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
 
 
