@@ -27,8 +27,9 @@ def test_the_model_card_numbers_are_the_shipped_run():
     for head in HEADS:
         config = json.loads((head / "train_config.json").read_text())
         assert f"| {config['steps']} |" in card and "runs/" not in config.get("model", "")
-    first_stage = json.loads((ROOT / "models" / "heads" / "btree8-r8" / "train_config.stage1.json").read_text())
-    assert f"| {first_stage['steps']} |" in card  # the BTree's hour, before its second stage
+    for stage in (1, 2):  # the BTree's hour, and its second stage, before the shipped third
+        config = json.loads((ROOT / "models" / "heads" / "btree8-r8" / f"train_config.stage{stage}.json").read_text())
+        assert f"| {config['steps']} |" in card
     info = model_info(LM)
     assert info.byte_level and info.hidden_size == 192
 
