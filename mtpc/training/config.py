@@ -58,7 +58,7 @@ class TrainConfig:
              "adapters), factorised (low-rank unembedding + adapters), tied (the LM's own output layer, not "
              "copied, behind low-rank per-unit adapters in hidden space: subword LMs)")
     first_token: bool = setting(  # see MTPHead.read_first_token; an init head's own choice is kept
-        False, help="the head also reads the window's first byte x_0 (an embedding added to its input, zero at the "
+        False, help="the head also reads the window's first token x_0 (an embedding added to its input, zero at the "
                     "start: an --init-head head starts from its own distributions); x_0 is the verifier's, known "
                     "before the draft")
     adapter_rank: int = setting(DEFAULT_ADAPTER_RANK, type=positive_int,
