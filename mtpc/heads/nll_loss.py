@@ -201,7 +201,9 @@ def gamma_weights(n: int, gamma: float, dtype=torch.float32, device=None, first_
     """`[n]` the weight of window position `j`: `gamma^(j-1)`; 0 for `j = 1` when the head is given the
     window's first token (`MTPHead.read_first_token`: its own term would score a token the head reads)."""
     weights = gamma ** torch.arange(n, dtype=dtype, device=device)  # [n]
-    return torch.cat([weights.new_zeros(1), weights[1:]]) if first_given else weights
+    if first_given:
+        weights[0] = 0
+    return weights
 
 
 def window_terms(head, h: torch.Tensor, x: torch.Tensor, valid: torch.Tensor, *, fused: bool = True,
