@@ -254,9 +254,11 @@ def test_compiled_cycle_equals_eager(window, first_token):
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
-    if first_token:
+    if first_token:  # through the embedding and a residual MLP
+        generator = torch.Generator().manual_seed(3)
         with torch.no_grad():
-            head.read_first_token().first_embedding.normal_(0, 0.3, generator=torch.Generator().manual_seed(3))
+            head.read_first_token(4).first_embedding.normal_(0, 0.3, generator=generator)
+            head.first_mlp_out.normal_(0, 0.3, generator=generator)
     lookup = PromptLookup(tokens=5, min_ngram=1, max_ngram=2)
     compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, compile=True)
     eager = SpeculativeDecoder(model, head, lookup=lookup, window=window)

@@ -139,18 +139,22 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
     assert counts[1] > 5 and counts[n] > 5, counts
 
 
-def first_token_head(structure, n, v, seed, scale=2.0, **kwargs):
-    """A random head that also reads the window's first token, its embedding random too."""
-    head = random_head(structure, n, v, seed, **kwargs).read_first_token()
+def first_token_head(structure, n, v, seed, scale=2.0, mlp=0, **kwargs):
+    """A random head that also reads the window's first token (through a residual MLP of width `mlp` too
+    when > 0), its embedding and MLP random too."""
+    head = random_head(structure, n, v, seed, **kwargs).read_first_token(mlp)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        head.first_embedding.normal_(0, scale, generator=torch.Generator().manual_seed(seed))
+        head.first_embedding.normal_(0, scale, generator=generator)
+        if mlp:
+            head.first_mlp_out.normal_(0, scale, generator=generator)
     return head
 
 
 def test_greedy_with_a_head_reading_the_first_token_equals_plain_greedy():
     vocab, n = 12, 3
     model = cyclic_lm(vocab)
-    heads = [first_token_head("btree", n, vocab, seed=4),
+    heads = [first_token_head("btree", n, vocab, seed=4), first_token_head("btree", n, vocab, seed=6, mlp=5),
              first_token_head("hmm", n, vocab, seed=5, scale=0.3, std=0.3, init_from=oracle_tables(model, n))]
     accepted = []
     for head in heads:
@@ -315,9 +319,10 @@ def test_sampling_with_adapter_heads_is_exact(parameterisation, rule, wrong_rule
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
-def test_sampling_with_a_head_reading_the_first_token_is_exact():
+@pytest.mark.parametrize("mlp", [0, 5])  # 5: x_0 read through a residual MLP too
+def test_sampling_with_a_head_reading_the_first_token_is_exact(mlp):
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
-    head = first_token_head("btree", 3, 4, seed=13, std=0.6)  # x_0 = 4 is no circuit state: the last state's row
+    head = first_token_head("btree", 3, 4, seed=13, std=0.6, mlp=mlp)  # x_0 = 4 is no circuit state: the last state's row
     joint = exact_joint(model, PROMPT, Target(True))
     right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 600, seed=5)
     assert chi_square_pvalue(right, joint) > 1e-3

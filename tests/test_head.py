@@ -296,3 +296,32 @@ def test_a_head_that_reads_the_first_token_starts_as_it_was_and_round_trips(tmp_
     loaded = load_head(tmp_path / "head")
     assert loaded.reads_first_token and torch.equal(loaded.first_embedding, head.first_embedding)
     assert torch.equal(loaded(loaded.with_first_token(h, first)), head(read)) and "first_token=True" in repr(loaded)
+
+
+def test_a_head_that_reads_the_first_token_through_an_mlp_starts_as_it_was_and_round_trips(tmp_path):
+    from mtpc.decoding.drafting import Drafter
+
+    torch.manual_seed(1)
+    head = MTPHead(builders.btree_graph(3, 2, 5), D, parameterisation="shared", adapter_rank=3, sum_init_std=0.5,
+                   dtype=torch.float64).read_first_token()
+    with torch.no_grad():
+        head.first_embedding.normal_()
+    h, first = torch.randn(4, D, dtype=torch.float64), torch.tensor([0, 4, 7, 2])
+    before = head(head.with_first_token(h, first))
+    assert head.read_first_token(6) is head and head.first_mlp_in.shape == (6, D) and head.first_mlp_out.shape == (D, 6)
+    assert torch.equal(head(head.with_first_token(h, first)), before)  # a zero output layer: as it was
+    with pytest.raises(ValueError, match="an MLP of width 6, not 4"):
+        head.read_first_token(4)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        head.read_first_token(-1)
+    with torch.no_grad():
+        head.first_mlp_out.normal_()
+    read = head.with_first_token(h, first)
+    summed = h + head.first_embedding[first.clamp_max(4)]
+    mixed = summed + torch.nn.functional.silu(summed @ head.first_mlp_in.T) @ head.first_mlp_out.T
+    torch.testing.assert_close(read, mixed)
+    assert torch.equal(Drafter(head, (3,), None, 3, 9).theta(h, first), head(read))
+    save_head(head, tmp_path / "head")
+    assert json.loads((tmp_path / "head" / "head.json").read_text())["options"]["first_token_mlp"] == 6
+    loaded = load_head(tmp_path / "head")
+    assert torch.equal(loaded(loaded.with_first_token(h, first)), head(read)) and "first_token_mlp=6" in repr(loaded)

@@ -82,6 +82,8 @@ def truncate(name, size):
     (edit_config(parameterisation="full"), r"head\.safetensors holds .*a 'full' head has"),
     (edit_config(options={"first_token": "yes"}), r"options: first_token must be a bool, got a string"),
     (edit_config(options={"adapter_rank": 2, "first_token": True}), r"head\.safetensors holds .*a 'shared' head has"),
+    (edit_config(options={"adapter_rank": 2, "first_token_mlp": -4}), r"options: first_token_mlp must be in 0\.\."),
+    (edit_config(options={"adapter_rank": 2, "first_token_mlp": 3}), r"head\.safetensors holds .*a 'shared' head has"),
 ])
 def test_a_damaged_folder_names_the_file_and_the_problem(tmp_path, change, message):
     folder = damaged(tmp_path, change)

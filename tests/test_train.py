@@ -154,6 +154,24 @@ def test_a_second_stage_can_read_the_first_token(tiny_lm, corpus, tmp_path):
     assert json.loads((tmp_path / "stage2" / "train_config.json").read_text())["first_token"] is True
 
 
+def test_a_second_stage_can_read_the_first_token_through_an_mlp(tiny_lm, corpus, tmp_path):
+    """`--first-token-mlp m` implies `--first-token`; it starts from the head's own distributions (a zero
+    output layer) and trains the MLP; the saved head reads x_0 through it."""
+    from mtpc.heads.head import load_head
+
+    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
+    assert main(["train", "--model", tiny_lm, "--init-head", str(tmp_path / "stage1"), "--data", corpus, "--out",
+                 str(tmp_path / "stage2"), "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision",
+                 "fp32", "--no-progress", "--first-token-mlp", "6", "--val-every", "1", "--lr", "1e-2",
+                 "--val-sequences", "2"]) == 0
+    records = [json.loads(x) for x in (tmp_path / "stage2" / "train_log.jsonl").read_text().splitlines()]
+    first = json.loads((tmp_path / "stage1" / "train_log.jsonl").read_text().splitlines()[-1])
+    assert records[0]["step"] == 0 and records[0]["val_committed"] == pytest.approx(first["val_committed"])
+    head = load_head(tmp_path / "stage2")
+    assert head.reads_first_token and head.first_mlp_in.shape[0] == 6 and head.first_mlp_out.abs().sum() > 0
+    assert json.loads((tmp_path / "stage2" / "train_config.json").read_text())["first_token_mlp"] == 6
+
+
 def test_bad_data_is_skipped_not_fatal(tiny_lm, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -115,7 +115,7 @@ class MTPHead(nn.Module, ABC):
     def __init__(self, circ, hidden_size: int, init_from: torch.Tensor | Sequence[torch.Tensor] | None = None, *,
                  parameterisation: str = "full", identity_init: float | None = None, sum_init_std: float = 0.0,
                  adapter_rank: int = DEFAULT_ADAPTER_RANK, factor_rank: int = DEFAULT_FACTOR_RANK,
-                 first_token: bool = False, dtype: torch.dtype | None = None):
+                 first_token: bool = False, first_token_mlp: int = 0, dtype: torch.dtype | None = None):
         super().__init__()
         if parameterisation != self.parameterisation:
             raise ValueError(f"{type(self).__name__} is the {self.parameterisation!r} parameterisation, "
@@ -137,8 +137,10 @@ class MTPHead(nn.Module, ABC):
         self.num_sum_params = self.num_params - self.num_input_params  # S
         self._build(dtype or torch.get_default_dtype(), adapter_rank=int(adapter_rank), factor_rank=int(factor_rank))
         self.first_embedding: nn.Parameter | None = None
-        if first_token:
-            self.read_first_token()
+        self.first_mlp_in: nn.Parameter | None = None
+        self.first_mlp_out: nn.Parameter | None = None
+        if first_token or first_token_mlp:
+            self.read_first_token(first_token_mlp)
         with torch.no_grad():
             self._init_inputs(init_from)
             self._init_sums(identity_init, sum_init_std)
@@ -173,26 +175,45 @@ class MTPHead(nn.Module, ABC):
         """Whether the head's input carries the window's first token `x_0` (see `with_first_token`)."""
         return self.first_embedding is not None
 
-    def read_first_token(self) -> "MTPHead":
+    def read_first_token(self, mlp: int = 0) -> "MTPHead":
         """Give the head an embedding of the window's first token `x_0` `[v, d]`, added to its input
-        (`with_first_token`). It starts at zero, so a trained head keeps its distributions and training
-        goes on from them. `x_0` is known before a window is drafted (the verifier chose it), and its
-        embedding reaches every unit and mixture weight directly, not only through the circuit's
-        `r`-state conditioning on it; the head then models the window after `x_0`, so the training
-        losses leave `x_0`'s own term out (`first_given`). Idempotent; returns the head."""
+        (`with_first_token`), and with `mlp` > 0 a residual MLP of that width over the sum (`x_0` then
+        selects among what `h` predicts non-linearly, not only by a shift). Both start at zero output,
+        so a trained head keeps its distributions and training goes on from them. `x_0` is known before
+        a window is drafted (the verifier chose it), and its embedding reaches every unit and mixture
+        weight directly, not only through the circuit's `r`-state conditioning on it; the head then
+        models the window after `x_0`, so the training losses leave `x_0`'s own term out
+        (`first_given`). Idempotent; returns the head."""
+        if not isinstance(mlp, int) or isinstance(mlp, bool) or mlp < 0:
+            raise ValueError(f"the first token's MLP width must be a non-negative integer, got {mlp!r}")
+        weight = next(self.parameters())
+        d = self.hidden_size
         if self.first_embedding is None:
-            weight = next(self.parameters())
-            self.first_embedding = nn.Parameter(torch.zeros(self.num_states, self.hidden_size, dtype=weight.dtype,
+            self.first_embedding = nn.Parameter(torch.zeros(self.num_states, d, dtype=weight.dtype,
                                                             device=weight.device))  # [v, d]
             self.options["first_token"] = True
+        if mlp and self.first_mlp_in is None:
+            self.first_mlp_in = nn.Parameter(torch.empty(mlp, d, dtype=weight.dtype, device=weight.device))  # [m, d]
+            if weight.device.type != "meta":
+                nn.init.normal_(self.first_mlp_in, std=d ** -0.5)
+            self.first_mlp_out = nn.Parameter(torch.zeros(d, mlp, dtype=weight.dtype, device=weight.device))  # [d, m]
+            self.options["first_token_mlp"] = mlp
+        elif mlp and self.first_mlp_in.shape[0] != mlp:
+            raise ValueError(f"the head already reads x_0 through an MLP of width {self.first_mlp_in.shape[0]}, "
+                             f"not {mlp}")
         return self
 
     def with_first_token(self, h: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """The head's input: `h` `[..., d]`, plus the embedding of each window's first token `first` `[...]`
-        long when the head reads it (a token past the circuit's `v` states reads the last state's row)."""
+        long when the head reads it (a token past the circuit's `v` states reads the last state's row),
+        plus the residual MLP of that sum when it has one."""
         if self.first_embedding is None:
             return h
-        return h + self.first_embedding[first.clamp(0, self.num_states - 1)].to(h.dtype)  # [..., d]
+        u = h + self.first_embedding[first.clamp(0, self.num_states - 1)].to(h.dtype)  # [..., d]
+        if self.first_mlp_in is None:
+            return u
+        hidden = F.silu(F.linear(u, self.first_mlp_in.to(u.dtype)))  # [..., m]
+        return u + F.linear(hidden, self.first_mlp_out.to(u.dtype))  # [..., d]
 
     # ----------------------------------------------------------------- shared by all
 
@@ -261,7 +282,7 @@ class MTPHead(nn.Module, ABC):
         return head.to(dtype) if dtype is not None else head
 
     def extra_repr(self) -> str:
-        extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank") or k == "first_token")
+        extra = "".join(f", {k}={v}" for k, v in self.options.items() if k.endswith("_rank") or k.startswith("first_token"))
         return (f"n={self.num_variables}, v={self.num_states}, leaves={self.num_leaves}, params={self.num_params}, "
                 f"hidden_size={self.hidden_size}, parameterisation={self.parameterisation!r}{extra}")
 
@@ -599,6 +620,7 @@ def _read_head_config(path: Path) -> dict:
         field(options, key, f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=None)
     field(options, "sum_init_std", f"{path}: options", "number", low=0, high=1e6, default=0.0)
     field(options, "first_token", f"{path}: options", "bool", default=False)
+    field(options, "first_token_mlp", f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=0)
     identity = options.get("identity_init")
     if identity is not None:
         field(options, "identity_init", f"{path}: options", "number", low=-1e6, high=1e6)
@@ -617,7 +639,8 @@ def _build_args(config: dict) -> tuple[dict, dict]:
     options = dict(config.get("options", {}))
     ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
     return {"parameterisation": config.get("parameterisation", "full"), "identity_init": options.get("identity_init"),
-            "sum_init_std": options.get("sum_init_std", 0.0), "first_token": options.get("first_token", False)}, ranks
+            "sum_init_std": options.get("sum_init_std", 0.0), "first_token": options.get("first_token", False),
+            "first_token_mlp": options.get("first_token_mlp", 0)}, ranks
 
 
 def _planned_shapes(config: dict, directory: Path):

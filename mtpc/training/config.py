@@ -61,6 +61,10 @@ class TrainConfig:
         False, help="the head also reads the window's first token x_0 (an embedding added to its input, zero at the "
                     "start: an --init-head head starts from its own distributions); x_0 is the verifier's, known "
                     "before the draft")
+    first_token_mlp: int = setting(  # see MTPHead.read_first_token(mlp)
+        0, type=non_negative_int,
+        help="with a width m > 0 the head also reads x_0 through a residual MLP of width m over its input plus "
+             "x_0's embedding (zero at the start, like the embedding; implies --first-token)")
     adapter_rank: int = setting(DEFAULT_ADAPTER_RANK, type=positive_int,
                                 help="shared/factorised/tied: per-unit adapter rank")
     factor_rank: int = setting(DEFAULT_FACTOR_RANK, type=positive_int, help="factorised: unembedding rank")

@@ -139,14 +139,15 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
     output = base.get_output_embeddings()
     if init is not None:
         head = init.float().to(device)
-        if cfg.first_token:
-            head.read_first_token()
+        if cfg.first_token or cfg.first_token_mlp:
+            head.read_first_token(cfg.first_token_mlp)
         return head.tie_to(output) if head.parameterisation == "tied" else head
     # a tied head references the output layer itself (its bias too); the others copy rows of its weight
     unembed = output if cfg.parameterisation == "tied" else output.weight.detach()  # [V, d]
     head = MTPHead(graph, output.weight.shape[1], init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
-                   factor_rank=cfg.factor_rank, first_token=cfg.first_token)
+                   factor_rank=cfg.factor_rank, first_token=cfg.first_token,
+                   first_token_mlp=cfg.first_token_mlp)
     return head.to(device)
 
 
