@@ -248,7 +248,9 @@ def test_the_shipped_models_numbers_are_their_records():
     lm = json.loads((ROOT / "models" / "byte-lm" / "tiny_lm.json").read_text())
     heads = [json.loads((ROOT / "models" / "heads" / h / "train_config.json").read_text()) for h in ("ff8", "btree8-r8")]
     first_stage = json.loads((ROOT / "models" / "heads" / "btree8-r8" / "train_config.stage1.json").read_text())
+    ff_first_stage = json.loads((ROOT / "models" / "heads" / "ff8" / "train_config.stage1.json").read_text())
     second_stage = json.loads((ROOT / "models" / "heads" / "btree8-r8" / "train_config.stage2.json").read_text())
+    third_stage = json.loads((ROOT / "models" / "heads" / "btree8-r8" / "train_config.stage3.json").read_text())
     heldout = {r["corpus"]: r for r in json.loads((ROOT / "benchmarks" / "results" / "heldout_bpb.json").read_text())["results"]}
     readme, reproduce = _readme.README, ROOT / "docs" / "reproduce.md"
     guide = ROOT / "docs" / "guide-heads.md"
@@ -263,11 +265,16 @@ def test_the_shipped_models_numbers_are_their_records():
     assert said(guide, r"`models/byte-lm` took (\d+) minutes \((\d+) steps\) to reach (\d\.\d+)") == (
         str(minutes), str(lm["steps"]), f"{lm['val_bits_per_byte']:.3f}")
     assert said(reproduce, r"the shipped LM: (\d+) steps in (\d+) minutes; the heads: (\d+) and (\d+) steps in (\d+), "
-                           r"then the BTree's second stage (\d+) steps in (\d+) and its third (\d+) steps in (\d+)\)") == (
-        str(lm["steps"]), str(minutes), str(heads[0]["steps"]), str(first_stage["steps"]), f"{heads[0]['minutes']:.0f}",
-        str(second_stage["steps"]), f"{second_stage['minutes']:.0f}", str(heads[1]["steps"]), f"{heads[1]['minutes']:.0f}")
-    assert first_stage["minutes"] == heads[0]["minutes"] and heads[1]["init_head"] == "models/heads/btree8-r8"
-    assert second_stage["init_head"] == "models/heads/btree8-r8" and heads[1]["first_token"]
+                           r"then the BTree's second stage (\d+) steps in (\d+), its third (\d+) in (\d+) and its "
+                           r"fourth (\d+) in (\d+), and the FF's second (\d+) steps in (\d+)\)") == (
+        str(lm["steps"]), str(minutes), str(ff_first_stage["steps"]), str(first_stage["steps"]),
+        f"{first_stage['minutes']:.0f}", str(second_stage["steps"]), f"{second_stage['minutes']:.0f}",
+        str(third_stage["steps"]), f"{third_stage['minutes']:.0f}", str(heads[1]["steps"]), f"{heads[1]['minutes']:.0f}",
+        str(heads[0]["steps"]), f"{heads[0]['minutes']:.0f}")
+    assert first_stage["minutes"] == ff_first_stage["minutes"] and heads[1]["init_head"] == "models/heads/btree8-r8"
+    assert heads[0]["init_head"] == "models/heads/ff8" and heads[0]["first_token"]
+    assert second_stage["init_head"] == third_stage["init_head"] == "models/heads/btree8-r8" and third_stage["first_token"]
+    assert heads[1]["first_token_mlp"] == 384  # the fourth stage reads x_0 through an MLP of that width
     python = json.loads((HEADLINE / "t1" / "bench.json").read_text())["environment"]["python"]
     assert python.startswith(said(reproduce, r"the results were measured with Python (3\.\d+)")[0] + ".")
 

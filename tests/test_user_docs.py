@@ -68,7 +68,7 @@ def test_reproduce_commands_lm_recipe_is_the_shipped_lms(monkeypatch):
 
 
 def test_reproduce_commands_ff_head_recipe_is_the_shipped_heads(monkeypatch):
-    """The same for its `mtpc train` command and models/heads/ff8/train_config.json: all but the paths
+    """The same for its `mtpc train` command and models/heads/ff8/train_config.stage1.json: all but the paths
     (model, data, output), the progress bar, the pinned precision and `steps` (the shipped file records
     the count its 15-minute budget became)."""
     import dataclasses
@@ -89,7 +89,8 @@ def test_reproduce_commands_ff_head_recipe_is_the_shipped_heads(monkeypatch):
     with pytest.raises(Configured) as configured:
         run_train(build_parser().parse_args(_readme.argv(command)))
     ours = configured.value.args[0]
-    shipped = json.loads((ROOT / "models" / "heads" / "ff8" / "train_config.json").read_text())
+    # the FF's first stage (its second, `--first-token` from it, is models/README.md's command)
+    shipped = json.loads((ROOT / "models" / "heads" / "ff8" / "train_config.stage1.json").read_text())
     assert ours["precision"] == "fp32"
     differing = {k: (v, ours[k]) for k, v in shipped.items()
                  if k in ours and k not in ("model", "data", "out", "progress", "precision", "steps") and ours[k] != v}
