@@ -348,6 +348,13 @@ def test_lookup_sizes_are_bounded(capsys, lm, head, corpus):
           "--lookup-tokens: expected an integer in 1..1,024")
 
 
+def test_the_first_tokens_mlp_width_is_bounded_before_any_work(capsys, lm, corpus, tmp_path):
+    out = tmp_path / "head"
+    fails(capsys, ["train", "--model", lm, "--data", corpus, "--out", str(out), "--steps", "1", "--first-token-mlp",
+                   str(10**9)], 2, "--first-token-mlp: expected an integer in 0..65,536")
+    assert not out.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda_is_a_clean_error(capsys, lm):
     fails(capsys, generate(lm, "--device", "cuda"), 2, "--device cuda: this machine has no CUDA device")

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checks import (non_negative_float, non_negative_int, parse_defines, positive_float, positive_int,
+from ..checks import (int_in, non_negative_float, non_negative_int, parse_defines, positive_float, positive_int,
                       probability, unit_interval)
 from ..checks import seed as parse_seed
 from ..heads.constants import DEFAULT_ADAPTER_RANK, DEFAULT_CHUNK_ELEMENTS, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
+from ..loading import MAX_HIDDEN
 from ..settings import setting
 
 __all__ = ["TrainConfig", "TinyLMConfig", "DistillConfig", "LOSSES", "PRECISIONS", "JOINT_PARAMETERISATIONS"]
@@ -62,7 +63,7 @@ class TrainConfig:
                     "start: an --init-head head starts from its own distributions); x_0 is the verifier's, known "
                     "before the draft")
     first_token_mlp: int = setting(  # see MTPHead.read_first_token(mlp)
-        0, type=non_negative_int,
+        0, type=int_in(0, MAX_HIDDEN),
         help="with a width m > 0 the head also reads x_0 through a residual MLP of width m over its input plus "
              "x_0's embedding (zero at the start, like the embedding; implies --first-token)")
     adapter_rank: int = setting(DEFAULT_ADAPTER_RANK, type=positive_int,
