@@ -27,7 +27,7 @@ def test_the_model_card_numbers_are_the_shipped_run():
     for head in HEADS:
         config = json.loads((head / "train_config.json").read_text())
         assert f"| {config['steps']} |" in card and "runs/" not in config.get("model", "")
-    for stage in (1, 2):  # the BTree's hour, and its second stage, before the shipped third
+    for stage in (1, 2):  # the BTree's hour and its second stage (shipped now: its fourth)
         config = json.loads((ROOT / "models" / "heads" / "btree8-r8" / f"train_config.stage{stage}.json").read_text())
         assert f"| {config['steps']} |" in card
     info = model_info(LM)
