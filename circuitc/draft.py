@@ -138,13 +138,21 @@ class DraftProgram:
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def sample(self, theta: Tensor, generator: torch.Generator | None = None,
-               prefix: Tensor | None = None, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               prefix: Tensor | None = None, uniforms: Tensor | None = None,
+               temperature: float = 1.0) -> tuple[Tensor, Tensor]:
         """`x` `[n]` drawn from `q(. | prefix)` one variable at a time (exact: the chain rule), and its
         proposal `[n, v]`: row `j >= m` = `q(x_j = . | x_<j)` (float64; rows `< m` are zero).
 
         `uniforms` `[n]` float64 in [0, 1) (variable `j` is drawn by inverse CDF from `uniforms[j]`)
         replace the draws from `generator`: the program is then a pure function of its tensors, which
-        `torch.compile` can trace whole (a `torch.Generator` cannot be traced)."""
+        `torch.compile` can trace whole (a `torch.Generator` cannot be traced).
+
+        `temperature` `t` (> 0) draws every variable from its exact conditional raised to `1 / t` and
+        renormalised, `q(x_j = . | x_<j) ** (1 / t)`, as a language model samples each token at a
+        temperature; the rows are then those tempered conditionals, so the proposal stays exactly known
+        (it is not the joint `q ** (1 / t)`: each step is tempered given the draws before it)."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
         prefix = self._prefix(prefix, theta.device)
         if uniforms is None:
             uniforms = torch.rand(self.n, generator=generator, dtype=torch.float64, device=theta.device)
@@ -153,10 +161,14 @@ class DraftProgram:
         u = uniforms if uniforms.dtype == torch.float64 else uniforms.to(torch.float64)
         if self._factorised:
             leaves = self._leaf_logits(theta)  # [n, v]
+            if temperature != 1:
+                leaves = leaves.double() / temperature
             x = inverse_cdf(leaves.double().softmax(-1), u)  # [n]
             return self._with_prefix(x, prefix), self._factorised_rows(leaves, prefix)
         draws = u.unbind()  # one op for all n, not a select per step
-        return self._run(theta, prefix, True, lambda j, scores: inverse_cdf(scores, draws[j]), keep_rows=True)
+        sharpen = None if temperature == 1 else lambda scores: scores.pow(1 / temperature)
+        return self._run(theta, prefix, True, lambda j, scores: inverse_cdf(scores, draws[j]), keep_rows=True,
+                         sharpen=sharpen)
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -238,11 +250,13 @@ class DraftProgram:
     def _with_prefix(x: Tensor, prefix: Tensor | None) -> Tensor:
         return x if prefix is None else torch.cat([prefix, x[prefix.numel():]])
 
-    def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool, pick, keep_rows: bool = False):
+    def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool, pick, keep_rows: bool = False,
+             sharpen=None):
         """Step through the variables: `pick(j, scores)` chooses `x_j` `[]` from `scores` `[v]`
-        (proportional to its conditional, or marginal when not `sequential`). Returns `x` `[n]`, and the
-        normalised scores `[n, v]` (zero rows for the prefix) when `keep_rows`. Chosen states stay
-        tensors (never read to the host), so a draft makes no device synchronisation."""
+        (proportional to its conditional, or marginal when not `sequential`; passed through `sharpen`
+        first when given). Returns `x` `[n]`, and the normalised scores `[n, v]` (zero rows for the
+        prefix) when `keep_rows`. Chosen states stay tensors (never read to the host), so a draft makes
+        no device synchronisation."""
         m = 0 if prefix is None else prefix.numel()
         probs, weights = self._tables(theta)
         state = _State(self, probs, weights)
@@ -256,6 +270,8 @@ class DraftProgram:
                 for op in steps[j]:
                     state.apply(op)
                 scores = state.scores(j)  # [v]
+                if sharpen is not None:
+                    scores = sharpen(scores)
                 s = pick(j, scores)
                 scored.append(scores)
             chosen.append(s)

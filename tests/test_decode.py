@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import circuitc
 from circuitc import builders
+from circuitc.draft import DraftProgram
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.decoding.backbone import attach_draft_lora
 from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, Target
@@ -331,6 +332,33 @@ def test_sampling_with_a_head_reading_the_first_token_is_exact():
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
+class TemperedDrawsUntemperedRows(DraftProgram):
+    """Wrong: draws at the draft temperature, but rows that claim the circuit's untempered conditionals."""
+
+    def sample(self, theta, generator=None, prefix=None, uniforms=None, temperature=1.0):
+        x, rows = super().sample(theta, generator, prefix, uniforms, temperature)
+        return x, torch.where(rows.sum(-1, keepdim=True) > 0, self.conditionals(theta, x), rows)
+
+
+@pytest.mark.parametrize("draft_temperature, target", [
+    (None, {"temperature": 3.0}),  # the default: the draft tempered as the target is
+    (3.0, {}),  # a draft flatter than the T = 1 target
+])
+def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught(draft_temperature, target):
+    """(A sharpened draft is exact too: the T = 0.8 case above drafts at 0.8. Its wrong rows are caught
+    less surely by 600 samples, so the controls here temper the other way.)"""
+    model = tiny_lm(VOCAB, scale=4.0, seed=11)
+    head = random_head("btree", 3, VOCAB, seed=12, std=1.0)
+    joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    right = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
+    assert right._draft_temperature(Target(True, **{"temperature": 1.0, **target})) == 3.0
+    assert right._draft_temperature(Target()) == 1.0  # greedy: an argmax ignores it
+    assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=6, **target), joint) > 1e-3
+    wrong = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
+    wrong.drafter.program = TemperedDrawsUntemperedRows(head.graph, head.circ.param_layout)
+    assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=6, **target), joint) < 1e-6
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("structure", ["ff", "hmm", "btree"])
 def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(structure):
@@ -386,6 +414,9 @@ def test_bad_input_gets_a_clear_error():
         decoder.generate(torch.tensor([[3]]), -1)
     with pytest.raises(ValueError, match="temperature"):
         decoder.generate(torch.tensor([[3]]), 2, do_sample=True, temperature=0.0)
+    for bad in (0, -1.0, float("inf"), float("nan"), "1", True):
+        with pytest.raises(ValueError, match="draft_temperature must be a positive number or None"):
+            SpeculativeDecoder(model, head, draft_temperature=bad)
     with pytest.raises(ValueError, match="hidden size 16, the model's is 32"):
         SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 12), 16))
     with pytest.raises(ValueError, match="13 states .* only 12 tokens"):

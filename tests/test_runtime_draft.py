@@ -151,3 +151,44 @@ def test_inverse_cdf_draws_the_state_whose_interval_holds_u():
     for b in range(2):
         assert [int(inverse_cdf(weights[b], u[b, k])) for k in range(6)] == expected[b]
         assert inverse_cdf(weights[b], u[b, 0]).dim() == 0
+
+
+@pytest.mark.parametrize("name", ["ff", "btree"])
+def test_samples_at_a_temperature_follow_their_tempered_conditionals(name):
+    """At temperature t every variable is drawn from its exact conditional raised to 1 / t (against the
+    enumerated joint), the rows say so, and the sequences follow the product of those rows (chi-square,
+    with the untempered joint as a control that must fail)."""
+    from scipy.stats import chisquare
+
+    graph = {"ff": builders.ff_graph(3, 3), "btree": builders.btree_graph(3, 2, 3)}[name]
+    circ = circuitc.compile(graph)
+    n, v = circ.num_vars, circ.num_states
+    program = DraftProgram(graph, circ.param_layout)
+    states = torch.cartesian_prod(*[torch.arange(v)] * n).view(-1, n)  # [v^n, n]
+    theta = torch.randn(circ.num_params, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 1.5
+    joint = circ.log_prob(states, theta).exp()  # [v^n]
+
+    def tempered(x, t):  # [n, v] each conditional of x raised to 1 / t, renormalised (row 0 given: zero)
+        rows = torch.zeros(n, v, dtype=torch.float64)
+        for j in range(1, n):
+            consistent = (states[:, :j] == x[:j]).all(1)
+            marginal = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
+            rows[j] = marginal.pow(1 / t) / marginal.pow(1 / t).sum()
+        return rows
+
+    gen = torch.Generator().manual_seed(5)
+    for t in (0.5, 2.0):
+        counts = torch.zeros(states.shape[0])
+        for k in range(1500):
+            x, rows = program.sample(theta, gen, torch.tensor([2]), temperature=t)
+            counts[int((x * v ** torch.arange(n - 1, -1, -1)).sum())] += 1
+            if k < 3:
+                torch.testing.assert_close(rows, tempered(x, t), rtol=1e-9, atol=1e-12)
+        given = states[:, 0] == 2
+        expected = torch.stack([tempered(s, t)[1:].gather(1, s[1:, None]).prod() for s in states[given]])
+        assert chisquare(counts[given].numpy(), (expected / expected.sum() * 1500).numpy()).pvalue > 1e-3
+        untempered = joint[given] / joint[given].sum() * 1500  # the control: the circuit as trained
+        assert chisquare(counts[given].numpy(), untempered.numpy()).pvalue < 1e-6
+        assert counts[~given].sum() == 0
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        program.sample(theta, gen, temperature=0.0)

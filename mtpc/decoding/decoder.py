@@ -18,7 +18,8 @@ whole batch:
    accepted position, or from the rule's residual `norm(max(0, w p_j - r_j))` when a tested token
    after it was not kept (`w` = 1 token by token; so the deferred token is still exactly distributed);
 3. the circuit drafts each row's next window after that `x_0`, from the hidden state there
-   (`Drafter.circuit_window`), with its verify width.
+   (`Drafter.circuit_window`), with its verify width; when sampling, at the target's temperature (each
+   conditional sharpened as the verifier's distribution is, `draft_temperature`).
 
 The host then reads one small tensor for the batch (`CyclePacket`: per row the accepted count, the
 next `x_0` and width, the window's tokens), advances each row's length in the caches by its committed
@@ -218,7 +219,11 @@ class SpeculativeDecoder:
     `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
     later generation. `acceptance`: the speculative-sampling rule (default `BlockVerification`, which
     keeps more tokens than the token-by-token `AcceptanceRule()`; replace it only to compare the two or
-    to study wrong rules). `family`: a `BackboneFamily` for a model family mtpc does not know.
+    to study wrong rules). `draft_temperature`: the temperature the circuit's conditionals are sampled
+    at when sampling (None, the default: the target's own `temperature`, so a circuit distilled at
+    T = 1 is sharpened as the verifier is; a number: always that one, 1 for the circuit as trained).
+    Any draft temperature is exact: the windows carry the tempered conditionals they were drawn from.
+    `family`: a `BackboneFamily` for a model family mtpc does not know.
 
     The host reads one small tensor per cycle through `host_reads` (its `count` is what the sync
     tests check), and one after the prefill, whatever the batch size.
@@ -226,7 +231,7 @@ class SpeculativeDecoder:
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
                  window: int | AdaptiveWidth | None = None, compile: bool = False,
-                 acceptance: AcceptanceRule | None = None, family=None):
+                 acceptance: AcceptanceRule | None = None, draft_temperature: float | None = None, family=None):
         self.backbone = SplitBackbone(model, lora_layers, family=family)
         if head.hidden_size != self.backbone.hidden_size:
             raise ValueError(f"the head was built for hidden size {head.hidden_size}, the model's is "
@@ -235,6 +240,11 @@ class SpeculativeDecoder:
             raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
                              f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
+        if draft_temperature is not None and (isinstance(draft_temperature, bool) or
+                                              not isinstance(draft_temperature, (int, float)) or
+                                              not 0 < draft_temperature < float("inf")):
+            raise ValueError(f"draft_temperature must be a positive number or None, got {draft_temperature!r}")
+        self.draft_temperature = draft_temperature
         self.lookup = PromptLookup.of(lookup)
         self.acceptance = acceptance or BlockVerification()
         widths, position_cost = window_widths(window, head.num_variables)
@@ -337,7 +347,8 @@ class SpeculativeDecoder:
             first = inverse_cdf(target.probs(logits), uniforms[:, 2 * n])  # [B]
         else:
             first = logits.argmax(-1)  # [B]
-        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :n])
+        window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :n],
+                                             self._draft_temperature(target))
         first_tokens, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         return Pending(window, first_tokens, widths, h)
 
@@ -359,7 +370,7 @@ class SpeculativeDecoder:
         from_lookup = [False] * B
         if lookups is not None:
             for b in (b for b in range(B) if verify[b]):
-                chosen = self._lookup_window(pending, b, lookups[b], uniforms)
+                chosen = self._lookup_window(pending, b, lookups[b], uniforms, self._draft_temperature(target))
                 if chosen is not None:
                     window = window.with_row(b, chosen[0])
                     widths[b], lengths[b], from_lookup[b] = chosen[1], chosen[2], True
@@ -398,11 +409,11 @@ class SpeculativeDecoder:
         verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests,
                                 window.width)
         draws = None if uniforms is None else uniforms[:, :n]
-        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws)
+        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws, self._draft_temperature(target))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
-    def _lookup_window(self, pending: Pending, b: int, lookup: LookupState,
-                       uniforms) -> tuple[Window, int, int] | None:
+    def _lookup_window(self, pending: Pending, b: int, lookup: LookupState, uniforms,
+                       temperature: float) -> tuple[Window, int, int] | None:
         """A lookup window for row `b` in place of the circuit's, when its lookup has a match it prefers
         (read from the past only): (one row's window, verify width, real tokens), or None."""
         lookup.extend([pending.first[b]])
@@ -413,7 +424,14 @@ class SpeculativeDecoder:
         length = self.drafter.lookup_length(tokens)
         width = next((w for w in self.widths if w >= length), self.span)
         fill = None if uniforms is None else uniforms[b, self.n:2 * self.n]  # never the next window's draws
-        return self.drafter.lookup_window(pending.hidden[b], pending.first[b], tokens, width, fill), width, length
+        window = self.drafter.lookup_window(pending.hidden[b], pending.first[b], tokens, width, fill, temperature)
+        return window, width, length
+
+    def _draft_temperature(self, target: Target) -> float:
+        """The temperature the circuit drafts at for `target` (1 when greedy: an argmax ignores it)."""
+        if not target.do_sample:
+            return 1.0
+        return float(self.draft_temperature if self.draft_temperature is not None else target.temperature)
 
     def _uniforms(self, target: Target, generator, h: torch.Tensor) -> torch.Tensor | None:
         """`[B, 2n + S]` (`h` `[B, d]` gives the batch and device), or None when greedy."""

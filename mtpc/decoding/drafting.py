@@ -7,8 +7,10 @@ already committed; the verifier tests `d_1 .. d_{width-1}`.
 
 The circuit's window (`Drafter.circuit_window`, one fixed-shape function the decoder's cycle step
 runs after its acceptance) is head -> `circuitc.draft.DraftProgram` conditioned on `x_0` (the
-sequential argmax of the circuit's exact conditionals when greedy, an exact sample from the cycle's
-uniforms when sampling) -> the conditionals it drew from. Its verify width is the decoder's fixed
+sequential argmax of the circuit's exact conditionals when greedy; when sampling, a draw from the
+cycle's uniforms of each conditional at the draft temperature, the verifier's own temperature by
+default: a circuit distilled at T = 1 proposes what a sampler at T = 0.7 would draw only when it is
+sharpened like the verifier) -> the conditionals it drew from. Its verify width is the decoder's fixed
 width or, with `AdaptiveWidth`, read off the draft's own probabilities: the width that maximises the
 tokens a cycle expects to commit per unit of cycle cost, by the circuit's own account. The width reads only the draft and the past,
 so every position's test is unchanged and decoding stays exact; only where the window stops moves.
@@ -122,14 +124,16 @@ class Drafter:
         token is `first` `[...]` long (read when the head reads it: `MTPHead.read_first_token`)."""
         return self.head(self.head.with_first_token(h.to(self.head.dtype), first))
 
-    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None) -> Window:
+    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
+                       temperature: float = 1.0) -> Window:
         """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`),
-        `uniforms` `[B, n]` float64 (sampling; None: greedy) -> the circuit's windows after them."""
+        `uniforms` `[B, n]` float64 (sampling; None: greedy) -> the circuit's windows after them, each
+        drafted token drawn from the circuit's conditional at `temperature` (see `DraftProgram.sample`)."""
         # a first token the circuit has no state for (a special token past its `v`) conditions the draft
         # as its last state would: any function of the past is a valid proposal, and the rows say which
         prefix = first.clamp_max(self.v - 1)  # [B]
         theta = self.theta(h, prefix)  # [B, P]
-        drafted, conditionals = self._drafts(theta, prefix, uniforms)  # [B, n], [B, n, v] or None
+        drafted, conditionals = self._drafts(theta, prefix, uniforms, temperature)  # [B, n], [B, n, v] or None
         tokens = self._padded(torch.cat([first[:, None], drafted[:, 1:]], 1))  # [B, S]
         if len(self.widths) > 1:
             width = self._width(conditionals[:, 1:].gather(2, drafted[:, 1:, None])[..., 0])  # from c_j, [B, n-1]
@@ -139,7 +143,7 @@ class Drafter:
             return Window(tokens, None, width)
         return Window(tokens, self._rows(conditionals, h.device), width)
 
-    def _drafts(self, theta: torch.Tensor, prefix: torch.Tensor, uniforms: torch.Tensor | None):
+    def _drafts(self, theta: torch.Tensor, prefix: torch.Tensor, uniforms: torch.Tensor | None, temperature: float):
         """Every row's draft `[B, n]` and, when sampling or choosing widths, its conditionals `[B, n, v]`.
         The draft program drafts one row; a batch runs it under `torch.func.vmap` (B = 1 calls it as is)."""
         if uniforms is None and len(self.widths) == 1:  # a fixed width needs no probabilities: the cheapest draft
@@ -147,7 +151,7 @@ class Drafter:
         elif uniforms is None:
             draft = lambda t, x: self.program.greedy(t, x.view(1), with_rows=True)  # noqa: E731
         else:
-            draft = lambda t, x, u: self.program.sample(t, None, x.view(1), u)  # noqa: E731
+            draft = lambda t, x, u: self.program.sample(t, None, x.view(1), u, temperature)  # noqa: E731
         args = (theta, prefix) if uniforms is None else (theta, prefix, uniforms)
         if theta.shape[0] == 1:
             drafted, conditionals = draft(*(a[0] for a in args))
@@ -157,11 +161,11 @@ class Drafter:
         return torch.func.vmap(draft)(*args)
 
     def lookup_window(self, h: torch.Tensor, first: int, proposal: list[int], width: int,
-                      uniforms: torch.Tensor | None) -> Window:
+                      uniforms: torch.Tensor | None, temperature: float = 1.0) -> Window:
         """One row's window (`tokens` `[S]`, `rows` `[S, V]`, `width` `[]`; the decoder puts it in its
         batch): `[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its
         `n` positions when they end earlier and the circuit can observe them all. `h` `[d]`; `width`: the
-        verify width; `uniforms` `[n]` as for `circuit_window`. Eager (a lookup window's prefix length
+        verify width; `uniforms` `[n]` and `temperature` as for `circuit_window`. Eager (a lookup window's prefix length
         varies)."""
         given = [first] + proposal
         device = h.device
@@ -171,7 +175,7 @@ class Drafter:
         elif uniforms is None:
             tokens, conditionals = self.program.greedy(self.theta(h, prefix[0]), prefix, with_rows=True)
         else:
-            tokens, conditionals = self.program.sample(self.theta(h, prefix[0]), None, prefix, uniforms)
+            tokens, conditionals = self.program.sample(self.theta(h, prefix[0]), None, prefix, uniforms, temperature)
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
         if uniforms is None:
