@@ -67,6 +67,13 @@ def width_or_adaptive(text: str) -> int | str:
     return _number(text, int, "'adaptive' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
 
 
+def target_or_temperature(text: str) -> float | None:
+    """A draft temperature: `target` (None: the verifier's own temperature) or a finite number > 0."""
+    if text.strip().lower() == "target":
+        return None
+    return _number(text, float, "'target' or a finite number > 0", lambda v: v > 0)
+
+
 def seed(text: str) -> int:
     """A random seed: an integer in 0..2**63-1 (what torch.Generator.manual_seed takes)."""
     return _number(text, int, "a seed in 0..2**63-1", lambda v: 0 <= v < 2**63)

@@ -147,6 +147,18 @@ def test_sampling_mode_and_decoder_variants(setup):
     assert [r["acceptance"] for r in rules["heads"]] == ["block", "token"] * 2
     assert [r["ff_reference"] for r in rules["heads"]] == ["ff4", "ff4/token"] * 2  # FF under the same rule
     assert rules["config"]["acceptance"] == ["block", "token"]
+    built = []
+
+    class Recorded(SpeculativeDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.draft_temperature)
+
+    heats = run_bench(config(setup, mode="sample", temperature=0.7, heads=[setup["heads"]["cp"]],
+                             draft_temperatures=(None, 1.0)), decoder_cls=Recorded)
+    assert [r["label"] for r in heats["heads"]] == ["cp4", "cp4/draft-t1"] and built == [None, 1.0]
+    assert [r["draft_temperature"] for r in heats["heads"]] == [None, 1.0]
+    assert heats["config"]["draft_temperatures"] == [None, 1.0]
     greedy = run_bench(config(setup, heads=[setup["heads"]["cp"]]))
     assert [r["label"] for r in greedy["heads"]] == ["cp4"] and greedy["greedy_identical"] is True
     assert all(r["ff_reference"] is None and "speedup_ff" not in r for r in greedy["heads"])

@@ -140,6 +140,8 @@ BAD_NUMBERS = [
     ("tiny-lm", "--batch-size", "-3"), ("tiny-lm", "--d-model", "x"),
     ("bench", "--temperature", "nan"), ("bench", "--top-p", "0"), ("bench", "--top-p", "1.01"),
     ("bench", "--max-new-tokens", "0"), ("bench", "--num-prompts", "inf"), ("bench", "--threads", "0"),
+    ("bench", "--draft-temperature", "0"), ("bench", "--draft-temperature", "nan"),
+    ("bench", "--draft-temperature", "hot"),
 ]
 
 

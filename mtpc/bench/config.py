@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..checks import MAX_THREADS, int_in, positive_float, positive_int, probability, unit_interval, width_or_adaptive
+from ..checks import (MAX_THREADS, int_in, positive_float, positive_int, probability, target_or_temperature,
+                      unit_interval, width_or_adaptive)
 from ..checks import seed as parse_seed
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
@@ -57,6 +58,10 @@ class BenchConfig:
         ("block",), nargs="+", choices=ACCEPTANCE_RULES,
         help="speculative-sampling rules to compare side by side: block (block verification, the decoder's "
              "default) and/or token (token by token); greedy decoding is the same under both")
+    draft_temperatures: Sequence[float | None] = setting(  # None: the target's temperature
+        (None,), flag="--draft-temperature", nargs="+", type=target_or_temperature, metavar="T",
+        help="temperatures the circuit drafts at when sampling, compared side by side: 'target' (the "
+             "verifier's own, the decoder's default) and/or numbers > 0 (1: the circuit as trained)")
     peers: Sequence[str] = setting(
         (), nargs="+", metavar="PEER",
         help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR (a small draft "
@@ -95,3 +100,4 @@ class Variant:
     compiled: bool = False  # the cycle step runs through torch.compile
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
     acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES
+    draft_temperature: float | None = None  # the circuit's sampling temperature (None: the target's)

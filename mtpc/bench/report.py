@@ -115,14 +115,14 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 def ff_reference(variant: Variant, variants: Sequence[Variant]) -> Variant | None:
     """The FF head the variant is compared with: same `n`, and the same decoder settings (lookup,
-    window, acceptance rule, eager or compiled) when there is one, else any FF head with the same `n`."""
+    window, acceptance rule, draft temperature, eager or compiled) when there is one, else any FF head with the same `n`."""
     ffs = [v for v in variants if v.entry.info["structure"] == "ff" and v.entry.info["n"] == variant.entry.info["n"]]
     same = [v for v in ffs if _settings(v) == _settings(variant) and v.entry.lora_layers == 0]
     return (same or ffs or [None])[0]
 
 
 def _settings(v: Variant) -> tuple:
-    return v.lookup, v.width, v.acceptance, v.compiled
+    return v.lookup, v.width, v.acceptance, v.draft_temperature, v.compiled
 
 
 def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence[Peer], runs: dict,
@@ -154,7 +154,8 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         sets = [set_metrics(r, lengths) for r in runs[v.label]]
         ff = ff_reference(v, variants)
         row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width,
-               "acceptance": v.acceptance, "compiled": v.compiled, **v.entry.info, "per_set": sets, **_aggregate(sets),
+               "acceptance": v.acceptance, "draft_temperature": v.draft_temperature, "compiled": v.compiled,
+               **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}
         if ff is not None:
             ff_sets = [set_metrics(r, lengths) for r in runs[ff.label]]
@@ -203,6 +204,7 @@ def _config_dict(cfg: BenchConfig) -> dict:
     out["heads"] = list(cfg.heads)
     out["peers"], out["lookup"], out["windows"] = list(cfg.peers), list(cfg.lookup), list(cfg.windows)
     out["acceptance"] = list(cfg.acceptance)
+    out["draft_temperatures"] = list(cfg.draft_temperatures)
     return out
 
 

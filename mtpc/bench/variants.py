@@ -1,5 +1,5 @@
 """What `mtpc bench` runs on: the LM and its heads loaded, and one decoder variant per head x lookup x
-verify width x acceptance rule x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
+verify width x acceptance rule x draft temperature x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
 batched one (`batch`); `config` stays torch-free so `mtpc bench --help` loads no torch."""
 
 from __future__ import annotations
@@ -23,27 +23,32 @@ __all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
 
 def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
                    lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
-                   windows: Sequence[int | str | None] = (None,), acceptance: Sequence[str] = ("block",)) -> list[Variant]:
+                   windows: Sequence[int | str | None] = (None,), acceptance: Sequence[str] = ("block",),
+                   draft_temperatures: Sequence[float | None] = (None,)) -> list[Variant]:
     """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
-    x acceptance rule ("block" or "token") x eager/compiled. A window wider than a head's circuit is an
-    input error."""
+    x acceptance rule ("block" or "token") x draft temperature (None: the target's) x eager/compiled. A
+    window wider than a head's circuit is an input error."""
     lookup, windows, acceptance = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows)), list(dict.fromkeys(acceptance))
+    draft_temperatures = list(dict.fromkeys(draft_temperatures))
     for entry in entries:
         widest = max(entry.info["n"], 2)
         wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     variants = []
-    for entry, use, width, rule, c in itertools.product(entries, lookup, windows, acceptance, compiled):
+    for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
+                                                               compiled):
         label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/token" if rule == "token" else "")
-                 + ("/compile" if c else ""))
+                 + ("" if heat is None else f"/draft-t{heat:g}") + ("/compile" if c else ""))
         window = AdaptiveWidth() if width == "adaptive" else width
         decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                               acceptance=AcceptanceRule() if rule == "token" else BlockVerification(),
+                              draft_temperature=heat,
                               **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
         window = decoder.span if use else min(decoder.width, entry.info["n"])
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width, acceptance=rule))
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width, acceptance=rule,
+                                draft_temperature=heat))
     return variants
 
 
@@ -77,7 +82,7 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
                for p in cfg.heads]
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows,
-                              acceptance=cfg.acceptance)
+                              acceptance=cfg.acceptance, draft_temperatures=cfg.draft_temperatures)
     return Loaded(device, dtype, bench_tokenizer(cfg)[1], base, load_model, variants)
 
 
