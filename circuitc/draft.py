@@ -105,9 +105,17 @@ class DraftProgram:
             len(r) == 1 for r in self.inputs_of)
         order = [self.leaf_start[r[0]] for r in self.inputs_of] if self._factorised else []
         self._leaf_of_variable = None if order == list(range(len(order))) else torch.tensor(order)
+        # a draft cuts every region's block of its table with one split, not a slice per use: the input
+        # regions' leaf rows tile the leaf table (the layout's contract), and when every sum has the same
+        # K the inner regions' weight rows tile one [sum of U, K] table too
+        self._leaf_tiling = _tiling({r: (start, self.units[r]) for r, start in self.leaf_start.items()})
+        if self._leaf_tiling is None:
+            raise ValueError("the layout's input slots must tile theta's first rows (a circuitc param_layout does)")
         widths = {k for _, _, k in self.weight_slot.values()}
-        contiguous = sum(u * k for _, u, k in self.weight_slot.values()) == graph_sum_params(layout)
-        self._uniform_k = widths.pop() if len(widths) == 1 and contiguous else 0
+        k = widths.pop() if len(widths) == 1 else 0
+        self._weight_tiling = _tiling({r: ((o - self.num_input_params) // k, u)
+                                       for r, (o, u, _) in self.weight_slot.items()}) if k else None
+        self._uniform_k = k if self._weight_tiling is not None else 0
         self._plans: dict[tuple[int, bool], list[list[_Op]]] = {}
 
     @staticmethod
@@ -219,15 +227,16 @@ class DraftProgram:
 
     def _tables(self, theta: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """Leaf probabilities `[Q, v]` and each inner region's sum weights `[U, K]`, float64 (normalised
-        in float32 unless `theta` is float64: one op each, when every sum has the same `K`)."""
+        in float32 unless `theta` is float64: one op each, when every sum has the same `K`, and one split
+        into regions when they tile the table)."""
         theta = theta.reshape(-1)
         theta = theta if theta.dtype in (torch.float32, torch.float64) else theta.float()
         probs = theta[: self.num_input_params].view(-1, self.v).softmax(-1).double()  # [Q, v]
         sums = theta[self.num_input_params:]
         if self._uniform_k:
-            flat = sums.view(-1, self._uniform_k).softmax(-1).double().view(-1)
-            base = self.num_input_params
-            weights = {r: flat[o - base:o - base + u * k].view(u, k) for r, (o, u, k) in self.weight_slot.items()}
+            rows = sums.view(-1, self._uniform_k).softmax(-1).double()  # [sum of U, K]
+            order, sizes = self._weight_tiling
+            weights = dict(zip(order, rows.split(sizes)))
         else:
             weights = {r: theta[o:o + u * k].view(u, k).softmax(-1).double()
                        for r, (o, u, k) in self.weight_slot.items()}
@@ -299,8 +308,16 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     return torch.searchsorted(cdf, point.unsqueeze(-1), right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
-def graph_sum_params(layout: list[ParamSlot]) -> int:
-    return sum(s.shape[0] * s.shape[1] for s in layout if s.kind == "sum")
+def _tiling(spans: dict[int, tuple[int, int]]) -> tuple[list[int], list[int]] | None:
+    """Regions and their row counts in row order, when their `(first row, rows)` spans tile the rows
+    from 0 without gaps or overlaps; else None."""
+    ordered = sorted(spans.items(), key=lambda item: item[1][0])
+    end = 0
+    for _, (start, rows) in ordered:
+        if start != end:
+            return None
+        end += rows
+    return [region for region, _ in ordered], [rows for _, (_, rows) in ordered]
 
 
 class _State:
@@ -311,23 +328,22 @@ class _State:
         self.V: list[Tensor | None] = [None] * program.num_regions  # None: all ones (nothing observed inside)
         self.D: list[Tensor | None] = [None] * program.num_regions
         self.D[program.root] = probs.new_ones(1)
-
-    def leaves(self, region: int) -> Tensor:
-        start = self.p.leaf_start[region]
-        return self.probs[start:start + self.p.units[region]]  # [U, v]
+        order, sizes = program._leaf_tiling
+        # input region -> its leaf distributions as columns [v, U]
+        self.columns: dict[int, Tensor] = dict(zip(order, probs.t().split(sizes, dim=1)))
 
     def scores(self, j: int) -> Tensor:
         """`[v]` proportional to q(x_j = s | observed)."""
         total = None
         for region in self.p.inputs_of[j]:
-            part = torch.mv(self.leaves(region).t(), self.D[region])
+            part = torch.mv(self.columns[region], self.D[region])
             total = part if total is None else total + part
         return total
 
     def observe(self, j: int, s: Tensor) -> None:
         """Variable `j` takes state `s` (`[]` long, on the device: index_select reads it there)."""
         for region in self.p.inputs_of[j]:
-            self.V[region] = self.leaves(region).index_select(1, s.view(1))[:, 0]  # [U]
+            self.V[region] = self.columns[region].index_select(0, s.view(1))[0]  # [U]
 
     def apply(self, op: _Op) -> None:
         if op.kind == "V":

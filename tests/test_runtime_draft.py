@@ -192,3 +192,16 @@ def test_samples_at_a_temperature_follow_their_tempered_conditionals(name):
         assert counts[~given].sum() == 0
     with pytest.raises(ValueError, match="temperature must be > 0"):
         program.sample(theta, gen, temperature=0.0)
+
+
+def test_a_layout_whose_input_slots_leave_a_gap_is_refused():
+    """A draft cuts each input region's leaves out of theta by one split, so the layout's input slots
+    must tile its first rows, as every circuitc layout does."""
+    import dataclasses
+
+    graph = builders.btree_graph(4, 2, 3)
+    layout = circuitc.compile(graph).param_layout
+    assert DraftProgram(graph, layout)._leaf_tiling is not None
+    shifted = [dataclasses.replace(s, offset=s.offset + 3) if s.kind == "input" and s.offset else s for s in layout]
+    with pytest.raises(ValueError, match="input slots must tile"):
+        DraftProgram(graph, shifted)
