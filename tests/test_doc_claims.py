@@ -309,6 +309,25 @@ def test_the_draft_costs_the_guides_give_are_the_recorded_runs():
     assert head["ff", "shared"] > head["ff", "full"]  # "not for FF"
 
 
+def test_the_draft_temperatures_the_guide_compares_are_the_recorded_runs():
+    """guide-decoding's bytes per cycle at each draft temperature, from the two side-by-side runs in
+    docs/bench/draft-temperature/ (the shipped BTree on held-out networkx prompts)."""
+    import json
+
+    def bytes_per_cycle(run: str) -> dict:
+        report = json.loads((ROOT / "docs" / "bench" / "draft-temperature" / run / "bench.json").read_text())
+        assert report["config"]["heads"] == ["models/heads/btree8-r8"] and report["config"]["num_prompts"] == 12
+        return {r["draft_temperature"]: f"{r['bytes_per_cycle']['mean']:.2f}" for r in report["heads"]}
+
+    hot, warm = bytes_per_cycle("t07-sweep"), bytes_per_cycle("t1-sweep")
+    guide = ROOT / "docs" / "guide-decoding.md"
+    assert said(guide, r"at T = 0.7, top-p 0.95 the shipped BTree commits ([\d.]+) bytes per cycle drafting at 0.7 "
+                r"against ([\d.]+) at 1, and ([\d.]+) at 0.6 or 0.5") == (hot[None], hot[1.0], hot[0.6])
+    assert hot[0.5] == hot[0.6]
+    assert said(guide, r"drafting at 1, 0.9 or 0.8 makes no difference \(([\d.]+), ([\d.]+), ([\d.]+)\)") == (
+        warm[None], warm[0.9], warm[0.8])
+
+
 # ------------------------------------------------------------------ guide-heads' loss-memory run
 
 def loss_memory_block() -> _readme.Block:
