@@ -266,8 +266,9 @@ def test_compiled_cycle_equals_eager(window, first_token):
         plain = generate_autoregressive(model, ids, 19).sequences
         assert torch.equal(compiled.generate(ids, 19).sequences, plain)
         gen = [torch.Generator().manual_seed(i) for _ in range(2)]
-        sampled = [d.generate(ids, 19, do_sample=True, generator=g).sequences for d, g in zip((compiled, eager), gen)]
-        assert torch.equal(*sampled)  # same draws, same float64 verdicts
+        sampled = [d.generate(ids, 19, do_sample=True, temperature=0.7, generator=g).sequences
+                   for d, g in zip((compiled, eager), gen)]
+        assert torch.equal(*sampled)  # same draws (the circuit's at 0.7 too), same float64 verdicts
 
 
 @pytest.mark.slow
@@ -366,7 +367,7 @@ def test_the_cycle_step_traces_as_one_graph(sample):
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head)
-    target = Target(sample)
+    target = Target(sample, temperature=0.7 if sample else 1.0)  # sampling: the circuit drafts at 0.7 too
     logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3], [0, 4, 5]]), [0, 1], 16)  # a batch of 2
     uniforms = torch.rand(2, 2 * n + decoder.span, dtype=torch.float64) if sample else None
     window = decoder.drafter.circuit_window(h, logits.argmax(-1), None if uniforms is None else uniforms[:, :n])
