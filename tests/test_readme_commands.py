@@ -109,7 +109,8 @@ COVERAGE = {
     'NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")': SKIP + "sets the corpus "
         "folder for the headline's bench commands (below)",
     "mtpc bench $C --mode sample --temperature 1 --acceptance block token --out runs/bench/t1": SKIP + HEADLINE_BENCH,
-    "mtpc bench $C --mode sample --temperature 0.7 --top-p 0.95 --out runs/bench/t07": SKIP + HEADLINE_BENCH,
+    "mtpc bench $C --mode sample --temperature 0.7 --top-p 0.95 --draft-temperature target 1 --out runs/bench/t07":
+        SKIP + HEADLINE_BENCH,
     "mtpc bench $C --mode greedy --peers prompt-lookup --out runs/bench/greedy": SKIP + HEADLINE_BENCH,
 }
 
