@@ -6,11 +6,13 @@
 #                                   # the folder is copied (without checkpoint.pt) to $MODEL
 #   benchmarks/subword.sh distill   # the LM's own continuations (T = 1) of prompts from its training files
 #   benchmarks/subword.sh head      # a tied head (BTree, n = 4, r = 4) distilled with --loss kl for $HEAD_MINUTES (15)
-#   benchmarks/subword.sh ship      # copy the head (without checkpoint.pt) to $SHIP_HEAD
+#   benchmarks/subword.sh first     # stage 2: that head 20 more minutes, reading each window's first token (--first-token)
+#   benchmarks/subword.sh mlp       # stage 3: 45 more minutes, reading it through a residual MLP (--first-token-mlp 384)
+#   benchmarks/subword.sh ship      # copy the stage-3 head (without checkpoint.pt) to $SHIP_HEAD
 #   benchmarks/subword.sh bench     # T = 1 bench on held-out third-party files: plain (eager, compiled), the tied
 #                                   # head (timings: run it on a quiet machine; BENCH_FLAGS adds options:
 #                                   # a later --num-prompts or --max-new-tokens wins)
-#   benchmarks/subword.sh           # lm, distill, head, ship, in this order (about 50 minutes)
+#   benchmarks/subword.sh           # lm, distill, head, first, mlp, ship, in this order (about two hours)
 #   benchmarks/subword.sh --dry-run [STAGE]   # print the commands a stage would run, run none of them
 #   benchmarks/subword.sh --help
 #
@@ -26,6 +28,8 @@ HEAD_MINUTES=${HEAD_MINUTES:-15}
 LM_RUN=${LM_RUN:-$RUNS/lm}
 MODEL=${MODEL:-models/subword-lm}  # the shipped LM: what distill, head and bench use
 HEAD=${HEAD:-$RUNS/head-btree4-r4-tied}
+FIRST=$RUNS/head-first  # stage 2
+MLP=$RUNS/head-mlp  # stage 3, the shipped one
 DATA=$RUNS/distill-t1.jsonl
 BENCH=${BENCH:-$RUNS/bench}
 SHIP_HEAD=${SHIP_HEAD:-models/heads/subword-btree4-r4-tied}
@@ -54,9 +58,23 @@ head() {
         --window-stride 2 --precision fp32 --seed 0 --no-progress
 }
 
+# the later stages continue a head from its weights (--init-head) at peak rate 1e-3, one thread
+continued() {  # OUT INIT MINUTES FLAG
+    run python -m mtpc.cli train --model "$MODEL" --init-head "$2" --out "$1" --minutes "$3" "$4" --loss kl \
+        --data "$DATA" --lr 1e-3 --seq-len 512 --batch-size 8 --window-stride 2 --precision fp32 --seed 0 --no-progress
+}
+
+first() {
+    continued "$FIRST" "$HEAD" 20 --first-token
+}
+
+mlp() {
+    continued "$MLP" "$FIRST" 45 "--first-token-mlp=384"
+}
+
 ship() {
     run mkdir -p "$SHIP_HEAD"
-    run find "$HEAD" -maxdepth 1 -type f ! -name checkpoint.pt ! -name .mtpc.lock -exec cp {} "$SHIP_HEAD/" \;
+    run find "$MLP" -maxdepth 1 -type f ! -name checkpoint.pt ! -name .mtpc.lock -exec cp {} "$SHIP_HEAD/" \;
 }
 
 bench() {  # held-out files of $CORPUS (default: the installed networkx package, code neither the BPE nor the LM
@@ -72,8 +90,10 @@ case $STAGE in
     lm) lm ;;
     distill) distill ;;
     head) head ;;
+    first) first ;;
+    mlp) mlp ;;
     ship) ship ;;
     bench) bench ;;
-    all) lm; distill; head; ship ;;
-    *) echo "unknown stage $STAGE (lm, distill, head, ship, bench)" >&2; exit 2 ;;
+    all) lm; distill; head; first; mlp; ship ;;
+    *) echo "unknown stage $STAGE (lm, distill, head, first, mlp, ship, bench)" >&2; exit 2 ;;
 esac

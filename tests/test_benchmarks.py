@@ -373,13 +373,16 @@ def test_subword_sh_dry_run_commands_parse(tmp_path):
         assert run.returncode == 0, run.stderr
         commands += [shlex.split(line) for line in run.stdout.splitlines()]
     mtpc_commands = [c[3:] for c in commands if c[:3] == ["python", "-m", "mtpc.cli"]]
-    assert [argv[0] for argv in mtpc_commands] == ["tiny-lm", "distill-data", "train", "bench"]
+    assert [argv[0] for argv in mtpc_commands] == ["tiny-lm", "distill-data", "train", "train", "train", "bench"]
     parser = build_parser()
     for argv in mtpc_commands:
         parser.parse_args(argv)  # an unknown or malformed flag raises InputError
     models = {argv[argv.index("--model") + 1] for argv in mtpc_commands[1:]}
     assert models == {"models/subword-lm"} and (ROOT / "models" / "subword-lm").is_dir()
-    shipped = mtpc_commands[3][mtpc_commands[3].index("--heads") + 1]
+    first, mlp = mtpc_commands[3], mtpc_commands[4]  # the later stages continue the head before them
+    assert first[first.index("--init-head") + 1] == mtpc_commands[2][mtpc_commands[2].index("--out") + 1]
+    assert mlp[mlp.index("--init-head") + 1] == first[first.index("--out") + 1] and "--first-token-mlp=384" in mlp
+    shipped = mtpc_commands[5][mtpc_commands[5].index("--heads") + 1]
     assert shipped == "models/heads/subword-btree4-r4-tied" and (ROOT / shipped).is_dir()
     assert list(tmp_path.iterdir()) == []
 

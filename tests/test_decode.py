@@ -292,7 +292,8 @@ def sampling_setup(n, v, structure="cp"):
 @pytest.mark.parametrize("n, v, window, target", [
     (2, VOCAB, None, {}),
     (3, 4, None, {"temperature": 0.8, "top_k": 4}),  # x_0 = 4 is no circuit state
-    (3, VOCAB, AdaptiveWidth(position_cost=0.5, widths=(2, 3)), {}),  # widths chosen per window
+    # widths chosen per window (in the default run: test_batched's adaptive widths with top-p)
+    pytest.param(3, VOCAB, AdaptiveWidth(position_cost=0.5, widths=(2, 3)), {}, marks=pytest.mark.slow),
 ])
 def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, window, target):
     model, head = sampling_setup(n, v)
@@ -341,8 +342,9 @@ class TemperedDrawsUntemperedRows(DraftProgram):
 
 
 @pytest.mark.parametrize("draft_temperature, target", [
-    (None, {"temperature": 3.0}),  # the default: the draft tempered as the target is
-    (3.0, {}),  # a draft flatter than the T = 1 target
+    # the default: the draft tempered as the target is (in the default run: the T = 0.8 case above)
+    pytest.param(None, {"temperature": 3.0}, marks=pytest.mark.slow),
+    pytest.param(3.0, {}, marks=pytest.mark.slow),  # a draft flatter than the T = 1 target
 ])
 def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught(draft_temperature, target):
     """(A sharpened draft is exact too: the T = 0.8 case above drafts at 0.8. Its wrong rows are caught

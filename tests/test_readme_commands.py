@@ -96,6 +96,8 @@ COVERAGE = {
     "benchmarks/subword.sh lm": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh distill": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh head": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh first": SKIP + SUBWORD_STAGES,
+    "benchmarks/subword.sh mlp": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh ship": SKIP + SUBWORD_STAGES,
     "benchmarks/subword.sh bench": SKIP + "minutes of timing on a quiet machine; " + SUBWORD_STAGES,
     "mtpc generate --model models/subword-lm --head models/heads/subword-btree4-r4-tied --compare --stats --threads 1 "

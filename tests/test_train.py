@@ -237,6 +237,7 @@ def test_cli_trains_cheap_head_parameterisations(tiny_lm, corpus, tmp_path, para
     assert all(loss == loss for loss in losses)  # finite, trained through the generic chunked loss path
 
 
+@pytest.mark.slow  # two real torchrun processes: 17 s on 2 cores
 def test_ddp_two_processes_equal_one_process(tiny_lm, corpus, tmp_path):
     """A real `torchrun --nproc_per_node 2` (gloo, CPU) equals one process on the same global batch."""
     args = ["train", "--model", tiny_lm, "--circuit", BTREE, "-D", "n=4", "-D", "r=4", "--data", corpus,
