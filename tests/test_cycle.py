@@ -225,6 +225,7 @@ def test_adaptive_widths_follow_the_drafts_confidence_and_stay_lossless():
         AdaptiveWidth(position_cost=-1)
 
 
+@pytest.mark.slow  # 13 s; the default run samples width-2 windows exactly in test_batched's adaptive widths
 def test_sampling_with_a_shorter_window_is_exact_and_a_wrong_rule_is_caught():
     from test_decode import PROMPT, BlockResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
