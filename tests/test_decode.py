@@ -353,8 +353,8 @@ def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught
     head = random_head("btree", 3, VOCAB, seed=12, std=1.0)
     joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
     right = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
-    assert right._draft_temperature(Target(True, **{"temperature": 1.0, **target})) == 3.0
-    assert right._draft_temperature(Target()) == 1.0  # greedy: an argmax ignores it
+    assert right.draft_temperature_for(Target(True, **{"temperature": 1.0, **target})) == 3.0
+    assert right.draft_temperature_for(Target()) == 1.0  # greedy: an argmax ignores it
     assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=6, **target), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
     wrong.drafter.program = TemperedDrawsUntemperedRows(head.graph, head.circ.param_layout)

@@ -115,7 +115,8 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 def ff_reference(variant: Variant, variants: Sequence[Variant]) -> Variant | None:
     """The FF head the variant is compared with: same `n`, and the same decoder settings (lookup,
-    window, acceptance rule, draft temperature, eager or compiled) when there is one, else any FF head with the same `n`."""
+    window, acceptance rule, draft temperature, eager or compiled) when there is one, else any FF head
+    with the same `n`."""
     ffs = [v for v in variants if v.entry.info["structure"] == "ff" and v.entry.info["n"] == variant.entry.info["n"]]
     same = [v for v in ffs if _settings(v) == _settings(variant) and v.entry.lora_layers == 0]
     return (same or ffs or [None])[0]

@@ -1,6 +1,7 @@
 """What `mtpc bench` runs on: the LM and its heads loaded, and one decoder variant per head x lookup x
-verify width x acceptance rule x draft temperature x eager/compiled (`build_variants`). Shared by the per-prompt bench (`run`) and the
-batched one (`batch`); `config` stays torch-free so `mtpc bench --help` loads no torch."""
+verify width x acceptance rule x draft temperature x eager/compiled (`build_variants`). Shared by the
+per-prompt bench (`run`) and the batched one (`batch`); `config` stays torch-free so `mtpc bench
+--help` loads no torch."""
 
 from __future__ import annotations
 

@@ -348,7 +348,7 @@ class SpeculativeDecoder:
         else:
             first = logits.argmax(-1)  # [B]
         window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :n],
-                                             self._draft_temperature(target))
+                                             self.draft_temperature_for(target))
         first_tokens, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         return Pending(window, first_tokens, widths, h)
 
@@ -370,7 +370,8 @@ class SpeculativeDecoder:
         from_lookup = [False] * B
         if lookups is not None:
             for b in (b for b in range(B) if verify[b]):
-                chosen = self._lookup_window(pending, b, lookups[b], uniforms, self._draft_temperature(target))
+                chosen = self._lookup_window(pending, b, lookups[b], uniforms,
+                                             self.draft_temperature_for(target))
                 if chosen is not None:
                     window = window.with_row(b, chosen[0])
                     widths[b], lengths[b], from_lookup[b] = chosen[1], chosen[2], True
@@ -409,7 +410,8 @@ class SpeculativeDecoder:
         verdict = accept_window(target, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows, tests,
                                 window.width)
         draws = None if uniforms is None else uniforms[:, :n]
-        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws, self._draft_temperature(target))
+        nxt = self.drafter.circuit_window(verdict.hidden, verdict.next_first, draws,
+                                          self.draft_temperature_for(target))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
     def _lookup_window(self, pending: Pending, b: int, lookup: LookupState, uniforms,
@@ -427,7 +429,7 @@ class SpeculativeDecoder:
         window = self.drafter.lookup_window(pending.hidden[b], pending.first[b], tokens, width, fill, temperature)
         return window, width, length
 
-    def _draft_temperature(self, target: Target) -> float:
+    def draft_temperature_for(self, target: Target) -> float:
         """The temperature the circuit drafts at for `target` (1 when greedy: an argmax ignores it)."""
         if not target.do_sample:
             return 1.0
