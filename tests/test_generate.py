@@ -221,6 +221,26 @@ def test_a_shorter_window_stays_lossless_and_is_checked(folders, capsys):
             capsys, "--window 99: the head")
 
 
+def test_a_draft_temperature_samples_and_is_checked(folders, capsys):
+    """`--draft-temperature T` sets the temperature the circuit samples at (the decoder's default: the
+    target's); it needs a head and sampling, and a bad value is one clean error while parsing."""
+    def sampled(draft_temperature):
+        return run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="a",
+                                           max_new_tokens=40, temperature=0.7, draft_temperature=draft_temperature),
+                            out=io.StringIO(), err=io.StringIO())["stats"]["accepted_per_cycle"]
+
+    assert sampled(None) == sampled(0.7)  # the default is the target's temperature: the same draws
+    assert sampled(0.3) != sampled(None)  # another one drafts other tokens
+    assert generate(folders, "a", "--max-new-tokens", "8", "--temperature", "0.7", "--draft-temperature", "0.5") == 0
+    lm, head = str(folders / "lm"), str(folders / "head")
+    refused(["generate", "--model", lm, "a", "--temperature", "0.7", "--draft-temperature", "0.5"], capsys,
+            "give --head and a --temperature above 0")
+    refused(["generate", "--model", lm, "--head", head, "a", "--draft-temperature", "0.5"], capsys,
+            "give --head and a --temperature above 0")  # greedy: an argmax has no temperature
+    refused(["generate", "--model", lm, "--head", head, "a", "--temperature", "1", "--draft-temperature", "0"], capsys,
+            "--draft-temperature")
+
+
 def test_a_comparison_names_its_baseline():
     from mtpc.cli.generate import comparison, format_comparison
 

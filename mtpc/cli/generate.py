@@ -132,6 +132,9 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError(f"--window must be an integer >= 2 (x_0 and at least one drafted token), got {cfg.window!r}")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
+    if cfg.draft_temperature is not None and (cfg.head is None or cfg.temperature == 0):
+        raise InputError("--draft-temperature is the temperature a draft head samples at: give --head and a "
+                         "--temperature above 0")
     if cfg.threads is not None and not 1 <= cfg.threads <= MAX_THREADS:
         raise InputError(f"--threads must be in 1..{MAX_THREADS} (4 per CPU core), got {cfg.threads}")
     if 0 < cfg.temperature < MIN_TEMPERATURE:
@@ -287,7 +290,8 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         decode = _plain(base, sampling, eos)
         if head is not None:
             decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
-                                           cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code)
+                                           cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
+                                           cfg.draft_temperature)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:
@@ -436,7 +440,7 @@ def _compiled_plain(base, sampling: dict, eos: set[int], max_len: int):
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, draft_temperature: float | None = None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
     its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
     the decoder then stamps its steps (no hooks in a compiled call)."""
@@ -447,7 +451,8 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
         head.tie_to(model.get_output_embeddings())
     if lora is not None:
         model = loading.load_lora(model, lora)
-    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile)
+    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
+                                 draft_temperature=draft_temperature)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer, attention_mask=None):

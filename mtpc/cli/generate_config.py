@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import MAX_THREADS, int_in, non_negative_float, non_negative_int, positive_int, probability
+from ..checks import MAX_THREADS, int_in, non_negative_float, non_negative_int, positive_float, positive_int, probability
 from ..checks import seed as parse_seed
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
@@ -50,6 +50,10 @@ class GenerateConfig:
     window: int | None = setting(  # verify width of the circuit window, 2 .. the head's n (None: n)
         None, type=int_in(2, MAX_WINDOW), metavar="K",
         help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n (default: n)")
+    draft_temperature: float | None = setting(  # None: the decoder's default, the target's temperature
+        None, type=positive_float, metavar="T",
+        help="with --head and --temperature > 0: the temperature the circuit drafts at (default: --temperature, "
+             "as the verifier samples); any value stays lossless")
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
         False, help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph (static "
                     "caches, one graph per verify width; compiled before the first cycle)")
