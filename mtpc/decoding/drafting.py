@@ -165,8 +165,8 @@ class Drafter:
         """One row's window (`tokens` `[S]`, `rows` `[S, V]`, `width` `[]`; the decoder puts it in its
         batch): `[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its
         `n` positions when they end earlier and the circuit can observe them all. `h` `[d]`; `width`: the
-        verify width; `uniforms` `[n]` and `temperature` as for `circuit_window`. Eager (a lookup window's prefix length
-        varies)."""
+        verify width; `uniforms` `[n]` and `temperature` as for `circuit_window`. Eager (a lookup window's
+        prefix length varies)."""
         given = [first] + proposal
         device = h.device
         prefix = torch.tensor(given, dtype=torch.long, device=device)
