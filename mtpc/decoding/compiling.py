@@ -6,15 +6,25 @@ slots a call attends over grows cycle by cycle (`dynamic_length`), and one graph
 compiles inductor on the CPU (with its C++ wrapper: at batch 1 the
 Python wrapper's per-call cost is a visible part of a step); on CUDA `mode="reduce-overhead"`, i.e.
 CUDA graphs, whose outputs live in memory the next replay overwrites, so they are copied out.
+
+On the CPU the decoder's cycle step is compiled ahead of time (`precompiled_step`) and kept on disk:
+inductor's own cache keeps the kernels between processes, but dynamo would trace the step again in
+every process (2-3 s of a `mtpc generate --compile` run), so the traced step, its guards and its
+kernels are saved together and a later process loads them instead.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import hashlib
+import os
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "compile_step", "dynamic_length"]
+__all__ = ["CPU_OPTIONS", "compile_step", "dynamic_length", "precompiled_step", "step_store"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
@@ -58,3 +68,107 @@ def dynamic_length(t: torch.Tensor) -> torch.Tensor:
     (one graph for every length, where `dynamic=False` would compile one per length)."""
     torch._dynamo.mark_dynamic(t, 0)
     return t
+
+
+def step_store() -> Path:
+    """Where precompiled steps are kept: `mtpc-steps` in inductor's cache folder (`TORCHINDUCTOR_CACHE_DIR`,
+    by default a folder of the system's temporary directory), so clearing one clears both."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "mtpc-steps"
+
+
+def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic: Sequence[torch.Tensor] = (),
+                     store: Path | None = None) -> Callable:
+    """`step` (a bound method: a pure step of fixed-shape tensors, one graph) compiled ahead of time on
+    the CPU for calls like `step(*args)`, loaded from `store` (default `step_store()`) when an earlier
+    process saved it, else compiled there and saved. `identity` names everything the traced step depends
+    on besides the library's source and torch, transformers, peft and Python versions (which the file
+    name hashes as well) and what its guards check on every call (the arguments' shapes, dtypes and the
+    constants it read): the model's and the head's configurations and the variant; None when the step
+    runs code none of those name (a user's own model class, say): it is then compiled for this process
+    only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
+    (`dynamic_length`; marked only to compile: a loaded step's guards refuse marked tensors). A stored step
+    that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
+    torch cannot save is compiled by `compile_step` (traced again in each process)."""
+    owner, function = step.__self__, step.__func__
+    path = None if identity is None else (store or step_store()) / f"{_step_key(function, identity)}.bin"
+    compiled = None if path is None else _load(path, function, owner, args)
+    if compiled is not None:
+        return partial(compiled, owner)
+    for tensor in dynamic:
+        dynamic_length(tensor)
+    unsaved = None if path is None else path.with_suffix(".unsaved")
+    if unsaved is None or not unsaved.exists():
+        try:
+            compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
+                ((owner, *args), {}))
+        except Exception:  # noqa: BLE001 -- torch could not keep this step's guards (see below)
+            _save(None, unsaved)
+        else:
+            if path is not None:
+                _save(compiled, path)
+            return partial(compiled, owner)
+    # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
+    # version): those are traced in every process, as any step was before, and a marker file says so
+    return compile_step(step, cuda=False)
+
+
+def _save(compiled, path: Path | None) -> None:
+    """Save `compiled` at `path` (None: an empty marker file; no `path`: nothing to save)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if compiled is None:
+            path.touch()
+        else:
+            compiled.save_compiled_function(str(path))  # written to a temporary file, then renamed
+    except OSError:  # a read-only cache: this process still has its step
+        pass
+
+
+def _load(path: Path, function: Callable, owner, args: tuple):
+    """The step stored at `path` if it loads and its guards accept `(owner, *args)`, else None. Loading
+    unpickles the file, so it is read only when this user wrote it and no one else can write it, the trust
+    inductor gives the kernels beside it."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    if status.st_uid != os.getuid() or status.st_mode & 0o022 or not path.is_file():
+        return None
+    import torch._inductor.config as inductor_config
+
+    try:
+        with path.open("rb") as file, inductor_config.patch(CPU_OPTIONS):
+            compiled = torch.compiler.load_compiled_function(file, f_globals=sys.modules[function.__module__].__dict__)
+        return compiled if compiled.guard_check(owner, *args) else None
+    except Exception:  # noqa: BLE001 -- a stale or damaged file, whatever torch raises for it: compile afresh
+        return None
+
+
+def _step_key(function: Callable, identity: str) -> str:
+    """A hash of `identity`, the step's name, the versions it was compiled under and the source of the
+    packages a traced step reads (mtpc and circuitc)."""
+    import peft
+    import transformers
+
+    digest = hashlib.sha256()
+    for part in (identity, function.__qualname__, torch.__version__, transformers.__version__, peft.__version__,
+                 sys.version,
+                 str(torch.get_num_threads()), repr(sorted(CPU_OPTIONS.items()))):
+        digest.update(part.encode() + b"\0")
+    digest.update(_source_digest())
+    return digest.hexdigest()[:32]
+
+
+def _source_digest() -> bytes:
+    """A hash of every Python file of the packages a step's code comes from (this one and circuitc)."""
+    import circuitc
+
+    digest = hashlib.sha256()
+    for package in (Path(__file__).resolve().parent.parent, Path(circuitc.__file__).resolve().parent):
+        for file in sorted(package.rglob("*.py")):
+            digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
+    return digest.digest()

@@ -59,7 +59,7 @@ from circuitc.draft import inverse_cdf
 from ..heads import MTPHead
 from .acceptance import AcceptanceRule, BlockVerification, Target, accept_window, cycle_uniforms
 from .backbone import SplitBackbone, lora_depth
-from .compiling import compile_step, dynamic_length
+from .compiling import compile_step, dynamic_length, precompiled_step
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
 from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
@@ -132,6 +132,15 @@ class DecodeStats:
                 "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
                 "width_per_cycle": list(self.width_per_cycle), "rows_per_cycle": list(self.rows_per_cycle),
                 "lookup_cycles": self.lookup_cycles}
+
+
+class CompiledSteps(dict):
+    """A decoder's compiled step variants, `{variant key: step}`. They belong to the process: a pickled
+    copy is empty (saving a precompiled step pickles the decoder it reads, with its guards' values, and
+    the steps compiled before it do not pickle)."""
+
+    def __reduce__(self):
+        return CompiledSteps, ()
 
 
 @dataclass
@@ -217,7 +226,8 @@ class SpeculativeDecoder:
     positions as its own draft's probabilities justify (measured against fixed widths in
     docs/results.md). `compile`: run the cycle step through
     `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
-    later generation. `acceptance`: the speculative-sampling rule (default `BlockVerification`, which
+    later generation; on the CPU each compiled step is also kept on disk and a later process loads it
+    instead of tracing it again (`mtpc.decoding.compiling.precompiled_step`). `acceptance`: the speculative-sampling rule (default `BlockVerification`, which
     keeps more tokens than the token-by-token `AcceptanceRule()`; replace it only to compare the two or
     to study wrong rules). `draft_temperature`: the temperature the circuit's conditionals are sampled
     at when sampling (None, the default: the target's own `temperature`, so a circuit distilled at
@@ -254,9 +264,7 @@ class SpeculativeDecoder:
         self.n = head.num_variables
         self.verifier = Verifier(self.backbone)
         self.compile = compile
-        cuda = self.backbone.parts.lm_head.weight.is_cuda
-        self._compiled_step = compile_step(self.cycle_step, cuda) if compile else None
-        self._compiled: set[tuple] = set()  # step variants compiled in a warm-up (see `_variant`)
+        self._compiled = CompiledSteps()  # step variants compiled in a warm-up (see `_variant`)
         self.host_reads = HostReads()
 
     @property
@@ -486,8 +494,7 @@ class SpeculativeDecoder:
     def _step_for(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int):
         """The compiled step if this variant was compiled in a warm-up, else the eager one: a cycle never
         compiles."""
-        key = self._variant(target, eos_ids, width, batch)
-        return self._compiled_step if key in self._compiled else self.cycle_step
+        return self._compiled.get(self._variant(target, eos_ids, width, batch), self.cycle_step)
 
     def _variant(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int) -> tuple:
         # a compiled step specialises on the target, the EOS count, the verify width, the batch size and the
@@ -507,14 +514,37 @@ class SpeculativeDecoder:
             key = self._variant(target, eos_ids, width, B)
             if key in self._compiled:
                 continue
+            places = self.verifier.places(width)
+            args = (target, window, places, torch.full((B,), width, device=h.device), eos_ids, uniforms)
             # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
             # them built would be recompiled on the next call
-            places = self.verifier.places(width)
-            dynamic_length(places.kv_slots)  # every later cycle attends over more slots: one graph for all
-            for step in (self.cycle_step, self._compiled_step):
-                limit = torch.full((B,), width, device=h.device)
-                step(target, window, places, limit, eos_ids, uniforms)
-            self._compiled.add(key)
+            self.cycle_step(*args)
+            # every later cycle attends over more slots (`places.kv_slots`): one graph for all
+            if h.is_cuda:
+                step = compile_step(self.cycle_step, cuda=True)
+                dynamic_length(places.kv_slots)
+            else:
+                step = precompiled_step(self.cycle_step, args, self._identity(key), dynamic=[places.kv_slots])
+            step(*args)
+            self._compiled[key] = step
+
+    def _identity(self, variant: tuple) -> str | None:
+        """What a compiled variant of the step depends on besides the tensors its guards check (see
+        `precompiled_step`): the model's and the head's configurations, the decoder's settings, the variant.
+        None when the step runs code of a class outside mtpc, transformers and peft (a user's acceptance
+        rule or model family, a model's remote code), whose changes the stored step would not notice."""
+        parts = (self.backbone.model, self.backbone.family, self.acceptance, self.head)
+        if not all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts):
+            return None
+        config = self.backbone.model.config.to_dict()
+        config.pop("_name_or_path", None)
+        head = self.head
+        # the allocation count only tells this process's caches apart; their length is what a step specialises on
+        target, eos_count, _, width, batch = variant
+        return repr((sorted(config.items(), key=repr), type(head).__name__, head.options, head.hidden_size,
+                     str(head.dtype), head.circ.plan.to_json(), self.backbone.k, self.lookup,
+                     type(self.acceptance).__name__, vars(self.acceptance), self.draft_temperature, self.widths,
+                     self.span, self.verifier.max_len, target, eos_count, width, batch))
 
     # ----------------------------------------------------------------- transformers integration
 

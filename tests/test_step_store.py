@@ -1,0 +1,88 @@
+"""The compiled cycle step kept on disk (`mtpc.decoding.compiling.precompiled_step`): a later process (here a
+later decoder) loads the traced step instead of tracing it again, the loaded step reads the weights of the
+decoder it runs for (none are baked in), and a stored file that is damaged, writable by others, or whose
+guards refuse the call is compiled again."""
+
+import os
+
+import pytest
+import torch
+
+from mtpc import SpeculativeDecoder
+from mtpc.decoding.compiling import precompiled_step
+from test_decode import cyclic_lm, oracle_tables, prompts, random_head
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Scale:
+    """A step of the shape the decoder's is: a method reading its owner's tensor."""
+
+    def __init__(self, k: float):
+        self.k = torch.tensor(k)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * self.k
+
+
+def no_compiling(*args, **kwargs):
+    raise AssertionError("a stored step was compiled again")
+
+
+@pytest.mark.slow  # a cold compile of the whole step: 20 s
+def test_a_second_decoder_loads_the_step_and_runs_its_own_weights(monkeypatch):
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    first = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    ids = prompts(vocab, 1, seed=9)[0]
+    SpeculativeDecoder(model, first, compile=True).generate(ids, 9, do_sample=True)  # compiled, or loaded
+    second = random_head("btree", n, vocab, seed=4, std=0.3, init_from=oracle_tables(model, n))  # other weights
+    eager = SpeculativeDecoder(model, second).generate(ids, 19, do_sample=True,
+                                                       generator=torch.Generator().manual_seed(5))
+    monkeypatch.setattr(torch, "compile", no_compiling)
+    loaded = SpeculativeDecoder(model, second, compile=True).generate(ids, 19, do_sample=True,
+                                                                       generator=torch.Generator().manual_seed(5))
+    assert torch.equal(loaded.sequences, eager.sequences)
+    assert eager.stats.accepted_per_cycle != []
+
+
+def counting_compiles(monkeypatch) -> list:
+    compile_, compiles = torch.compile, []
+
+    def counted(*args, **kwargs):
+        compiles.append(1)
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", counted)
+    return compiles
+
+
+def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path, monkeypatch):
+    x = torch.linspace(-1, 1, 6)
+    step = precompiled_step(Scale(2.0).step, (x,), "scale", store=tmp_path)
+    assert torch.allclose(step(x), torch.sin(x) * 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "compile", no_compiling)
+        assert torch.allclose(precompiled_step(Scale(3.0).step, (x,), "scale", store=tmp_path)(x), torch.sin(x) * 3)
+    compiles = counting_compiles(monkeypatch)
+    y = torch.linspace(-1, 1, 7)  # a shape the stored step's guards refuse: compiled for it
+    assert torch.allclose(precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)(y), torch.sin(y) * 3)
+    assert len(compiles) == 1
+
+
+@pytest.mark.slow
+def test_a_stored_step_that_cannot_be_trusted_is_compiled_again(tmp_path, monkeypatch):
+    y = torch.linspace(-1, 1, 7)
+    precompiled_step(Scale(2.0).step, (y,), "scale", store=tmp_path)
+    [stored] = tmp_path.iterdir()
+    compiles = counting_compiles(monkeypatch)
+    os.chmod(stored, 0o666)  # others could have written it: not unpickled
+    precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)
+    stored.write_bytes(b"not a pickle")
+    os.chmod(stored, 0o600)
+    precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)
+    assert len(compiles) == 2
+    precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)  # the last one stored a good file again
+    assert len(compiles) == 2
+    precompiled_step(Scale(3.0).step, (y,), None, store=tmp_path / "none")  # nothing names its code: not stored
+    assert len(compiles) == 3 and not (tmp_path / "none").exists()
