@@ -98,20 +98,21 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
         return partial(compiled, owner)
     for tensor in dynamic:
         dynamic_length(tensor)
-    unsaved = None if path is None else path.with_suffix(".unsaved")
-    if unsaved is None or not unsaved.exists():
-        try:
-            compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
-                ((owner, *args), {}))
-        except Exception:  # noqa: BLE001 -- torch could not keep this step's guards (see below)
-            _save(None, unsaved)
-        else:
-            if path is not None:
-                _save(compiled, path)
-            return partial(compiled, owner)
     # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
-    # version): those are traced in every process, as any step was before, and a marker file says so
-    return compile_step(step, cuda=False)
+    # version): those are traced in every process, as every step was before, and a marker file says so
+    unsaved = None if path is None else path.with_suffix(".unsaved")
+    if unsaved is not None and unsaved.exists():
+        return compile_step(step, cuda=False)
+    try:
+        compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
+            ((owner, *args), {}))
+    except torch._dynamo.exc.PackageError:
+        _save(None, unsaved)
+        return compile_step(step, cuda=False)
+    except Exception:  # noqa: BLE001 -- an experimental API: anything else it raises, the step compiles as before
+        return compile_step(step, cuda=False)
+    _save(compiled, path)
+    return partial(compiled, owner)
 
 
 def _save(compiled, path: Path | None) -> None:
@@ -156,8 +157,7 @@ def _step_key(function: Callable, identity: str) -> str:
 
     digest = hashlib.sha256()
     for part in (identity, function.__qualname__, torch.__version__, transformers.__version__, peft.__version__,
-                 sys.version,
-                 str(torch.get_num_threads()), repr(sorted(CPU_OPTIONS.items()))):
+                 sys.version, str(torch.get_num_threads()), repr(sorted(CPU_OPTIONS.items()))):
         digest.update(part.encode() + b"\0")
     digest.update(_source_digest())
     return digest.hexdigest()[:32]
