@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtpc import SpeculativeDecoder
+from mtpc.decoding import AdaptiveWidth
 from mtpc.decoding.compiling import precompiled_step
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head
 
@@ -68,6 +69,29 @@ def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path
     y = torch.linspace(-1, 1, 7)  # a shape the stored step's guards refuse: compiled for it
     assert torch.allclose(precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)(y), torch.sin(y) * 3)
     assert len(compiles) == 1
+    # guards checked once for a run of calls of one shape: the step without them, or None when they refuse
+    assert step.checked(y) is None and torch.allclose(step.checked(x)(x), torch.sin(x) * 2)
+
+
+@pytest.mark.slow  # two cold compiles of the whole step
+def test_a_compiled_decoder_checks_its_steps_guards_at_each_generation():
+    """A generation runs its steps without per-call guards, so each generation checks them first: here a
+    constant the step was traced with (the adaptive width's cost of a verified position) changes between
+    two generations of the same variant, and the second compiles again and decodes as the eager decoder
+    does (the first graph would choose widths by the old cost)."""
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    ids = prompts(vocab, 1, seed=9)[0]
+    decoder = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=0.0), compile=True)
+    decoder.generate(ids, 9, do_sample=True)
+    decoder.drafter.position_cost = 2.0  # every window now verifies its narrowest width
+    sample = {"do_sample": True, "generator": torch.Generator().manual_seed(2)}
+    again = decoder.generate(ids, 19, **sample)
+    eager = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=2.0))
+    sample["generator"] = torch.Generator().manual_seed(2)
+    assert torch.equal(again.sequences, eager.generate(ids, 19, **sample).sequences)
+    assert set(again.stats.width_per_cycle) <= {0, 2}
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ from circuitc.draft import inverse_cdf
 from ..heads import MTPHead
 from .acceptance import AcceptanceRule, BlockVerification, Target, accept_window, cycle_uniforms
 from .backbone import SplitBackbone, lora_depth
-from .compiling import compile_step, dynamic_length, precompiled_step
+from .compiling import CompiledStep, compile_step, dynamic_length, precompiled_step
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
 from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
@@ -265,6 +265,7 @@ class SpeculativeDecoder:
         self.verifier = Verifier(self.backbone)
         self.compile = compile
         self._compiled = CompiledSteps()  # step variants compiled in a warm-up (see `_variant`)
+        self._ready = CompiledSteps()  # the variants this generation runs, their guards checked once (`_warm`)
         self.host_reads = HostReads()
 
     @property
@@ -494,39 +495,51 @@ class SpeculativeDecoder:
     def _step_for(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int):
         """The compiled step if this variant was compiled in a warm-up, else the eager one: a cycle never
         compiles."""
-        return self._compiled.get(self._variant(target, eos_ids, width, batch), self.cycle_step)
+        return self._ready.get(self._variant(target, eos_ids, width, batch), self.cycle_step)
 
     def _variant(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int) -> tuple:
-        # a compiled step specialises on the target, the EOS count, the verify width, the batch size and the
-        # cache tensors it writes (new ones after every allocation)
-        return target, eos_ids.numel(), self.verifier.allocations, width, batch
+        # a compiled step specialises on the target, the EOS count, the verify width, the batch size, the
+        # cache tensors it writes (new ones after every allocation) and the weights' dtypes (which a stored
+        # step's guards do not check)
+        dtypes = next(self.backbone.model.parameters()).dtype, self.head.dtype
+        return target, eos_ids.numel(), self.verifier.allocations, width, batch, dtypes
 
     def _warm(self, h: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
-        """Compile now, on this generation's caches and on inputs of the cycles' shapes, the step variant
-        of every verify width this decoder's windows take. The rows written here are overwritten by the
-        first cycle."""
+        """Make ready, on this generation's caches and on inputs of the cycles' shapes, the step variant of
+        every verify width this decoder's windows take: compiled now if no earlier generation compiled it,
+        and its guards checked once (every cycle of a generation has these inputs' shapes and constants;
+        only the attended length grows, the compiled step's one dynamic dimension). The rows written here
+        are overwritten by the first cycle."""
         B = h.shape[0]
         widths = set(self.widths) | ({self.span} if self.lookup is not None else set())
         uniforms = self._uniforms(target, None, h)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
         window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :self.n])
+        self._ready.clear()
         for width in sorted(widths):
             key = self._variant(target, eos_ids, width, B)
-            if key in self._compiled:
-                continue
             places = self.verifier.places(width)
             args = (target, window, places, torch.full((B,), width, device=h.device), eos_ids, uniforms)
-            # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw
-            # them built would be recompiled on the next call
-            self.cycle_step(*args)
-            # every later cycle attends over more slots (`places.kv_slots`): one graph for all
-            if h.is_cuda:
-                step = compile_step(self.cycle_step, cuda=True)
-                dynamic_length(places.kv_slots)
-            else:
-                step = precompiled_step(self.cycle_step, args, self._identity(key), dynamic=[places.kv_slots])
-            step(*args)
-            self._compiled[key] = step
+            ready = self._compiled[key].checked(*args) if key in self._compiled else None
+            if ready is None:  # not compiled yet, or its guards refuse (the model's tensors changed since)
+                self._compiled[key] = self._compile(key, args)
+                ready = self._compiled[key].checked(*args)
+            self._ready[key] = ready
+
+    def _compile(self, key: tuple, args: tuple) -> CompiledStep:
+        """The step compiled for `args` (their `places.kv_slots` length left dynamic: every later cycle
+        attends over more slots, one graph serves them all)."""
+        places = args[2]
+        # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw them
+        # built would be recompiled on the next call
+        self.cycle_step(*args)
+        if places.kv_slots.is_cuda:
+            dynamic_length(places.kv_slots)
+            step = CompiledStep(self, traced=compile_step(self.cycle_step, cuda=True))
+        else:
+            step = precompiled_step(self.cycle_step, args, self._identity(key), dynamic=[places.kv_slots])
+        step(*args)
+        return step
 
     def _identity(self, variant: tuple) -> str | None:
         """What a compiled variant of the step depends on besides the tensors its guards check (see
@@ -540,11 +553,12 @@ class SpeculativeDecoder:
         config.pop("_name_or_path", None)
         head = self.head
         # the allocation count only tells this process's caches apart; their length is what a step specialises on
-        target, eos_count, _, width, batch = variant
-        return repr((sorted(config.items(), key=repr), type(head).__name__, head.options, head.hidden_size,
+        target, eos_count, _, width, batch, _ = variant
+        dtype = next(self.backbone.model.parameters()).dtype  # the config keeps the dtype it was saved in
+        return repr((sorted(config.items(), key=repr), str(dtype), type(head).__name__, head.options, head.hidden_size,
                      str(head.dtype), head.circ.plan.to_json(), self.backbone.k, self.lookup,
                      type(self.acceptance).__name__, vars(self.acceptance), self.draft_temperature, self.widths,
-                     self.span, self.verifier.max_len, target, eos_count, width, batch))
+                     self.drafter.position_cost, self.span, self.verifier.max_len, target, eos_count, width, batch))
 
     # ----------------------------------------------------------------- transformers integration
 
