@@ -125,6 +125,23 @@ def test_bench_cycle_compiled(lab, tmp_path):
     assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
 
 
+@pytest.mark.slow  # compiles a cycle step
+def test_bench_guards_times_both_ways_and_writes_json(lab, tmp_path, capsys):
+    out = tmp_path / "guards.json"
+    script("bench_guards").main(["--model", lab["model"], "--heads", lab["heads"]["btree4"], "--rounds", "2",
+                                 "--calls", "3", "--out", str(out)])
+    [record] = json.loads(out.read_text())["records"]
+    assert record["per_call_ms"] > 0 and record["per_generation_ms"] > 0 and len(record["per_call"]) == 2
+    assert record["ratio_min"] <= record["ratio"] <= record["ratio_max"]
+    assert re.search(r"^btree4 +[\d.]+ +[\d.]+ +[\d.]+", capsys.readouterr().out, re.M)
+
+
+def test_bench_guards_refuses_no_rounds():
+    with pytest.raises(SystemExit) as refused:
+        script("bench_guards").main(["--rounds", "0"])
+    assert refused.value.code == 2
+
+
 @pytest.mark.slow
 def test_bench_startup_times_generate_with_and_without_compile(lab, tmp_path, capsys):
     out = tmp_path / "startup.json"

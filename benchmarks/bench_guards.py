@@ -1,0 +1,116 @@
+"""What a compiled cycle saves by checking its guards once per generation instead of on every call.
+
+For each head (default: the shipped `models/heads/ff8` and `models/heads/btree8-r8` on `models/byte-lm`),
+the decoder's cycle step is compiled ahead of time for one sampled cycle after a prompt
+(`mtpc.decoding.compiling.precompiled_step`, not stored), then called alternately, `--calls` times per
+round over `--rounds` rounds, two ways:
+
+- `per call`: `step(*args)`, the compiled step checking its guards on every call (what every compiled
+  call did before: torch.compile's own wrapper checks them too);
+- `per generation`: `step.checked(*args)`, the guards checked once, then the step without them (what a
+  compiled generation's cycles now run).
+
+Prints the median milliseconds per call of each, their ratio, and the ratio's spread over rounds;
+`--out FILE` writes them as JSON. Nothing is committed between calls: each call writes the same slots.
+
+Usage:
+    python benchmarks/bench_guards.py [--model models/byte-lm] [--heads ...] [--threads 1] [--rounds 15]
+        [--calls 50] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from mtpc import SpeculativeDecoder, load_head  # noqa: E402
+from mtpc.decoding import Target  # noqa: E402
+from mtpc.decoding.acceptance import cycle_uniforms  # noqa: E402
+from mtpc.decoding.compiling import precompiled_step  # noqa: E402
+from mtpc.loading import load_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n"
+
+
+def cycle_arguments(decoder: SpeculativeDecoder, target: Target) -> tuple:
+    """The arguments of one sampled cycle at the full width after `PROMPT`."""
+    ids = torch.tensor([list(PROMPT)])
+    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
+    uniforms = cycle_uniforms(1, 2 * decoder.n + decoder.span, None, h.device)
+    first = target.probs(logits).argmax(-1)  # [1]
+    window = decoder.drafter.circuit_window(h, first, uniforms[:, :decoder.n])
+    width = decoder.width
+    return target, window, decoder.verifier.places(width), torch.tensor([width]), torch.tensor([-1]), uniforms
+
+
+def per_call_ms(step, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+@torch.no_grad()
+def measure(decoder: SpeculativeDecoder, rounds: int, calls: int) -> dict:
+    target = Target(do_sample=True)
+    args = cycle_arguments(decoder, target)
+    decoder.cycle_step(*args)  # eagerly first, as the decoder's warm-up does
+    compiled = precompiled_step(decoder.cycle_step, args, None, dynamic=[args[2].kv_slots])
+    unguarded = compiled.checked(*args)
+    ways = {"per_call": lambda: compiled(*args), "per_generation": lambda: unguarded(*args)}
+    for way in ways.values():
+        per_call_ms(way, 10)
+    times = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            times[name].append(per_call_ms(way, calls))
+    ratios = [a / b for a, b in zip(times["per_call"], times["per_generation"])]
+    return {"per_call_ms": statistics.median(times["per_call"]),
+            "per_generation_ms": statistics.median(times["per_generation"]),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios), **times}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
+    parser.add_argument("--heads", nargs="+", default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--out", default=None, help="write the results as JSON here (default: print only)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be at least 1")
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    records = []
+    for head_dir in args.heads:
+        decoder = SpeculativeDecoder(model, load_head(head_dir).eval())
+        records.append({"head": Path(head_dir).name, **measure(decoder, args.rounds, args.calls)})
+    print(f"one compiled sampled cycle step, threads={args.threads}, median ms per call over {args.rounds} rounds "
+          f"of {args.calls} calls")
+    print(f"{'head':<14}{'per call':>10}{'per generation':>16}{'ratio':>8}{'range':>14}")
+    for r in records:
+        print(f"{r['head']:<14}{r['per_call_ms']:>10.3f}{r['per_generation_ms']:>16.3f}{r['ratio']:>8.3f}"
+              f"{r['ratio_min']:>7.2f}-{r['ratio_max']:.2f}")
+    result = {"threads": args.threads, "rounds": args.rounds, "calls": args.calls, "model": Path(args.model).name,
+              "torch": torch.__version__, "records": records}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
