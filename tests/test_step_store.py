@@ -78,7 +78,8 @@ def test_a_compiled_decoder_checks_its_steps_guards_at_each_generation():
     """A generation runs its steps without per-call guards, so each generation checks them first: here a
     constant the step was traced with (the adaptive width's cost of a verified position) changes between
     two generations of the same variant, and the second compiles again and decodes as the eager decoder
-    does (the first graph would choose widths by the old cost)."""
+    does (the first graph would choose widths by the old cost); then the head's weights change dtype, and
+    the third decodes as the eager decoder does too."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
@@ -92,6 +93,11 @@ def test_a_compiled_decoder_checks_its_steps_guards_at_each_generation():
     sample["generator"] = torch.Generator().manual_seed(2)
     assert torch.equal(again.sequences, eager.generate(ids, 19, **sample).sequences)
     assert set(again.stats.width_per_cycle) <= {0, 2}
+    head.to(torch.float64)  # weights of another dtype, which the guards torch saves do not check
+    sample["generator"] = torch.Generator().manual_seed(3)
+    wider = decoder.generate(ids, 19, **sample)
+    sample["generator"] = torch.Generator().manual_seed(3)
+    assert torch.equal(wider.sequences, eager.generate(ids, 19, **sample).sequences)
 
 
 @pytest.mark.slow

@@ -264,7 +264,7 @@ class SpeculativeDecoder:
         self.n = head.num_variables
         self.verifier = Verifier(self.backbone)
         self.compile = compile
-        self._compiled = CompiledSteps()  # step variants compiled in a warm-up (see `_variant`)
+        self._compiled = CompiledSteps()  # step variants compiled in a warm-up (see `_variant`, `_weights`)
         self._ready = CompiledSteps()  # the variants this generation runs, their guards checked once (`_warm`)
         self.host_reads = HostReads()
 
@@ -498,11 +498,16 @@ class SpeculativeDecoder:
         return self._ready.get(self._variant(target, eos_ids, width, batch), self.cycle_step)
 
     def _variant(self, target: Target, eos_ids: torch.Tensor, width: int, batch: int) -> tuple:
-        # a compiled step specialises on the target, the EOS count, the verify width, the batch size, the
-        # cache tensors it writes (new ones after every allocation) and the weights' dtypes (which a stored
-        # step's guards do not check)
-        dtypes = next(self.backbone.model.parameters()).dtype, self.head.dtype
-        return target, eos_ids.numel(), self.verifier.allocations, width, batch, dtypes
+        # a compiled step specialises on the target, the EOS count, the verify width, the batch size and the
+        # cache tensors it writes (new ones after every allocation)
+        return target, eos_ids.numel(), self.verifier.allocations, width, batch
+
+    def _weights(self) -> tuple:
+        """The shape, dtype and device of every parameter and buffer of the model and the head: what a
+        compiled step also specialises on, and its guards (as torch saves them) do not check."""
+        tensors = [*self.backbone.model.named_parameters(), *self.backbone.model.named_buffers(),
+                   *self.head.named_parameters(), *self.head.named_buffers()]
+        return tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
 
     def _warm(self, h: torch.Tensor, target: Target, eos_ids: torch.Tensor) -> None:
         """Make ready, on this generation's caches and on inputs of the cycles' shapes, the step variant of
@@ -516,17 +521,19 @@ class SpeculativeDecoder:
         first = torch.zeros(B, dtype=torch.long, device=h.device)
         window = self.drafter.circuit_window(h, first, None if uniforms is None else uniforms[:, :self.n])
         self._ready.clear()
+        weights = self._weights()
         for width in sorted(widths):
             key = self._variant(target, eos_ids, width, B)
             places = self.verifier.places(width)
             args = (target, window, places, torch.full((B,), width, device=h.device), eos_ids, uniforms)
-            ready = self._compiled[key].checked(*args) if key in self._compiled else None
-            if ready is None:  # not compiled yet, or its guards refuse (the model's tensors changed since)
-                self._compiled[key] = self._compile(key, args)
-                ready = self._compiled[key].checked(*args)
+            compiled = self._compiled.get((key, weights))
+            ready = None if compiled is None else compiled.checked(*args)
+            if ready is None:  # not compiled yet, or its guards refuse (a constant it read changed since)
+                self._compiled[key, weights] = compiled = self._compile(key, weights, args)
+                ready = compiled.checked(*args)
             self._ready[key] = ready
 
-    def _compile(self, key: tuple, args: tuple) -> CompiledStep:
+    def _compile(self, key: tuple, weights: tuple, args: tuple) -> CompiledStep:
         """The step compiled for `args` (their `places.kv_slots` length left dynamic: every later cycle
         attends over more slots, one graph serves them all)."""
         places = args[2]
@@ -537,13 +544,14 @@ class SpeculativeDecoder:
             dynamic_length(places.kv_slots)
             step = CompiledStep(self, traced=compile_step(self.cycle_step, cuda=True))
         else:
-            step = precompiled_step(self.cycle_step, args, self._identity(key), dynamic=[places.kv_slots])
+            step = precompiled_step(self.cycle_step, args, self._identity(key, weights), dynamic=[places.kv_slots])
         step(*args)
         return step
 
-    def _identity(self, variant: tuple) -> str | None:
+    def _identity(self, variant: tuple, weights: tuple) -> str | None:
         """What a compiled variant of the step depends on besides the tensors its guards check (see
-        `precompiled_step`): the model's and the head's configurations, the decoder's settings, the variant.
+        `precompiled_step`): the model's and the head's configurations and weights' shapes and dtypes, the
+        decoder's settings, the variant.
         None when the step runs code of a class outside mtpc, transformers and peft (a user's acceptance
         rule or model family, a model's remote code), whose changes the stored step would not notice."""
         parts = (self.backbone.model, self.backbone.family, self.acceptance, self.head)
@@ -553,9 +561,8 @@ class SpeculativeDecoder:
         config.pop("_name_or_path", None)
         head = self.head
         # the allocation count only tells this process's caches apart; their length is what a step specialises on
-        target, eos_count, _, width, batch, _ = variant
-        dtype = next(self.backbone.model.parameters()).dtype  # the config keeps the dtype it was saved in
-        return repr((sorted(config.items(), key=repr), str(dtype), type(head).__name__, head.options, head.hidden_size,
+        target, eos_count, _, width, batch = variant
+        return repr((sorted(config.items(), key=repr), weights, type(head).__name__, head.options, head.hidden_size,
                      str(head.dtype), head.circ.plan.to_json(), self.backbone.k, self.lookup,
                      type(self.acceptance).__name__, vars(self.acceptance), self.draft_temperature, self.widths,
                      self.drafter.position_cost, self.span, self.verifier.max_len, target, eos_count, width, batch))
