@@ -83,7 +83,8 @@ def measure(decoder: SpeculativeDecoder, rounds: int, calls: int) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
-    parser.add_argument("--heads", nargs="+", default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
+    parser.add_argument("--heads", nargs="+",
+                        default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=50)

@@ -108,7 +108,8 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     process saved it, else compiled there and saved. `identity` names everything the traced step depends
     on besides the library's source and torch, transformers, peft and Python versions (which the file
     name hashes as well) and what its guards check on every call (the arguments' shapes, dtypes and the
-    constants it read): the model's and the head's configurations and the variant; None when the step
+    constants it read): the model's and the head's configurations and weights' shapes and dtypes, the
+    variant; None when the step
     runs code none of those name (a user's own model class, say): it is then compiled for this process
     only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
     (`dynamic_length`; marked only to compile: a loaded step's guards refuse marked tensors). A stored step
@@ -166,7 +167,8 @@ def _load(path: Path, function: Callable, owner, args: tuple):
 
     try:
         with path.open("rb") as file, inductor_config.patch(CPU_OPTIONS):
-            compiled = torch.compiler.load_compiled_function(file, f_globals=sys.modules[function.__module__].__dict__)
+            scope = sys.modules[function.__module__].__dict__  # the globals the step's code reads
+            compiled = torch.compiler.load_compiled_function(file, f_globals=scope)
         return compiled if compiled.guard_check(owner, *args) else None
     except Exception:  # noqa: BLE001 -- a stale or damaged file, whatever torch raises for it: compile afresh
         return None

@@ -227,10 +227,10 @@ class SpeculativeDecoder:
     docs/results.md). `compile`: run the cycle step through
     `torch.compile`, one graph per verify width, compiled before the first cycle and kept for every
     later generation; on the CPU each compiled step is also kept on disk and a later process loads it
-    instead of tracing it again (`mtpc.decoding.compiling.precompiled_step`). `acceptance`: the speculative-sampling rule (default `BlockVerification`, which
-    keeps more tokens than the token-by-token `AcceptanceRule()`; replace it only to compare the two or
-    to study wrong rules). `draft_temperature`: the temperature the circuit's conditionals are sampled
-    at when sampling (None, the default: the target's own `temperature`, so a circuit distilled at
+    instead of tracing it again (`mtpc.decoding.compiling.precompiled_step`). `acceptance`: the
+    speculative-sampling rule (default `BlockVerification`, which keeps more tokens than the
+    token-by-token `AcceptanceRule()`; replace it only to compare the two or to study wrong rules).
+    `draft_temperature`: the temperature the circuit's conditionals are sampled at when sampling (None, the default: the target's own `temperature`, so a circuit distilled at
     T = 1 is sharpened as the verifier is; a number: always that one, 1 for the circuit as trained).
     Any draft temperature is exact: the windows carry the tempered conditionals they were drawn from.
     `family`: a `BackboneFamily` for a model family mtpc does not know.
@@ -530,7 +530,8 @@ class SpeculativeDecoder:
             ready = None if compiled is None else compiled.checked(*args)
             if ready is None:  # not compiled yet, or its guards refuse (a constant it read changed since)
                 self._compiled[key, weights] = compiled = self._compile(key, weights, args)
-                ready = compiled.checked(*args)
+                # a step is not refused by its own arguments; if it were, it would run with its guards
+                ready = compiled.checked(*args) or compiled
             self._ready[key] = ready
 
     def _compile(self, key: tuple, weights: tuple, args: tuple) -> CompiledStep:
