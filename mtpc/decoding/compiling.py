@@ -109,9 +109,8 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     on besides the library's source and torch, transformers, peft and Python versions (which the file
     name hashes as well) and what its guards check on every call (the arguments' shapes, dtypes and the
     constants it read): the model's and the head's configurations and weights' shapes and dtypes, the
-    variant; None when the step
-    runs code none of those name (a user's own model class, say): it is then compiled for this process
-    only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
+    variant; None when the step runs code none of those name (a user's own model class, say): it is then
+    compiled for this process only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
     (`dynamic_length`; marked only to compile: a loaded step's guards refuse marked tensors). A stored step
     that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
     torch cannot save is compiled by `compile_step` (traced again in each process)."""
