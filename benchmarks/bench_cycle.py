@@ -3,7 +3,9 @@ decoder's whole cycle step.
 
 For each head (default: the shipped `models/heads/ff8` and `models/heads/btree8-r8` on `models/byte-lm`)
 and each target (greedy, sampling at T=1), on the real hidden state of a prompt, each step is timed on
-its own, eagerly and through `mtpc.decoding.compiling.compile_step` (as the decoder compiles):
+its own, eagerly and compiled as the decoder runs its compiled step: compiled ahead of time with its
+guards checked once (`mtpc.decoding.compiling.precompiled_step`, then `CompiledStep.checked`; the
+acceptance, a function rather than a method, through `compile_step`, which checks its guards per call):
 
 - `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows and verify width),
 - `verify`: `decoder.verifier.forward` of one window of the circuit's full width (nothing is committed:
@@ -38,7 +40,7 @@ import torch  # noqa: E402
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.decoding import Target  # noqa: E402
 from mtpc.decoding.acceptance import accept_window, cycle_uniforms  # noqa: E402
-from mtpc.decoding.compiling import compile_step  # noqa: E402
+from mtpc.decoding.compiling import compile_step, precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
@@ -63,27 +65,33 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
     places = decoder.verifier.places(W)  # nothing is committed here: every call writes the same slots
     limit = torch.tensor([min(n, W)])
 
-    def compiled_or_eager(step):
-        return compile_step(step, False) if compiled else step
+    draws = None if uniforms is None else uniforms[:, :n]
+    window = decoder.drafter.circuit_window(h, first, draws)  # eagerly first: the draft program builds its plans
+    tokens, rows = window.tokens[:, :W], None if window.rows is None else window.rows[:, :W]
+    verified_logits, hidden = decoder.verifier.forward(tokens, places)
+    tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
 
-    circuit_window = compiled_or_eager(decoder.drafter.circuit_window)
-    verify_call = compiled_or_eager(decoder.verifier.forward)
+    def compiled_or_eager(step, *args):
+        """`step` as the compiled decoder runs it: a method compiled ahead of time with its guards checked
+        once (`CompiledStep.checked`, as a generation's cycles run), a function through `compile_step`."""
+        if not compiled:
+            return step
+        if hasattr(step, "__self__"):
+            return precompiled_step(step, args, None).checked(*args)
+        return compile_step(step, False)
+
+    circuit_window = compiled_or_eager(decoder.drafter.circuit_window, h, first, draws)
+    verify_call = compiled_or_eager(decoder.verifier.forward, tokens, places)
     accept = compiled_or_eager(accept_window)
-    cycle_step = compiled_or_eager(decoder.cycle_step)
+    cycle_step = compiled_or_eager(decoder.cycle_step, target, window, places, limit, eos, uniforms)
 
     def draft():
-        return circuit_window(h, first, None if uniforms is None else uniforms[:, :n])
-
-    window = draft()
-    tokens, rows = window.tokens[:, :W], None if window.rows is None else window.rows[:, :W]
+        return circuit_window(h, first, draws)
 
     def verify():
         return verify_call(tokens, places)
 
-    verified_logits, hidden = verify()
-
     def accept_step():
-        tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
         return accept(target, decoder.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
 
     def cycle():
