@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other proce
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -38,8 +39,10 @@ from mtpc.decoding.acceptance import cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from bench_cycle import PROMPT  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n"
 
 
 def cycle_arguments(decoder: SpeculativeDecoder, target: Target) -> tuple:

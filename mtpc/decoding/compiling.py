@@ -124,15 +124,15 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
     # version): those are traced in every process, as every step was before, and a marker file says so
     unsaved = None if path is None else path.with_suffix(".unsaved")
-    if unsaved is not None and unsaved.exists():
-        return CompiledStep(owner, traced=compile_step(step, cuda=False))
-    try:
-        compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
-            ((owner, *args), {}))
-    except torch._dynamo.exc.PackageError:
-        _save(None, unsaved)
-        return CompiledStep(owner, traced=compile_step(step, cuda=False))
-    except Exception:  # noqa: BLE001 -- an experimental API: anything else it raises, the step compiles as before
+    if unsaved is None or not unsaved.exists():
+        try:
+            compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
+                ((owner, *args), {}))
+        except torch._dynamo.exc.PackageError:
+            _save(None, unsaved)
+        except Exception:  # noqa: BLE001 -- an experimental API: anything else it raises, the step compiles as before
+            pass
+    if compiled is None:
         return CompiledStep(owner, traced=compile_step(step, cuda=False))
     _save(compiled, path)
     return CompiledStep(owner, aot=compiled)
