@@ -220,16 +220,20 @@ class DraftProgram:
     def _prefix(self, prefix: Tensor | None, device) -> Tensor | None:
         if prefix is None or prefix.numel() == 0:
             return None
-        prefix = prefix.to(device=device, dtype=torch.long).view(-1)
+        if prefix.dtype != torch.long or prefix.device != device:
+            prefix = prefix.to(device=device, dtype=torch.long)
+        if prefix.dim() != 1:
+            prefix = prefix.view(-1)
         if prefix.numel() > self.n:
             raise ValueError(f"a prefix of {prefix.numel()} tokens is longer than the circuit's {self.n} variables")
         return prefix
 
-    def _tables(self, theta: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
-        """Leaf probabilities `[Q, v]` and each inner region's sum weights `[U, K]`, float64 (normalised
-        in float32 unless `theta` is float64: one op each, when every sum has the same `K`, and one split
-        into regions when they tile the table)."""
-        theta = theta.reshape(-1)
+    def _tables(self, theta: Tensor) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
+        """Leaf probabilities `[Q, v]`, each inner region's sum weights `[U, K]` and the same weights
+        transposed `[K, U]` (what a derivative multiplies by), float64 (normalised in float32 unless
+        `theta` is float64: one op each, when every sum has the same `K`, and one split into regions
+        when they tile the table)."""
+        theta = theta if theta.dim() == 1 else theta.reshape(-1)
         theta = theta if theta.dtype in (torch.float32, torch.float64) else theta.float()
         probs = theta[: self.num_input_params].view(-1, self.v).softmax(-1).double()  # [Q, v]
         sums = theta[self.num_input_params:]
@@ -237,10 +241,12 @@ class DraftProgram:
             rows = sums.view(-1, self._uniform_k).softmax(-1).double()  # [sum of U, K]
             order, sizes = self._weight_tiling
             weights = dict(zip(order, rows.split(sizes)))
+            transposed = dict(zip(order, rows.t().split(sizes, dim=1)))
         else:
             weights = {r: theta[o:o + u * k].view(u, k).softmax(-1).double()
                        for r, (o, u, k) in self.weight_slot.items()}
-        return probs, weights
+            transposed = {r: w.t() for r, w in weights.items()}
+        return probs, weights, transposed
 
     def _leaf_logits(self, theta: Tensor) -> Tensor:
         """`[n, v]` the leaf logits of a factorised circuit, in variable order."""
@@ -267,8 +273,7 @@ class DraftProgram:
         prefix) when `keep_rows`. Chosen states stay tensors (never read to the host), so a draft makes
         no device synchronisation."""
         m = 0 if prefix is None else prefix.numel()
-        probs, weights = self._tables(theta)
-        state = _State(self, probs, weights)
+        state = _State(self, *self._tables(theta))
         steps = self.plan(m, sequential)
         given = prefix.unbind() if m else ()
         chosen, scored = [], []
@@ -323,8 +328,9 @@ def _tiling(spans: dict[int, tuple[int, int]]) -> tuple[list[int], list[int]] | 
 class _State:
     """The values `V` and derivatives `D` of one draft (probabilities, float64)."""
 
-    def __init__(self, program: DraftProgram, probs: Tensor, weights: dict[int, Tensor]):
-        self.p, self.probs, self.weights = program, probs, weights
+    def __init__(self, program: DraftProgram, probs: Tensor, weights: dict[int, Tensor],
+                 transposed: dict[int, Tensor]):
+        self.p, self.probs, self.weights, self.transposed = program, probs, weights, transposed
         self.V: list[Tensor | None] = [None] * program.num_regions  # None: all ones (nothing observed inside)
         self.D: list[Tensor | None] = [None] * program.num_regions
         self.D[program.root] = probs.new_ones(1)
@@ -343,7 +349,7 @@ class _State:
     def observe(self, j: int, s: Tensor) -> None:
         """Variable `j` takes state `s` (`[]` long, on the device: index_select reads it there)."""
         for region in self.p.inputs_of[j]:
-            self.V[region] = self.columns[region].index_select(0, s.view(1))[0]  # [U]
+            self.V[region] = torch.embedding(self.columns[region], s)  # [U]: row s of [v, U], s a 0-d index
 
     def apply(self, op: _Op) -> None:
         if op.kind == "V":
@@ -374,10 +380,10 @@ class _State:
         total = None
         for use, live in zip(self.p.uses[op.region], op.live):
             part = self.p.partitions[use.parent][use.partition]
-            weights = self.weights[use.parent]  # [U, K]
-            if part.width != weights.shape[1]:
-                weights = weights[:, part.start:part.start + part.width]
-            g = torch.mv(weights.t(), self.D[use.parent])  # [K_p]
+            weights = self.transposed[use.parent]  # [K, U]
+            if part.width != weights.shape[0]:
+                weights = weights[part.start:part.start + part.width]
+            g = torch.mv(weights, self.D[use.parent])  # [K_p]
             if part.kind == "hadamard":
                 g = _times(g, [self.V[c] for c in live])
             else:
