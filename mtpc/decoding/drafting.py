@@ -113,7 +113,8 @@ class Drafter:
         self.head, self.n, self.v = head, head.num_variables, head.num_states
         self.program = DraftProgram(head.graph, head.circ.param_layout)
         self.widths, self.span, self.vocab = widths, span, vocab
-        device = next(head.parameters()).device
+        self._weight = next(head.parameters())  # the head's dtype and device, as `head.to(...)` leaves them
+        device = self._weight.device
         self.position_cost = position_cost if position_cost is not None else (0.01 if device.type == "cuda" else 0.08)
         # made once on the head's device: `.to(h.device)` per window is then a no-op, not a copy per cycle
         self._candidates = torch.tensor(widths, device=device)
@@ -122,7 +123,9 @@ class Drafter:
     def theta(self, h: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """`[..., P]` the circuit's parameters at the draft hidden states `h` `[..., d]` of windows whose first
         token is `first` `[...]` long (read when the head reads it: `MTPHead.read_first_token`)."""
-        return self.head(self.head.with_first_token(h.to(self.head.dtype), first))
+        if h.dtype != self._weight.dtype:
+            h = h.to(self._weight.dtype)
+        return self.head(self.head.with_first_token(h, first))
 
     def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
                        temperature: float = 1.0) -> Window:
@@ -138,7 +141,10 @@ class Drafter:
         if len(self.widths) > 1:
             width = self._width(conditionals[:, 1:].gather(2, drafted[:, 1:, None])[..., 0])  # from c_j, [B, n-1]
         else:
-            width = self._fixed_width.to(h.device).expand(h.shape[0])
+            width = self._fixed_width
+            if width.device != h.device:  # made on the head's device at first, where `h` is
+                width = width.to(h.device)
+            width = width.expand(h.shape[0])
         if uniforms is None:
             return Window(tokens, None, width)
         return Window(tokens, self._rows(conditionals, h.device), width)

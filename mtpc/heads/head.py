@@ -209,11 +209,11 @@ class MTPHead(nn.Module, ABC):
         plus the residual MLP of that sum when it has one."""
         if self.first_embedding is None:
             return h
-        u = h + self.first_embedding[first.clamp(0, self.num_states - 1)].to(h.dtype)  # [..., d]
+        u = h + _as_dtype(self.first_embedding[first.clamp(0, self.num_states - 1)], h.dtype)  # [..., d]
         if self.first_mlp_in is None:
             return u
-        hidden = F.silu(F.linear(u, self.first_mlp_in.to(u.dtype)))  # [..., m]
-        return u + F.linear(hidden, self.first_mlp_out.to(u.dtype))  # [..., d]
+        hidden = F.silu(F.linear(u, _as_dtype(self.first_mlp_in, u.dtype)))  # [..., m]
+        return u + F.linear(hidden, _as_dtype(self.first_mlp_out, u.dtype))  # [..., d]
 
     # ----------------------------------------------------------------- shared by all
 
@@ -245,7 +245,8 @@ class MTPHead(nn.Module, ABC):
                     bias[diag] += identity_init
 
     def _positions(self, h: torch.Tensor) -> torch.Tensor:
-        return self.circ.leaf_variable.to(h.device)
+        positions = self.circ.leaf_variable  # [Q]
+        return positions if positions.device == h.device else positions.to(h.device)
 
     def config(self) -> dict[str, Any]:
         """What `load_head` needs to rebuild this head (the weights aside)."""
@@ -334,8 +335,9 @@ class _AdapterHead(MTPHead):
         """Defined by each subclass."""
 
     @abstractmethod
-    def _position_logits(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """`y` `[..., m, M/n]` (the position rows' outputs for `positions` `[m]`) -> `[..., m, v]`."""
+    def _position_logits(self, y: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """`y` `[..., m, M/n]` (the position rows' outputs for `positions` `[m]`; None: all `n` in order)
+        -> `[..., m, v]`."""
 
     def _build(self, dtype, adapter_rank, factor_rank) -> None:
         if adapter_rank < 0:
@@ -365,8 +367,7 @@ class _AdapterHead(MTPHead):
         y = F.linear(h, self.proj_weight, self.proj_bias)  # [..., M + Q*a + S]
         pos, low, sums = self._blocks(y)
         n, Q, a = self.num_variables, self.num_leaves, self.adapter_rank
-        every = torch.arange(n, device=h.device)
-        base = self._position_logits(pos.unflatten(-1, (n, -1)), every)  # [..., n, v]
+        base = self._position_logits(pos.unflatten(-1, (n, -1)), None)  # [..., n, v]
         leaves = base.index_select(-2, self._positions(h))  # [..., Q, v]
         if a:
             leaves = _adapt(low.unflatten(-1, (Q, a)), self.adapter_up, leaves)
@@ -389,6 +390,11 @@ class _AdapterHead(MTPHead):
             low = F.linear(h, a_w, a_b).unflatten(-1, (chosen.numel(), a))  # [..., Qc, a]
             out = _adapt(low, self.adapter_up[chosen], out)
         return out
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`; itself when it already is (a draft's cycle then runs no conversion op at all)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _adapt(low: torch.Tensor, up: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -444,7 +450,9 @@ class FactorisedHead(_AdapterHead):
         return self.num_variables * self.factor_rank
 
     def _position_logits(self, y, positions):
-        up, bias = self.unembed_up[positions], self.position_bias[positions]  # [m, k, v], [m, v]
+        up, bias = self.unembed_up, self.position_bias  # [m, k, v], [m, v]
+        if positions is not None:
+            up, bias = up[positions], bias[positions]
         if y.dim() == 2:  # one hidden state
             return torch.baddbmm(bias.unsqueeze(1), y.unsqueeze(1), up).squeeze(1)
         return torch.einsum("...mk,mkv->...mv", y, up) + bias
