@@ -118,11 +118,10 @@ class BlockVerification(AcceptanceRule):
     drafted window). Every quantity is a tensor op over the window: no loop over positions."""
 
     def keep(self, p_x, q_x, probs, rows, tested, tests):
-        B = tested.shape[0]
         # w_i = min over k <= i of prod_{k < j <= i} p/q, by window position: a cumulative sum of log ratios
         # less its running maximum (w_0 = 1 enters as log 1 = 0, so the maximum is never below 0); an
         # untested position's ratio is 1
-        ratio = torch.cat([p_x.new_ones(B, 1), torch.where(tested, p_x / q_x, 1.0)], 1)  # [B, W]
+        ratio = torch.nn.functional.pad(torch.where(tested, p_x / q_x, 1.0), (1, 0), value=1.0)  # [B, W]
         log_w = ratio.log().cumsum(1)
         w = (log_w - log_w.cummax(1).values).exp()  # [B, W] w_0 .. w_{W-1}
         # h_i = r_i / (r_i + 1 - w_i) for i = 1 .. W-2, with r_i the residual mass after i kept tokens (the
@@ -172,14 +171,15 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     B, W = window.shape
     drafted = window[:, 1:]  # [B, W-1]
     position = torch.arange(1, W, device=window.device)  # [W-1] window index of each tested token
-    after_eos = torch.isin(window[:, :-1], eos).long().cumsum(1) > 0  # [B, W-1] an EOS at or before j - 1
-    tested = (position[None] < limit[:, None]) & ~after_eos  # [B, W-1] a prefix of each row
+    before_eos = torch.isin(window[:, :-1], eos).cumsum(1) == 0  # [B, W-1] no EOS at or before j - 1
+    tested = (position < limit[:, None]) & before_eos  # [B, W-1] a prefix of each row
     batch = torch.arange(B, device=window.device)  # [B]
     if target.do_sample:
         probs = target.probs(logits)  # [B, W, V] float64
         rows = rows if rows.dtype == probs.dtype else rows.to(probs.dtype)
-        p_x = probs[:, :-1].gather(2, drafted[..., None])[..., 0]  # [B, W-1]
-        q_x = rows[:, 1:].gather(2, drafted[..., None])[..., 0]  # [B, W-1]
+        index = drafted[..., None]  # [B, W-1, 1]
+        p_x = probs[:, :-1].gather(2, index)[..., 0]  # [B, W-1]
+        q_x = rows[:, 1:].gather(2, index)[..., 0]  # [B, W-1]
         kept, weight = rule.keep(p_x, q_x, probs, rows, tested, uniforms[:, :-1])  # [B], [B]
     else:
         probs = logits
