@@ -152,16 +152,17 @@ class Drafter:
     def _drafts(self, theta: torch.Tensor, prefix: torch.Tensor, uniforms: torch.Tensor | None, temperature: float):
         """Every row's draft `[B, n]` and, when sampling or choosing widths, its conditionals `[B, n, v]`.
         The draft program drafts one row; a batch runs it under `torch.func.vmap` (B = 1 calls it as is)."""
+        # `x`: one row's prefix `[1]` (the program's own shape: no view per call)
         if uniforms is None and len(self.widths) == 1:  # a fixed width needs no probabilities: the cheapest draft
-            draft = lambda t, x: (self.program.greedy(t, x.view(1)), None)  # noqa: E731
+            draft = lambda t, x: (self.program.greedy(t, x), None)  # noqa: E731
         elif uniforms is None:
-            draft = lambda t, x: self.program.greedy(t, x.view(1), with_rows=True)  # noqa: E731
+            draft = lambda t, x: self.program.greedy(t, x, with_rows=True)  # noqa: E731
         else:
-            draft = lambda t, x, u: self.program.sample(t, None, x.view(1), u, temperature)  # noqa: E731
-        args = (theta, prefix) if uniforms is None else (theta, prefix, uniforms)
+            draft = lambda t, x, u: self.program.sample(t, None, x, u, temperature)  # noqa: E731
         if theta.shape[0] == 1:
-            drafted, conditionals = draft(*(a[0] for a in args))
+            drafted, conditionals = draft(theta[0], prefix, *(() if uniforms is None else (uniforms[0],)))
             return drafted[None], None if conditionals is None else conditionals[None]
+        args = (theta, prefix[:, None]) if uniforms is None else (theta, prefix[:, None], uniforms)
         if uniforms is None and len(self.widths) == 1:
             return torch.func.vmap(lambda *a: draft(*a)[0])(*args), None
         return torch.func.vmap(draft)(*args)
