@@ -19,9 +19,15 @@ Eager, each step's tensor ops are counted too (`*_ops`: the top-level aten calls
 torch profiler): unlike the milliseconds, which drift between runs on a shared machine, the count is
 the same in every run, so two checkouts compare exactly.
 
+`--cold` times every step a second time right after evicting the CPU caches (`*_cold_ms`: an untimed
+copy of a buffer of `--evict-mib` MiB, well past the last-level cache, before each call). Called over
+and over, a step finds its weights in the caches; inside a decoding cycle it runs after the others,
+whose weights (the verify call's LM, the head) have pushed its own out, so the cold time bounds what
+the step costs in a real cycle and the difference is what its weights' traffic costs.
+
 Usage:
     python benchmarks/bench_cycle.py [--model models/byte-lm] [--heads models/heads/ff8 ...] [--threads 1]
-        [--repeats 200] [--eager-only] [--out runs/cycle.json]
+        [--repeats 200] [--eager-only] [--cold] [--evict-mib 64] [--out runs/cycle.json]
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ WARMUP = 10  # untimed calls before each step is timed
 
 
 @torch.no_grad()
-def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compiled: bool) -> dict[str, float]:
+def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compiled: bool,
+               evict=None) -> dict[str, float]:
     """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
-    and of the decoder's whole cycle step (the three in one function: one graph when compiled)."""
+    and of the decoder's whole cycle step (the three in one function: one graph when compiled); with
+    `evict` (a function that empties the caches), each also timed right after it (`*_cold_ms`)."""
     ids = torch.tensor([list(PROMPT)])
     logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
     first = (target.probs(logits) if target.do_sample else logits).argmax(-1)  # [1]
@@ -99,9 +107,19 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
 
     steps = {"draft": draft, "verify": verify, "accept": accept_step, "cycle": cycle}
     record = {f"{name}_ms": median_ms(step, repeats, WARMUP) for name, step in steps.items()}
+    if evict is not None:
+        record.update({f"{name}_cold_ms": median_ms(step, repeats, WARMUP, before=evict) for name, step in steps.items()})
     if not compiled:
         record.update({f"{name}_ops": op_count(step) for name, step in steps.items()})
     return record
+
+
+def eviction(mib: int):
+    """A function that pushes everything out of the CPU caches: it copies one buffer of `mib` MiB into
+    another (both made here, once)."""
+    source = torch.ones(mib << 18)  # float32: 4 bytes each
+    target = torch.empty_like(source)
+    return lambda: target.copy_(source)
 
 
 def op_count(step) -> int:
@@ -118,17 +136,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--eager-only", action="store_true", help="skip the compiled decoder (seconds, not minutes)")
+    parser.add_argument("--cold", action="store_true", help="also time every step right after evicting the caches")
+    parser.add_argument("--evict-mib", type=int, default=64, help="MiB the eviction copies (default 64)")
     parser.add_argument("--out", default=None, help="write the records as JSON here (default: print only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
+    evict = eviction(args.evict_mib) if args.cold else None
     records = []
     for head_dir in args.heads:
         head = load_head(head_dir).eval()
         decoder = SpeculativeDecoder(model, head, window=head.num_variables)  # the full width: comparable runs
         for compiled in (False,) if args.eager_only else (False, True):
             for mode, target in TARGETS.items():
-                times = step_times(decoder, target, args.repeats, compiled)
+                times = step_times(decoder, target, args.repeats, compiled, evict)
                 records.append({"head": Path(head_dir).name, "mode": mode, "compiled": compiled, **times})
     print(f"one cycle's steps at batch 1, threads={args.threads}, median ms over {args.repeats} calls")
     print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}"
@@ -140,7 +161,16 @@ def main(argv=None) -> dict:
                       ) if not r["compiled"] else ""
         print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_ms']:>8.3f}{r['verify_ms']:>8.3f}{r['accept_ms']:>8.3f}"
               f"{total:>8.3f}{r['cycle_ms']:>8.3f}{ops}")
-    result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name, "records": records}
+    if args.cold:
+        print(f"the same steps right after evicting the caches ({args.evict_mib} MiB copied, untimed, before each call)")
+        print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}")
+        for r in records:
+            kind = "compiled" if r["compiled"] else "eager"
+            total = r["draft_cold_ms"] + r["verify_cold_ms"] + r["accept_cold_ms"]
+            print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_cold_ms']:>8.3f}{r['verify_cold_ms']:>8.3f}"
+                  f"{r['accept_cold_ms']:>8.3f}{total:>8.3f}{r['cycle_cold_ms']:>8.3f}")
+    result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name,
+              "evict_mib": args.evict_mib if args.cold else None, "records": records}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

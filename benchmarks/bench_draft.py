@@ -47,11 +47,15 @@ PARAMETERISATIONS = ("full", "shared", "factorised")
 STRATEGIES = ("conditional", "conditional+bonus", "marginal", "map", "sample", "conditional/layered")
 
 
-def median_ms(fn, repeats: int, warmup: int = 5) -> float:
+def median_ms(fn, repeats: int, warmup: int = 5, before=None) -> float:
+    """Median milliseconds of `fn()` over `repeats` calls after `warmup` untimed ones; `before()`, when
+    given, runs untimed before every call (to put the machine in a state first)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

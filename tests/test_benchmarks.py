@@ -120,6 +120,16 @@ def test_bench_cycle_times_every_step(lab, tmp_path, capsys):
     assert sample["draft_ops"] > greedy["draft_ops"]  # a sampled draft also builds its proposal rows
 
 
+def test_bench_cycle_cold_times_every_step_after_an_eviction(lab, tmp_path, capsys):
+    """`--cold` times each step again after an untimed cache eviction: every record gets a cold time per
+    step, the JSON says how much the eviction copied, and the table says what it is."""
+    run_bench_cycle(lab, tmp_path, "--eager-only", "--cold", "--evict-mib", "4")
+    result = json.loads((tmp_path / "cycle.json").read_text())
+    assert result["evict_mib"] == 4
+    assert all(r[f"{step}_cold_ms"] > 0 for r in result["records"] for step in ("draft", "verify", "accept", "cycle"))
+    assert "right after evicting the caches (4 MiB copied" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_bench_cycle_compiled(lab, tmp_path):
     assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
