@@ -130,6 +130,17 @@ def test_bench_cycle_cold_times_every_step_after_an_eviction(lab, tmp_path, caps
     assert "right after evicting the caches (4 MiB copied" in capsys.readouterr().out
 
 
+def test_bench_cache_times_the_verify_call_per_touched_size(lab, tmp_path, capsys):
+    """One record per width and touched size, each timed; the table names the LM's weight size."""
+    out = tmp_path / "cache.json"
+    script("bench_cache").main(["--model", lab["model"], "--eager-only", "--repeats", "2", "--mib", "0", "1",
+                                "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert {(r["width"], r["touched_mib"]) for r in result["records"]} == {(1, 0), (1, 1), (8, 0), (8, 1)}
+    assert all(r["ms"] > 0 and not r["compiled"] for r in result["records"]) and result["weights_mib"] > 0
+    assert "with X MiB copied between calls, threads=1" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_bench_cycle_compiled(lab, tmp_path):
     assert run_bench_cycle(lab, tmp_path) == {(m, c) for m in ("greedy", "sample") for c in (False, True)}
