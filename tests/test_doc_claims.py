@@ -60,15 +60,19 @@ def offers(help: str, flag: str) -> bool:
 
 
 def test_the_flags_the_docs_name_exist(helps):
-    """A span `mtpc SUB ... --flag` names a flag of SUB; any other `--flag` is one of some subcommand
-    (or of the benchmark script SCRIPT_FLAGS says, checked in its source)."""
+    """A span `mtpc SUB ... --flag` names a flag of SUB, a span `python benchmarks/X.py ... --flag` one of
+    X's options (checked in its source); any other `--flag` is one of some subcommand (or of the
+    benchmark script SCRIPT_FLAGS says)."""
     everything = "\n".join(helps.values())
     missing = []
     for name, span in inline_code():
         program = re.match(r"(mtpc|circuitc) ([a-z-]+)", span)
+        script = re.match(r"python (benchmarks/\w+\.py)", span)
         for flag in FLAG.findall(span):
             if program and not span.startswith(("mtpc.", "circuitc.")):
                 known = offers(helps[program.group(0)], flag)
+            elif script:  # `python benchmarks/X.py --flag`: one of that script's argparse options
+                known = re.search(rf"[\"\s]{flag}[\"]", (ROOT / script.group(1)).read_text()) is not None
             elif flag in SCRIPT_FLAGS:  # an argparse option, or a case label of recipe.sh
                 known = re.search(rf"[\"\s]{flag}[\")]", (ROOT / SCRIPT_FLAGS[flag]).read_text()) is not None
             elif f"{flag}-..." in span:  # a family of flags: `--max-...`
