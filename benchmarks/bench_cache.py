@@ -24,7 +24,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -36,20 +35,12 @@ from mtpc.decoding.verify import Verifier  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
-from bench_cycle import PROMPT  # noqa: E402
+from results_file import write_results  # noqa: E402
+from bench_cycle import PROMPT, eviction  # noqa: E402
 from bench_draft import median_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 10
-
-
-def toucher(mib: int):
-    """A function that copies one `mib`-MiB buffer into another (None for 0)."""
-    if mib == 0:
-        return None
-    source = torch.ones(mib << 18)  # float32
-    target = torch.empty_like(source)
-    return lambda: target.copy_(source)
 
 
 @torch.no_grad()
@@ -67,7 +58,7 @@ def step_times(model, widths: tuple[int, ...], mibs: list[int], repeats: int, co
         if compiled:
             call = precompiled_step(verifier.forward, (tokens, places), None).checked(tokens, places)
         for mib in mibs:
-            ms = median_ms(lambda: call(tokens, places), repeats, WARMUP, before=toucher(mib))
+            ms = median_ms(lambda: call(tokens, places), repeats, WARMUP, before=eviction(mib) if mib else None)
             records.append({"width": W, "compiled": compiled, "touched_mib": mib, "ms": ms})
     return records
 
@@ -99,10 +90,7 @@ def main(argv=None) -> dict:
             print(f"{name:<22}" + "".join(f"{r['ms']:>9.3f}" for r in row))
     result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name,
               "weights_mib": weights_mib, "records": records}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_results(result, args.out)
     return result
 
 

@@ -37,7 +37,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -50,6 +49,7 @@ from mtpc.decoding.compiling import compile_step, precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from results_file import write_results  # noqa: E402
 from bench_draft import median_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,10 +171,7 @@ def main(argv=None) -> dict:
                   f"{r['accept_cold_ms']:>8.3f}{total:>8.3f}{r['cycle_cold_ms']:>8.3f}")
     result = {"threads": args.threads, "repeats": args.repeats, "model": Path(args.model).name,
               "evict_mib": args.evict_mib if args.cold else None, "records": records}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_results(result, args.out)
     return result
 
 

@@ -25,7 +25,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -40,6 +39,7 @@ from mtpc.decoding.compiling import precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from results_file import write_results  # noqa: E402
 from bench_cycle import PROMPT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,10 +109,7 @@ def main(argv=None) -> dict:
               f"{r['ratio_min']:>7.2f}-{r['ratio_max']:.2f}")
     result = {"threads": args.threads, "rounds": args.rounds, "calls": args.calls, "model": Path(args.model).name,
               "torch": torch.__version__, "records": records}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_results(result, args.out)
     return result
 
 

@@ -18,13 +18,15 @@ Prints a table; `--out FILE` also writes JSON (no file by default).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from results_file import write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def shortest_path(G, source, target):\n    "
@@ -102,10 +104,7 @@ def main(argv=None) -> dict:
         print(f"{r['checkout']:<10}{r['eager_s']:>8.2f}{r['compile_s']:>9.2f}{r['extra_s']:>8.2f}")
     result = {"max_new_tokens": args.max_new_tokens, "threads": args.threads, "repeats": args.repeats,
               "model": Path(args.model).name, "head": Path(args.head).name, "rows": rows}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_results(result, args.out)
     return result
 
 
