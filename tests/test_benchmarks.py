@@ -130,6 +130,15 @@ def test_bench_cycle_cold_times_every_step_after_an_eviction(lab, tmp_path, caps
     assert "right after evicting the caches (4 MiB copied" in capsys.readouterr().out
 
 
+def test_write_results_makes_the_folder_and_writes_nothing_without_a_path(tmp_path, capsys):
+    write_results = script("results_file").write_results
+    out = tmp_path / "new" / "folder" / "r.json"
+    write_results({"records": [1, 2]}, str(out))
+    assert json.loads(out.read_text()) == {"records": [1, 2]} and f"wrote {out}" in capsys.readouterr().out
+    write_results({"records": []}, None)
+    assert capsys.readouterr().out == "" and len(list(tmp_path.rglob("*.json"))) == 1
+
+
 def test_bench_cache_times_the_verify_call_per_touched_size(lab, tmp_path, capsys):
     """One record per width and touched size, each timed; the table names the LM's weight size."""
     out = tmp_path / "cache.json"
