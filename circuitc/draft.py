@@ -347,7 +347,7 @@ class _State:
         return total
 
     def observe(self, j: int, s: Tensor) -> None:
-        """Variable `j` takes state `s` (`[]` long, on the device: index_select reads it there)."""
+        """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there)."""
         for region in self.p.inputs_of[j]:
             self.V[region] = torch.embedding(self.columns[region], s)  # [U]: row s of [v, U], s a 0-d index
 

@@ -142,7 +142,9 @@ class MTPHead(nn.Module, ABC):
         if first_token or first_token_mlp:
             self.read_first_token(first_token_mlp)
         if next(self.parameters()).device.type == "meta":
-            return  # built for its sizes only: nothing to initialise (torch's meta init imports dynamo, ~1.3 s)
+            # a head on the meta device is built for its sizes only (load_head's check): nothing to initialise
+            # or tie, and torch's meta `normal_` would import dynamo (~1.3 s)
+            return
         with torch.no_grad():
             self._init_inputs(init_from)
             self._init_sums(identity_init, sum_init_std)
