@@ -130,6 +130,33 @@ def test_bench_cycle_cold_times_every_step_after_an_eviction(lab, tmp_path, caps
     assert "right after evicting the caches (4 MiB copied" in capsys.readouterr().out
 
 
+def test_profile_generate_lists_each_decoders_top_ops_per_cycle(lab, tmp_path, capsys):
+    """Both decoders are profiled over a whole generation: their top ops, with time per cycle (token),
+    calls and shares that add up to at most one, and the JSON says which prompt."""
+    prompt = tmp_path / "prompt.py"
+    prompt.write_text("def main():\n    return 1\n" * 4)
+    out = tmp_path / "profile.json"
+    result = script("profile_generate").main(["--model", lab["model"], "--head", lab["heads"]["btree4"],
+                                              "--prompt-file", str(prompt), "--offset", "3", "--prompt-bytes", "20",
+                                              "--max-new-tokens", "6", "--top", "5", "--out", str(out)])
+    assert json.loads(out.read_text())["prompt"] == "prompt.py[3:23]"
+    for name in ("speculative", "plain"):
+        rows = result[name]
+        assert len(rows) == 5 and all(r["ms_per_cycle"] > 0 and r["calls_per_cycle"] > 0 for r in rows)
+        assert rows[0]["ms_per_cycle"] >= rows[-1]["ms_per_cycle"] and sum(r["share"] for r in rows) <= 1 + 1e-9
+    assert result["plain_cycles"] == 6 and 1 <= result["speculative_cycles"] <= 6
+    printed = capsys.readouterr().out
+    assert "speculative: " in printed and "plain: 6 tokens, sampling at T = 1, threads=1" in printed
+
+
+def test_profile_generate_refuses_an_empty_prompt(lab, tmp_path):
+    prompt = tmp_path / "prompt.py"
+    prompt.write_text("x = 1\n")
+    with pytest.raises(SystemExit):
+        script("profile_generate").main(["--model", lab["model"], "--head", lab["heads"]["btree4"],
+                                         "--prompt-file", str(prompt), "--offset", "100"])
+
+
 def test_write_results_makes_the_folder_and_writes_nothing_without_a_path(tmp_path, capsys):
     write_results = script("results_file").write_results
     out = tmp_path / "new" / "folder" / "r.json"
