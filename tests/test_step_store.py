@@ -26,6 +26,34 @@ class Scale:
         return torch.sin(x) * self.k
 
 
+def sine(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    return torch.sin(x) * scale  # torch guards the default, read through the closure
+
+
+def wrapped(function):
+    """`function` inside an instance of a class made in a function, called through the class's closure, as
+    the `kernels` package wraps transformers' functions (Llama's rotary embedding, from transformers 5.25)."""
+
+    class Func(torch.nn.Module):
+        def forward(self, *args):
+            return function(*args)
+
+    return Func()
+
+
+class WrappedScale(Scale):
+    """A `Scale` whose step calls a wrapped function held by its owner."""
+
+    def __init__(self, k: float, cells: int = 0):
+        super().__init__(k)
+        self.sine = wrapped(sine)
+        for cell in range(cells):  # a wrapper holding a tensor keeps its type check, which cannot be saved
+            self.sine.register_buffer(f"cell{cell}", torch.zeros(1))
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sine(x) * self.k
+
+
 def no_compiling(*args, **kwargs):
     raise AssertionError("a stored step was compiled again")
 
@@ -73,6 +101,23 @@ def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path
     assert len(compiles) == 1
     # guards checked once for a run of calls of one shape: the step without them, or None when they refuse
     assert step.checked(y) is None and torch.allclose(step.checked(x)(x), torch.sin(x) * 2)
+
+
+def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkeypatch):
+    x = torch.linspace(-1, 1, 6)
+    assert torch.allclose(precompiled_step(WrappedScale(2.0).step, (x,), "wrapped", store=tmp_path)(x), torch.sin(x) * 2)
+    assert [path.suffix for path in tmp_path.iterdir()] == [".bin"]
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "compile", no_compiling)
+        loaded = precompiled_step(WrappedScale(3.0).step, (x,), "wrapped", store=tmp_path)
+        assert loaded.aot is not None and torch.allclose(loaded(x), torch.sin(x) * 3)
+    # a wrapper with state keeps its type check: not saved, and a marker stops later processes from trying
+    compiles = counting_compiles(monkeypatch)
+    holding = precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
+    assert holding.aot is None and torch.allclose(holding(x), torch.sin(x) * 2)
+    assert sorted(path.suffix for path in tmp_path.iterdir()) == [".bin", ".unsaved"]
+    precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
+    assert len(compiles) == 3  # the attempt to save, its fallback, and only the fallback the second time
 
 
 @pytest.mark.slow  # two cold compiles of the whole step

@@ -16,6 +16,7 @@ kernels are saved together and a later process loads them instead.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import sys
 from functools import partial
@@ -106,8 +107,8 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     """`step` (a bound method: a pure step of fixed-shape tensors, one graph) compiled ahead of time on
     the CPU for calls like `step(*args)`, loaded from `store` (default `step_store()`) when an earlier
     process saved it, else compiled there and saved. `identity` names everything the traced step depends
-    on besides the library's source and torch, transformers, peft and Python versions (which the file
-    name hashes as well) and what its guards check on every call (the arguments' shapes, dtypes and the
+    on besides the library's source and torch, transformers, kernels, peft and Python versions (which the
+    file name hashes as well) and what its guards check on every call (the arguments' shapes, dtypes and the
     constants it read): the model's and the head's configurations and weights' shapes and dtypes, the
     variant; None when the step runs code none of those name (a user's own model class, say): it is then
     compiled for this process only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
@@ -126,9 +127,10 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     unsaved = None if path is None else path.with_suffix(".unsaved")
     if unsaved is None or not unsaved.exists():
         try:
-            compiled = torch.compile(function, fullgraph=True, dynamic=False, options=CPU_OPTIONS).aot_compile(
+            options = {**CPU_OPTIONS, "guard_filter_fn": savable_guards}
+            compiled = torch.compile(function, fullgraph=True, dynamic=False, options=options).aot_compile(
                 ((owner, *args), {}))
-        except torch._dynamo.exc.PackageError:
+        except (torch._dynamo.exc.PackageError, TypeError):  # a guard torch cannot save: the same next time
             _save(None, unsaved)
         except Exception:  # noqa: BLE001 -- an experimental API: anything else it raises, the step compiles as before
             pass
@@ -136,6 +138,29 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
         return CompiledStep(owner, traced=compile_step(step, cuda=False))
     _save(compiled, path)
     return CompiledStep(owner, aot=compiled)
+
+
+def savable_guards(guards: Sequence) -> list[bool]:
+    """Which guards a saved step keeps (`torch.compile`'s `guard_filter_fn`): those torch keeps by default
+    (it drops guards on globals, on object identity and on closures), less two kinds it can neither save
+    nor rebuild: type checks on function wrappers of classes made in a function, and guards on what a
+    closure holds. transformers 5.25 with the `kernels` package turns functions such as Llama's rotary
+    embedding into such wrappers (`kernels`' `use_kernelized_func`, one per attention layer), whose
+    `forward` calls the function through its closure. A wrapper holds no tensors, and the file name
+    hashes the transformers and kernels versions that made it."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsavable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [not (guard.is_global or guard.guard_type in unsavable or "__closure__" in guard.name
+                 or guard.guard_type == "TYPE_MATCH" and guard.has_value and _stateless_local_module(guard.value))
+            for guard in guards]
+
+
+def _stateless_local_module(value) -> bool:
+    """`value` is a `torch.nn.Module` without parameters or buffers whose class was made in a function."""
+    kind = type(value)
+    return (isinstance(value, torch.nn.Module) and kind.__qualname__ != kind.__name__
+            and next(value.parameters(), None) is None and next(value.buffers(), None) is None)
 
 
 def _save(compiled, path: Path | None) -> None:
@@ -181,10 +206,18 @@ def _step_key(function: Callable, identity: str) -> str:
 
     digest = hashlib.sha256()
     for part in (identity, function.__qualname__, torch.__version__, transformers.__version__, peft.__version__,
-                 sys.version, str(torch.get_num_threads()), repr(sorted(CPU_OPTIONS.items()))):
+                 _version("kernels"), sys.version, str(torch.get_num_threads()), repr(sorted(CPU_OPTIONS.items()))):
         digest.update(part.encode() + b"\0")
     digest.update(_source_digest())
     return digest.hexdigest()[:32]
+
+
+def _version(distribution: str) -> str:
+    """The installed version of `distribution`, or "" when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def _source_digest() -> bytes:
