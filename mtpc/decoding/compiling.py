@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "compile_step", "dynamic_length", "precompiled_step", "step_store"]
+__all__ = ["CPU_OPTIONS", "CompiledStep", "compile_step", "dynamic_length", "precompiled_step", "savable_guards",
+           "step_store"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
