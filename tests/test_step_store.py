@@ -10,7 +10,7 @@ import torch
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import AdaptiveWidth
-from mtpc.decoding.compiling import precompiled_step
+from mtpc.decoding.compiling import precompiled_step, savable_guards
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,6 +118,28 @@ def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkey
     assert sorted(path.suffix for path in tmp_path.iterdir()) == [".bin", ".unsaved"]
     precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
     assert len(compiles) == 3  # the attempt to save, its fallback, and only the fallback the second time
+
+
+def test_saved_guards_leave_out_only_what_torch_cannot_rebuild():
+    from torch._dynamo.types import GuardFilterEntry
+
+    def entry(name, value, kind, is_global=False):
+        return GuardFilterEntry(name=name, has_value=True, value=value, guard_type=kind, derived_guard_types=(),
+                                is_global=is_global, orig_guard=None)
+
+    closure = "dict(type(L['self'].sine).__dict__)['forward'].__closure__[0].cell_contents"
+    holding = WrappedScale(1.0, cells=1).sine
+    kept = savable_guards([
+        entry("L['x']", torch.ones(2), "TENSOR_MATCH"),
+        entry(f"{closure}.__defaults__", (1.0,), "SEQUENCE_LENGTH"),  # what a closure holds: left out
+        entry(f"{closure}.weight", torch.ones(2), "TENSOR_MATCH"),  # a tensor in a closure: kept
+        entry("L['self'].sine", wrapped(sine), "TYPE_MATCH"),  # a stateless wrapper's class: left out
+        entry("L['self'].sine", holding, "TYPE_MATCH"),  # a wrapper with a buffer: kept (and not savable)
+        entry("L['self'].k", Scale(1.0), "TYPE_MATCH"),  # a class torch can import: kept
+        entry("G['sine']", sine, "TYPE_MATCH", is_global=True),  # globals: left out, as torch's default does
+        entry("L['self']", None, "ID_MATCH"),
+    ])
+    assert kept == [True, False, True, False, True, True, False, False]
 
 
 @pytest.mark.slow  # two cold compiles of the whole step

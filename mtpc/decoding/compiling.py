@@ -145,16 +145,22 @@ def savable_guards(guards: Sequence) -> list[bool]:
     """Which guards a saved step keeps (`torch.compile`'s `guard_filter_fn`): those torch keeps by default
     (it drops guards on globals, on object identity and on closures), less two kinds it can neither save
     nor rebuild: type checks on function wrappers of classes made in a function, and guards on what a
-    closure holds. transformers 5.25 with the `kernels` package turns functions such as Llama's rotary
-    embedding into such wrappers (`kernels`' `use_kernelized_func`, one per attention layer), whose
-    `forward` calls the function through its closure. A wrapper holds no tensors, and the file name
-    hashes the transformers and kernels versions that made it."""
+    closure holds other than tensors (a tensor's guards stay: a step whose saved guards cannot be rebuilt
+    fails to load and is compiled again). transformers 5.25 with the `kernels` package turns functions
+    such as Llama's rotary embedding into such wrappers (`kernels`' `use_kernelized_func`, one per
+    attention layer), whose `forward` calls the function through its closure. A wrapper holds no tensors,
+    and the file name hashes the transformers and kernels versions that made it."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsavable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-    return [not (guard.is_global or guard.guard_type in unsavable or "__closure__" in guard.name
+    return [not (guard.is_global or guard.guard_type in unsavable or _in_closure(guard)
                  or guard.guard_type == "TYPE_MATCH" and guard.has_value and _stateless_local_module(guard.value))
             for guard in guards]
+
+
+def _in_closure(guard) -> bool:
+    """`guard` checks something other than a tensor that its step reads through a function's closure."""
+    return "__closure__" in guard.name and not (guard.has_value and isinstance(guard.value, torch.Tensor))
 
 
 def _stateless_local_module(value) -> bool:
