@@ -91,6 +91,16 @@ def holds_files(path: Path) -> bool:
     return any(not p.name.startswith(".") for p in itertools.islice(path.iterdir(), 50))
 
 
+def model_folder(path: str | Path) -> Path:
+    """The checkpoint folder a `--model` names: the folder itself, or for a GGUF file (`model.gguf`) the
+    folder it was dequantized into once (`mtpc.gguf_files`, in mtpc's cache, keyed on its content)."""
+    from .gguf_files import is_gguf, model_folder_for
+
+    if is_gguf(path):
+        return model_folder_for(path)
+    return readable_folder(path, "model folder")
+
+
 def json_object(path: Path, what: str, folder: Path | None = None) -> dict:
     """The JSON object in `path` through `mtpc.files.read_json` (regular file, size and depth caps;
     inside `folder` when given); a missing file says `what` it should have been."""
@@ -110,7 +120,7 @@ def model_config(path: str | Path, what: str = "--model") -> dict:
     """A model folder's `config.json`, checked: an object, its sizes integers in range, the attention
     heads dividing the hidden size, and the parameter count they imply present in the weights' headers
     (`check_weights_fit`). Raises `InputError` naming the file and the key."""
-    folder = readable_folder(path, "model folder")
+    folder = model_folder(path)
     file = folder / "config.json"
     config = json_object(file, "is this a Hugging Face checkpoint folder (save_pretrained)?", folder)
     sizes = model_sizes(config)  # each family's own spelling (GPT-2: n_embd) resolved
@@ -176,8 +186,8 @@ def model_info(path: str | Path, *, allow_non_byte_vocab: bool = False, trust_re
     with `trust_remote_code`), sizes in range (`model_config`), a byte-level vocabulary (refused
     otherwise unless `allow_non_byte_vocab`, or `subword_ok` and the folder has its own tokenizer
     files), and weights whose safetensors headers are whole."""
-    config = model_config(path)
-    folder = Path(path)
+    folder = model_folder(path)
+    config = model_config(folder)
     model_type = config.get("model_type")
     remote = _remote_code(folder, config, trust_remote_code)
     if not remote:
@@ -365,6 +375,28 @@ def safetensors_file(file: Path) -> None:
     safetensors_header(file)
 
 
+FINGERPRINT_SAMPLES = 16  # slices of each weights file read into a model's fingerprint
+FINGERPRINT_SLICE = 1 << 16
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """A digest telling one model's weights from another's, read in milliseconds: `config.json`, and of
+    every safetensors file its size, its header and 16 slices of 64 KiB spread over it (two fine-tunes
+    of one architecture share headers, not weights)."""
+    import hashlib
+
+    folder = model_folder(path)
+    digest = hashlib.sha256(regular_file(folder / "config.json", "config.json").read_bytes())
+    for file in sorted(folder.glob("*.safetensors")):
+        size = inside(file, folder).stat().st_size
+        digest.update(f"{file.name}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            for k in range(FINGERPRINT_SAMPLES):
+                f.seek(size * k // FINGERPRINT_SAMPLES)
+                digest.update(f.read(FINGERPRINT_SLICE))
+    return digest.hexdigest()
+
+
 def open_model(path: str | Path, *, allow_non_byte_vocab: bool = False, dtype=None, trust_remote_code: bool = False):
     """`model_info(path)` checks, then the causal LM in eval mode (float32 unless `dtype`), frozen.
     Returns `(model, info)`; a load that still fails is reported as an `InputError` about the folder."""
@@ -448,6 +480,18 @@ def load_model(path: str | Path, dtype=None, device=None, allow_non_byte_vocab: 
     model, _ = open_model(path, allow_non_byte_vocab=allow_non_byte_vocab, dtype=dtype,
                           trust_remote_code=trust_remote_code)
     return model.to(device).eval() if device is not None else model
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a `--dtype` name (`fp32`, `bf16`, `fp64`, or their torch names)."""
+    import torch
+
+    from .checks import DTYPES, dtype_name
+
+    try:
+        return getattr(torch, DTYPES[dtype_name(name)])
+    except Exception:  # noqa: BLE001 -- argparse's own error class, from the Python API
+        raise InputError(f"dtype {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
 def resolve_device(name: str):

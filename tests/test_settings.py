@@ -20,6 +20,7 @@ REQUIRED = {
               {"model": "m", "heads": ["h"], "corpus": "stdlib"}),
     "distill-data": (["--model", "m", "--out", "o.jsonl"], {"model": "m", "out": "o.jsonl"}),
     "generate": (["--model", "m"], {"model": "m"}),
+    "features": (["--model", "m", "--out", "o"], {"model": "m", "out": "o"}),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..checks import (MAX_THREADS, int_in, positive_float, positive_int, probability, target_or_temperature,
+from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int, probability, target_or_temperature,
                       unit_interval, width_or_adaptive)
 from ..checks import seed as parse_seed
 from ..settings import setting
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BenchConfig", "Variant", "DTYPES", "MODES", "LOOKUP_MODES", "ACCEPTANCE_RULES"]
 
-DTYPES = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16"}  # a --dtype name -> its torch dtype's name
 MODES = ("greedy", "sample")
 LOOKUP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # --lookup -> BenchConfig.lookup
 ACCEPTANCE_RULES = ("block", "token")  # --acceptance: BlockVerification (the decoder's default), AcceptanceRule
@@ -74,8 +73,8 @@ class BenchConfig:
         None, type=unit_interval, metavar="R",
         help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams (degenerate "
              "loops; reported)")
-    dtype: str = setting("fp32", choices=tuple(DTYPES), help="the LM's dtype")
-    head_dtype: str | None = setting(None, choices=tuple(DTYPES),
+    dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
+    head_dtype: str | None = setting(None, type=dtype_name,
                                      help="cast the heads for inference (default: as saved)")
     device: str = setting("auto", help="auto, cpu, cuda, cuda:1, ...")
     threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")

@@ -21,7 +21,7 @@ import sys
 from ..bench.config import BenchConfig
 from ..errors import InputError, MtpcError, first_line
 from ..settings import add_settings, config_from_args
-from ..training.config import DistillConfig, TinyLMConfig, TrainConfig
+from ..training.config import DistillConfig, FeaturesConfig, TinyLMConfig, TrainConfig
 from .generate_config import GenerateConfig
 
 
@@ -184,6 +184,26 @@ def run_distill_data(args) -> int:
     return 0
 
 
+def add_features(sub) -> None:
+    add_command(sub, "features", FeaturesConfig, run_features,
+                help="cache the LM's final hidden states of the training text (for mtpc train --features)",
+                description="Run the frozen LM once over the training sequences of --data (packed and split as "
+                            "mtpc train does) and write its final hidden states to shard files in --out, which "
+                            "`mtpc train --features OUT` trains heads from without running the LM. Prints a size "
+                            "estimate first; rerunning the same command completes an interrupted run, and a larger "
+                            "--max-tokens extends it.")
+
+
+def run_features(args) -> int:
+    from ..training.features import write_features
+
+    s = write_features(command_config(args))
+    rate = f", {s['new_tokens'] / s['seconds']:,.0f} tok/s" if s["new_tokens"] and s["seconds"] > 0 else ""
+    print(f"{args.out}: {s['sequences']:,} sequences ({s['tokens']:,} tokens) in {s['shards']} shards, "
+          f"{s['bytes'] / 2**30:.2f} GiB; {s['new_tokens']:,} tokens computed now in {s['seconds']:.0f} s{rate}")
+    return 0
+
+
 def add_generate(sub) -> None:
     add_command(sub, "generate", GenerateConfig, run_generate,
                 help="write text with the model, plainly or with a draft head",
@@ -210,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(sub)
     add_bench(sub)
     add_distill_data(sub)
+    add_features(sub)
     add_generate(sub)
     return parser
 

@@ -223,7 +223,7 @@ def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTok
         return tok.encode(text, add_bos=True), {tok.eos_id}
     from ..chat import chat_ids
 
-    folder = Path(cfg.model)
+    folder = loading.model_folder(cfg.model)  # a GGUF file's converted folder holds its chat template
     if isinstance(tok, SubwordTokenizer):  # its own template; the answer ends at any special token
         return chat_ids(folder, [{"role": "user", "content": text}], tok), tok.special_ids()
     if not (folder / "tokenizer.json").exists():
@@ -286,12 +286,13 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     device = loading.resolve_device(cfg.device)
     sampling = _sampling(cfg)
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
-        base = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
+        dtype = loading.torch_dtype(cfg.dtype)
+        base = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
         decode = _plain(base, sampling, eos)
         if head is not None:
             decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
                                            cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
-                                           cfg.draft_temperature)
+                                           cfg.draft_temperature, dtype)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:
@@ -440,13 +441,13 @@ def _compiled_plain(base, sampling: dict, eos: set[int], max_len: int):
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
-                 trust_remote_code: bool = False, draft_temperature: float | None = None):
+                 trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
     its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
     the decoder then stamps its steps (no hooks in a compiled call)."""
     from ..decoding import PhaseClock, SpeculativeDecoder
 
-    model = loading.load_model(model_path, torch.float32, device, trust_remote_code=trust_remote_code)
+    model = loading.load_model(model_path, dtype or torch.float32, device, trust_remote_code=trust_remote_code)
     if head.parameterisation == "tied":  # its input units are this model's own output layer
         head.tie_to(model.get_output_embeddings())
     if lora is not None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checks import (int_in, non_negative_float, non_negative_int, parse_defines, positive_float, positive_int,
+from ..checks import (HELP_DTYPE, dtype_name, int_in, non_negative_float, non_negative_int, parse_defines, positive_float, positive_int,
                       probability, unit_interval)
 from ..checks import seed as parse_seed
 from ..heads.constants import DEFAULT_ADAPTER_RANK, DEFAULT_CHUNK_ELEMENTS, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
 from ..loading import MAX_HIDDEN
 from ..settings import setting
 
-__all__ = ["TrainConfig", "TinyLMConfig", "DistillConfig", "LOSSES", "PRECISIONS", "JOINT_PARAMETERISATIONS"]
+__all__ = ["TrainConfig", "TinyLMConfig", "DistillConfig", "FeaturesConfig", "LOSSES", "PRECISIONS", "JOINT_PARAMETERISATIONS"]
 
 LOSSES = ("nll", "kl", "nll+kl", "tv")
 PRECISIONS = ("auto", "fp32", "bf16")  # autocast dtypes (auto: bf16 where the hardware runs it natively)
@@ -27,7 +27,8 @@ PRECISIONS = ("auto", "fp32", "bf16")  # autocast dtypes (auto: bf16 where the h
 JOINT_PARAMETERISATIONS = tuple(p for p in PARAMETERISATIONS if p != "tied")
 
 # help texts of options that several commands share (generate and bench use them too)
-HELP_MODEL = "local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm)"
+HELP_MODEL = ("local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm), or a GGUF file (dequantized once "
+              "by transformers, kept in mtpc's cache)")
 HELP_REMOTE_CODE = "allow a model folder whose config names its own modelling code (auto_map): runs that code"
 HELP_DATA = "file, folder, glob or .jsonl (default: the Python stdlib)"
 HELP_PRECISION = "autocast dtype (auto: bf16 where the hardware has it)"
@@ -49,6 +50,10 @@ class TrainConfig:
     bindings: dict = setting(factory=dict, flag="-D", metavar="K=V", repeat=True, parse=parse_defines,
                              help="bind a .pc parameter, e.g. -D n=16 -D r=32 (repeatable)")
     data: str | None = setting(None, help=HELP_DATA)  # None: the Python standard library sources
+    features: str | None = setting(  # mtpc features' shards: the LM is not run while training
+        None, metavar="DIR",
+        help="train from the LM's cached final hidden states in DIR (written by mtpc features for this --model) "
+             "instead of running the LM on --data: same loss, far faster; the sequences are the ones DIR holds")
     lora_layers: int = setting(0, type=non_negative_int, help="LoRA adapters on the last k decoder layers")
     lora_rank: int = setting(8, type=positive_int, help="LoRA rank")
     init_head: str | None = setting(  # a trained head's folder to continue from
@@ -91,6 +96,7 @@ class TrainConfig:
     val_windows: int = setting(1024, type=positive_int, help="of their windows, how many score acceptance")
     save_every: int = setting(50, type=positive_int, help="write OUT/checkpoint.pt every this many steps")
     precision: str = setting("auto", choices=PRECISIONS, help=HELP_PRECISION)
+    dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
     device: str = setting("auto", help=HELP_DEVICE)
     seed: int = setting(0, type=parse_seed, help="random seed (head init, data order)")
     resume: bool = setting(True, flag="--no-resume", help=HELP_RESUME)
@@ -190,6 +196,7 @@ class DistillConfig:
         16, type=positive_int, help="records sampled together (plain batched decoding; --head decodes one at a time)")
     seed: int = setting(0, type=parse_seed, help="random seed (prompts, sampling)")
     head: str | None = setting(None, help="a head folder from mtpc train: decode speculatively (faster)")
+    dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
     trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
     progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
     val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
@@ -202,3 +209,23 @@ class DistillConfig:
         keep["model"] = str(Path(self.model).resolve())
         keep["head"] = str(Path(self.head).resolve()) if self.head else None
         return keep
+
+
+@dataclass
+class FeaturesConfig:
+    model: str = setting(help=HELP_MODEL)
+    out: str = setting(help="the folder of feature shards to write (or complete)")
+    data: str | None = setting(None, help=HELP_DATA)  # None: the Python standard library sources
+    seq_len: int = setting(512, type=positive_int, help="tokens per sequence (mtpc train --seq-len must match)")
+    max_tokens: int | None = setting(  # None: every training sequence of --data
+        None, type=positive_int, help="stop after this many training tokens (default: all of --data)")
+    val_sequences: int = setting(64, type=positive_int, help="held-out sequences cached for validation")
+    shard_sequences: int = setting(  # a shard is written whole, then recorded: a kill loses at most one
+        64, type=positive_int, help="sequences per shard file (a killed run redoes at most one shard)")
+    batch_size: int = setting(4, type=positive_int, help="sequences per LM forward")
+    dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE + "; the features are stored in it")
+    device: str = setting("auto", help=HELP_DEVICE)
+    threads: int | None = setting(None, type=positive_int, help="torch CPU threads (default: torch's choice)")
+    trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
+    progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
+    val_fraction: float = 0.02  # the held-out share of documents, as mtpc train splits them

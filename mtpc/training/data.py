@@ -377,6 +377,13 @@ class PackedDataset(torch.utils.data.Dataset):
         return {"tokens": tokens, "loss_mask": mask, "doc_ids": doc_ids}
 
 
+def spread(size: int, count: int) -> list[int]:
+    """`min(size, count)` distinct indices spread evenly over `range(size)`."""
+    if size <= count:
+        return list(range(size))
+    return [int(i * size // count) for i in range(count)]
+
+
 def collate(items: Iterable[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     items = list(items)
     return {k: torch.stack([it[k] for it in items]) for k in items[0]}

@@ -323,7 +323,8 @@ def _generator(cfg: DistillConfig, tok):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # checked first (no custom code without trust_remote_code, safetensors only, local files only)
-    model = loading.load_model(cfg.model, torch.float32, device, trust_remote_code=cfg.trust_remote_code)
+    dtype = loading.torch_dtype(cfg.dtype)
+    model = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
     stop = stop_ids(tok)
     if cfg.head is None:
         target = Target(True, cfg.temperature, None, cfg.top_p)
@@ -333,7 +334,7 @@ def _generator(cfg: DistillConfig, tok):
     from ..decoding.head_entry import load_head_entry
 
     try:
-        entry = load_head_entry(cfg.head, model, cfg.model, torch.float32, None, device,
+        entry = load_head_entry(cfg.head, model, cfg.model, dtype, None, device,
                                 trust_remote_code=cfg.trust_remote_code)
         decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers)
     except (OSError, ValueError, KeyError) as e:

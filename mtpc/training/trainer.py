@@ -48,6 +48,7 @@ from ..errors import MtpcError
 from ..heads.nll_loss import valid_counts
 from .checkpoints import rng_state, set_rng_state, write_checkpoint
 from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, to_device
+from .features import FeatureSet
 from .distributed import all_sum, barrier, init_distributed, wrap_ddp
 from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype
@@ -75,7 +76,8 @@ class Trainer:
         # Everything a user can get wrong is checked here, before the model and the data are loaded.
         self.init = load_init_head(cfg) if cfg.init_head else None
         self.graph = check_inputs(cfg, self.init, self.d.world)
-        info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+        info = self.info = loading.model_info(cfg.model, allow_non_byte_vocab=True,
+                                              trust_remote_code=cfg.trust_remote_code)
         self.vocabulary = vocabulary_choice(cfg, info, self.init)
         self.tok = loading.model_tokenizer(info, self.vocabulary.subword, cfg.trust_remote_code)
         if announce is not None and self.vocabulary.line and self.d.main:
@@ -96,7 +98,11 @@ class Trainer:
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.last_val = None  # the validation of the final step, reused for the summary
 
-    def _data(self) -> tuple[PackedDataset, PackedDataset]:
+    def _data(self) -> tuple[PackedDataset | FeatureSet, PackedDataset | FeatureSet]:
+        if self.cfg.features is not None:  # the LM's cached hidden states of the store's own sequences
+            self.data_stats = None
+            tokenizer = type(self.tok).__name__
+            return tuple(FeatureSet(self.cfg.features, split, self.info, tokenizer) for split in ("train", "val"))
         docs, self.data_stats = load_documents(self.cfg.data, self.tok)
         train_docs, val_docs = split_documents(docs, self.cfg.val_fraction)
         L = self.cfg.seq_len
@@ -131,7 +137,7 @@ class Trainer:
             sync = m == cfg.grad_accum - 1 or d.world == 1
             with self._no_sync(not sync):
                 loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
-                                      part["window_mask"])
+                                      part["window_mask"], hidden=part.get("hidden"))
                 with record_function("mtpc.backward"):  # phase labels: benchmarks/bench_train_step.py
                     (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
             loss_sum += loss.detach()
@@ -244,10 +250,11 @@ class Trainer:
         final = (self.last_val if self.last_val is not None else self.validate()) if d.main else {}
         stats = self.data_stats
         rate = round(self.tokens / self.elapsed) if self.elapsed > 0 else None  # of the whole run, resumes included
+        data = {"features": str(Path(cfg.features).resolve()), "sequences": len(self.train_set)} if stats is None \
+            else {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
+                  "skipped_corrupt": stats.skipped_corrupt, "skipped_binary": stats.skipped_binary}
         summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
-                   "tokens_per_second": rate, "data": {"documents": stats.documents, "skipped_empty": stats.skipped_empty,
-                            "skipped_corrupt": stats.skipped_corrupt, "skipped_binary": stats.skipped_binary},
-                   **final}
+                   "tokens_per_second": rate, "data": data, **final}
         self.save_outputs(summary)
         barrier(d)
         return summary

@@ -72,9 +72,11 @@ class DraftModel(nn.Module):
         following = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)  # [B, T]
         return self.head.with_first_token(h, following)
 
-    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None):
+    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None, hidden=None):
+        """The loss pieces of a batch; `hidden` `[B, T, d]`: the LM's cached final hidden states of
+        `tokens` (`mtpc features`), which stand in for the LM's forward."""
         with record_function("mtpc.lm_forward"):  # phase labels: benchmarks/bench_train_step.py
-            h = self.hidden(tokens)  # [B, T, d]
+            h = self.hidden(tokens) if hidden is None else hidden  # [B, T, d]
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
                       chunk_elements=self.chunk_elements, first_given=self.head.reads_first_token)
         with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
@@ -95,7 +97,8 @@ def load_lm(cfg: TrainConfig, device: torch.device):
     from ..decoding.backbone import attach_draft_lora
 
     # the vocabulary was judged against the head by `check_inputs` (`vocabulary_choice`)
-    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=True, dtype=loading.torch_dtype(cfg.dtype),
+                                  trust_remote_code=cfg.trust_remote_code)
     previous = init_adapter(cfg)
     if previous is not None:
         from peft import PeftModel
@@ -212,6 +215,8 @@ def check_inputs(cfg: TrainConfig, init, world: int):
     checks.output_folder(cfg.out)
     checks.data_source(cfg.data)
     info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
+    if cfg.features is not None:
+        check_features(cfg, init, info)
     vocabulary_choice(cfg, info, init)  # a vocabulary the head's parameterisation does not suit is refused here
     check_lora_family(cfg, info)
     graph = None
@@ -275,6 +280,25 @@ def device_memory(device: str) -> tuple[int, str]:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return (memory if soft == resource.RLIM_INFINITY else min(memory, soft)), "machine"
+
+
+def check_features(cfg: TrainConfig, init, info) -> None:
+    """`--features`: the cached hidden states are this frozen LM's (`info`), read at the store's sequence
+    length, on the text the store was made from (its shards are checked when they are opened)."""
+    from .features import check_model, read_manifest
+
+    if cfg.data is not None:
+        raise InputError("--data and --features both name the training text; the features hold their own "
+                         "(mtpc features --data), so give one")
+    if cfg.lora_layers > 0 or (init is not None and init_adapter(cfg) is not None):
+        raise InputError("--features holds the frozen LM's hidden states; a LoRA draft path changes them, so "
+                         "train LoRA adapters on the live LM (without --features)")
+    folder = loading.readable_folder(cfg.features, "features folder (--features)")
+    stored = read_manifest(folder)["settings"]
+    check_model(folder, stored, info, None)
+    if stored["seq_len"] != cfg.seq_len:
+        raise InputError(f"--seq-len {cfg.seq_len}, but the features in {cfg.features} are of "
+                         f"{stored['seq_len']}-token sequences (pass --seq-len {stored['seq_len']})")
 
 
 def check_step_memory(cfg: TrainConfig, graph, hidden: int, world: int, init=None) -> None:

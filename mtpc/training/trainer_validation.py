@@ -8,21 +8,23 @@ import torch
 
 from ..heads.nll_loss import teacher_forced_accepted
 from ..heads.windows import target_validity, window_targets
-from .data import PackedDataset, collate, to_device
+from .data import collate, spread, to_device
 from .trainer_setup import DraftModel, TrainConfig
 
 
 @torch.no_grad()
-def validate(module: DraftModel, val_set: PackedDataset, cfg: TrainConfig, device: torch.device) -> dict:
-    """Loss and teacher-forced mean accepted length on `val_sequences` held-out sequences spread
+def validate(module: DraftModel, val_set: torch.utils.data.Dataset, cfg: TrainConfig, device: torch.device) -> dict:
+    """Loss and teacher-forced mean accepted length on `val_sequences` held-out sequences (of a
+    `PackedDataset`, or a `FeatureSet` whose items carry the LM's hidden states) spread
     evenly over the validation set, and `val_windows` of their full windows, also evenly spread."""
     head = module.head
     n = head.num_variables
     picks = spread(len(val_set), cfg.val_sequences)
     batch = to_device(collate(val_set[i] for i in picks), device)
     module.eval()
-    loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None)
-    h = module.hidden(batch["tokens"]).float()  # [B, T, d]
+    cached = batch.get("hidden")  # [B, T, d] the LM's cached hidden states (mtpc train --features), or None
+    loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None, hidden=cached)
+    h = (module.hidden(batch["tokens"]) if cached is None else cached).float()  # [B, T, d]
     valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
     valid &= window_targets(batch["tokens"], n, fill=-1) < head.num_states
     full = valid.all(-1).flatten()  # windows whose n targets all exist
@@ -44,10 +46,3 @@ def validate(module: DraftModel, val_set: PackedDataset, cfg: TrainConfig, devic
     mean = lambda t: t.float().mean().item() if len(t) else float("nan")  # noqa: E731
     return {"val_loss": loss.item(), "val_accepted": mean(accepted), "val_committed": mean(committed),
             "val_windows": len(x), "val_accept_hist": torch.bincount(accepted, minlength=n + 1).tolist()}
-
-
-def spread(size: int, count: int) -> list[int]:
-    """`min(size, count)` distinct indices spread evenly over `range(size)`."""
-    if size <= count:
-        return list(range(size))
-    return [int(i * size // count) for i in range(count)]

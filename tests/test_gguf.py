@@ -1,0 +1,106 @@
+"""GGUF model files: a tiny Llama written as llama.cpp lays one out is dequantized once by transformers'
+loader into mtpc's cache and then runs like any checkpoint folder; damaged and foreign files are one
+clear error each, before transformers parses them."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from _gguf import tiny_bpe, tiny_llama, write_gguf
+from mtpc import loading
+from mtpc.cli import main
+from mtpc.errors import InputError
+from mtpc.gguf_files import DONE_FILE, check_gguf, model_folder_for
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    tok = tiny_bpe()
+    model = tiny_llama(tok, seed=1)
+    return write_gguf(folder / "tiny.gguf", model, tok), model, tok
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_gguf_file_becomes_a_checkpoint_folder_with_the_same_model_and_tokenizer(tiny, cache):
+    file, model, tok = tiny
+    folder = loading.model_folder(file)
+    assert folder.parent.parent == cache and (folder / DONE_FILE).is_file()
+    assert json.loads((folder / DONE_FILE).read_text())["architecture"] == "llama"
+    loaded, info = loading.open_model(file, allow_non_byte_vocab=True)  # the API takes the file itself
+    assert info.path == folder and not info.byte_level and info.vocab_size == len(tok)
+    ids = torch.tensor([tok.encode("def collate(items):\n    return")])
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    assert loading.model_tokenizer(info).encode("for x in y:") == tok.encode("for x in y:")
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+
+
+def test_the_second_run_reads_the_cached_folder_and_a_changed_file_gets_its_own(tiny, cache, tmp_path, monkeypatch):
+    file, model, tok = tiny
+    first = model_folder_for(file)
+    made = (first / "model.safetensors").stat().st_mtime_ns
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    assert model_folder_for(file) == first and (first / "model.safetensors").stat().st_mtime_ns == made
+    monkeypatch.undo()
+    monkeypatch.setenv("MTPC_CACHE_DIR", str(cache))
+    other = write_gguf(tmp_path / "other.gguf", tiny_llama(tok, seed=2), tok)
+    assert model_folder_for(other) != first
+
+
+def test_generate_takes_a_gguf_file_and_decodes_as_transformers_generate(tiny, capsys):
+    file, model, tok = tiny
+    prompt = "def collate(items):\n"
+    assert main(["generate", "--model", str(file), prompt, "--max-new-tokens", "12", "--no-stream"]) == 0
+    out = capsys.readouterr().out
+    ids = torch.tensor([[tok.bos_token_id, *tok.encode(prompt)]])
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out.rstrip("\n") == tok.decode(expected[0, ids.shape[1]:], skip_special_tokens=True)
+    assert main(["generate", "--model", str(file), prompt, "--max-new-tokens", "4", "--dtype", "bf16"]) == 0
+
+
+def test_damaged_and_foreign_files_are_refused_before_transformers_reads_them(tiny, tmp_path):
+    file = tiny[0]
+    data = file.read_bytes()
+    cases = {
+        "truncated.gguf": (data[: len(data) - 5000], "truncated"),
+        "short.gguf": (data[:10], "truncated"),
+        "foreign.gguf": (b"PK\x03\x04" + bytes(200), "not a GGUF file"),
+        "version.gguf": (data[:4] + (9).to_bytes(4, "little") + data[8:], "GGUF version 9"),
+        "counts.gguf": (data[:8] + (2**40).to_bytes(8, "little") + data[16:], "claims"),
+        "garbled.gguf": (data[:24] + bytes(range(256)) * 4 + data[24 + 1024:], "damaged"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(InputError, match=message):
+            check_gguf(tmp_path / name)
+
+
+def test_a_gguf_mistake_is_one_line_on_the_command_line(tiny, tmp_path, capsys, monkeypatch):
+    (tmp_path / "cut.gguf").write_bytes(tiny[0].read_bytes()[:3000])
+    assert main(["generate", "--model", str(tmp_path / "cut.gguf"), "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mtpc: error:") and "truncated" in err[0]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    assert main(["generate", "--model", str(tiny[0]), "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install" in err[0] and "gguf" in err[0]
+
+
+def test_dtype_names_are_checked_where_they_are_parsed(capsys):
+    assert main(["generate", "--model", "x", "--dtype", "float16", "hi"]) == 2
+    assert "expected one of fp32, bf16, fp64, float32, bfloat16, float64" in capsys.readouterr().err
