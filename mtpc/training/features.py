@@ -5,7 +5,8 @@ shards that `mtpc train --features DIR` trains heads from without running the LM
 
 A shard holds, for each of its sequences (packed exactly as `mtpc train` packs `--data`, the same
 held-out split): `tokens`, `loss_mask`, `doc_ids` and the LM's final-norm hidden states `hidden`
-`[S, L, d]` in the LM's dtype. That is all the losses need: the NLL reads the tokens, and the KL
+`[S, L, d]` in the LM's dtype, and `greedy`, the LM's own most likely next token at each position
+(what a draft vocabulary is chosen from). That is all the losses need: the NLL reads the tokens, and the KL
 teacher is the LM's own output layer applied to these hidden states (`DraftModel.teacher`, computed
 while training: storing a 49,152-token distribution per position would cost 85x the disk).
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from .. import checks, loading
+from ..decoding.families import OutputLayer
 from ..errors import InputError
 from ..files import atomic_write, field, inside, regular_file
 from .config import FeaturesConfig
@@ -79,7 +81,7 @@ def write_features(cfg: FeaturesConfig, announce: Callable[[str], None] = print)
         manifest = _start_manifest(out, settings)
         plan = _plan(cfg, sets, manifest)
         todo = [shard for shard in plan if shard["name"] not in manifest["shards"]]
-        bytes_per_sequence = cfg.seq_len * (info.hidden_size * dtype.itemsize + 4 + 4 + 1)
+        bytes_per_sequence = cfg.seq_len * (info.hidden_size * dtype.itemsize + 4 + 4 + 4 + 1)  # hidden, tokens, greedy, doc ids, mask
         total = sum(len(s["sequences"]) for s in plan)
         announce(f"mtpc features: {total:,} sequences of {cfg.seq_len} tokens ({sum(len(s['sequences']) for s in todo):,}"
                  f" to compute) in {len(plan)} shards: about {total * bytes_per_sequence / 2**30:.2f} GiB on disk, "
@@ -161,11 +163,15 @@ def _write_shard(out: Path, shard: dict, dataset: PackedDataset, model, batch_si
     items = [dataset[i] for i in shard["sequences"]]
     tokens = torch.stack([it["tokens"] for it in items])  # [S, L]
     hidden = []
+    greedy = []
+    output = OutputLayer(model)
     for k in range(0, len(items), batch_size):
         batch = tokens[k:k + batch_size].to(device)
-        hidden.append(model.get_decoder()(input_ids=batch).last_hidden_state.cpu())  # [b, L, d]
+        h = model.get_decoder()(input_ids=batch).last_hidden_state  # [b, L, d]
+        hidden.append(h.cpu())
+        greedy.append(torch.stack([output(row).argmax(-1) for row in h]).cpu())  # [b, L], a row at a time
         bar.update(batch.numel())
-    tensors = {"hidden": torch.cat(hidden).contiguous(), "tokens": tokens.int(),
+    tensors = {"hidden": torch.cat(hidden).contiguous(), "greedy": torch.cat(greedy).int(), "tokens": tokens.int(),
                "loss_mask": torch.stack([it["loss_mask"] for it in items]).to(torch.uint8),
                "doc_ids": torch.stack([it["doc_ids"] for it in items]).int()}
     path = out / shard["name"]
@@ -256,7 +262,8 @@ class FeatureSet(torch.utils.data.Dataset):
         k = bisect_right(self.starts, i) - 1
         f, row = self.files[k], i - self.starts[k]
         return {"tokens": f.get_slice("tokens")[row].long(), "loss_mask": f.get_slice("loss_mask")[row].bool(),
-                "doc_ids": f.get_slice("doc_ids")[row].long(), "hidden": f.get_slice("hidden")[row]}
+                "doc_ids": f.get_slice("doc_ids")[row].long(), "hidden": f.get_slice("hidden")[row],
+                "greedy": f.get_slice("greedy")[row].long()}
 
 
 def check_model(folder: Path, settings: dict, info: loading.ModelInfo, tokenizer: str | None) -> None:
@@ -283,7 +290,7 @@ def check_shard(folder: Path, name: str, record: dict, settings: dict) -> Path:
                          "or replaced); remove it and rerun mtpc features to write it again")
     shapes = safetensors_header(path)
     S, L, d = record["sequences"], settings["seq_len"], settings["hidden_size"]
-    expected = {"hidden": (S, L, d), "tokens": (S, L), "loss_mask": (S, L), "doc_ids": (S, L)}
+    expected = {"hidden": (S, L, d), "greedy": (S, L), "tokens": (S, L), "loss_mask": (S, L), "doc_ids": (S, L)}
     if shapes != expected:
         raise InputError(f"{path}: its tensors are not those of {S} sequences of {L} tokens and {d} features")
     check_ids(path, settings["vocab_size"])
@@ -295,7 +302,7 @@ def check_ids(path: Path, vocab_size: int) -> None:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        tokens, doc_ids = f.get_tensor("tokens"), f.get_tensor("doc_ids")
+        tokens, doc_ids = torch.cat([f.get_tensor("tokens"), f.get_tensor("greedy")]), f.get_tensor("doc_ids")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size) or \
             doc_ids.numel() and int(doc_ids.min()) < -1:
         raise InputError(f"{path}: token or document ids out of range for a {vocab_size:,}-token vocabulary")
