@@ -239,9 +239,9 @@ def check_head_fits(head, config: dict, head_dir: str) -> None:
     hidden = config.get("hidden_size")
     if hidden is not None and head.hidden_size != hidden:
         raise InputError(f"--head {head_dir} was trained for hidden size {head.hidden_size}; the model's is {hidden}")
-    if head.num_states > config["vocab_size"]:
-        raise InputError(f"--head {head_dir} drafts {head.num_states} token ids; the model's vocabulary has only "
-                         f"{config['vocab_size']}")
+    if head.max_token_id >= config["vocab_size"]:
+        raise InputError(f"--head {head_dir} drafts token ids up to {head.max_token_id}; the model's vocabulary has "
+                         f"only {config['vocab_size']}")
 
 
 def lora_folder(cfg: GenerateConfig) -> Path | None:

@@ -246,9 +246,10 @@ class SpeculativeDecoder:
         if head.hidden_size != self.backbone.hidden_size:
             raise ValueError(f"the head was built for hidden size {head.hidden_size}, the model's is "
                              f"{self.backbone.hidden_size}")
-        if head.num_states > self.backbone.vocab_size:
-            raise ValueError(f"the head's circuit has {head.num_states} states (token ids 0..{head.num_states - 1}) "
-                             f"but the model's vocabulary has only {self.backbone.vocab_size} tokens")
+        if head.max_token_id >= self.backbone.vocab_size:
+            what = (f"circuit has {head.num_states} states (token ids 0..{head.num_states - 1})" if head.vocabulary
+                    is None else f"draft vocabulary names token ids up to {head.max_token_id}")
+            raise ValueError(f"the head's {what} but the model's vocabulary has only {self.backbone.vocab_size} tokens")
         self.head = head
         if draft_temperature is not None and (isinstance(draft_temperature, bool) or
                                               not isinstance(draft_temperature, (int, float)) or

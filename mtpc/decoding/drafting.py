@@ -114,6 +114,7 @@ class Drafter:
         self.program = DraftProgram(head.graph, head.circ.param_layout)
         self.widths, self.span, self.vocab = widths, span, vocab
         self._weight = next(head.parameters())  # the head's dtype and device, as `head.to(...)` leaves them
+        self._vocabulary = None if head.vocabulary is None else frozenset(head.vocabulary)  # host-side lookups
         device = self._weight.device
         self.position_cost = position_cost if position_cost is not None else (0.01 if device.type == "cuda" else 0.08)
         # made once on the head's device: `.to(h.device)` per window is then a no-op, not a copy per cycle
@@ -132,12 +133,13 @@ class Drafter:
         """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`),
         `uniforms` `[B, n]` float64 (sampling; None: greedy) -> the circuit's windows after them, each
         drafted token drawn from the circuit's conditional at `temperature` (see `DraftProgram.sample`)."""
-        # a first token the circuit has no state for (a special token past its `v`) conditions the draft
-        # as its last state would: any function of the past is a valid proposal, and the rows say which
-        prefix = first.clamp_max(self.v - 1)  # [B]
+        # a first token the circuit has no state for (a special token past its `v`, a token outside its draft
+        # vocabulary) conditions the draft as its last state would: any function of the past is a valid
+        # proposal, and the rows say which
+        prefix = self.head.states_of(first).clamp_max(self.v - 1)  # [B] states
         theta = self.theta(h, prefix)  # [B, P]
         drafted, conditionals = self._drafts(theta, prefix, uniforms, temperature)  # [B, n], [B, n, v] or None
-        tokens = self._padded(torch.cat([first[:, None], drafted[:, 1:]], 1))  # [B, S]
+        tokens = self._padded(torch.cat([first[:, None], self.head.tokens_of(drafted[:, 1:])], 1))  # [B, S]
         if len(self.widths) > 1:
             width = self._width(conditionals[:, 1:].gather(2, drafted[:, 1:, None])[..., 0])  # from c_j, [B, n-1]
         else:
@@ -177,12 +179,16 @@ class Drafter:
         given = [first] + proposal
         device = h.device
         prefix = torch.tensor(given, dtype=torch.long, device=device)
-        if len(given) >= self.n or max(given) >= self.v:
+        if len(given) >= self.n or not self._has_states(given):
             tokens, conditionals = prefix, None
         elif uniforms is None:
-            tokens, conditionals = self.program.greedy(self.theta(h, prefix[0]), prefix, with_rows=True)
+            states = self.head.states_of(prefix)
+            drafted, conditionals = self.program.greedy(self.theta(h, states[0]), states, with_rows=True)
+            tokens = self.head.tokens_of(drafted)
         else:
-            tokens, conditionals = self.program.sample(self.theta(h, prefix[0]), None, prefix, uniforms, temperature)
+            states = self.head.states_of(prefix)
+            drafted, conditionals = self.program.sample(self.theta(h, states[0]), None, states, uniforms, temperature)
+            tokens = self.head.tokens_of(drafted)
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
         if uniforms is None:
@@ -196,8 +202,14 @@ class Drafter:
         """The real tokens of the lookup window of `proposal`: `x_0` and the proposal, or the circuit's
         `n` positions when it fills after them."""
         given = 1 + len(proposal)
-        fills = given < self.n and max(proposal, default=0) < self.v
+        fills = given < self.n and self._has_states(proposal)
         return max(given, self.n) if fills else given
+
+    def _has_states(self, tokens: list[int]) -> bool:
+        """Every token is one of the circuit's states (`0 .. v-1`, or its draft vocabulary)."""
+        if self._vocabulary is None:
+            return max(tokens, default=0) < self.v
+        return all(t in self._vocabulary for t in tokens)
 
     # ----------------------------------------------------------------- helpers
 
@@ -224,5 +236,8 @@ class Drafter:
         rows = torch.zeros(*shape, self.span, self.vocab, dtype=torch.float64, device=device)
         if conditionals is not None:
             n, v = conditionals.shape[-2:]
-            rows[..., :n, :v] = conditionals[..., :self.span, :]
+            if self.head.state_tokens is None:
+                rows[..., :n, :v] = conditionals[..., :self.span, :]
+            else:  # state s proposes token state_tokens[s]; every other token has probability 0
+                rows[..., :n, self.head.state_tokens] = conditionals[..., :self.span, :]
         return rows

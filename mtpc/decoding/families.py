@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
@@ -109,17 +110,26 @@ class OutputLayer:
     logit soft-capping (Gemma 2/3). Callable on final hidden states `[..., d]` -> `[..., V]`;
     `weight` is the LM head's (referenced, never copied), for callers that read its dtype."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, rows: torch.Tensor | None = None):
+        """`rows` `[K]` long: only these tokens' logits (a draft vocabulary's), `[..., K]`."""
         self.lm_head = model.get_output_embeddings()
         config = model.config
         self.config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.rows = rows
 
     @property
     def weight(self) -> torch.Tensor:
         return self.lm_head.weight
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return output_logits(self.config, self.lm_head, hidden)
+        if self.rows is None:
+            return output_logits(self.config, self.lm_head, hidden)
+        # soft-capping is elementwise, so capping the chosen rows' logits is capping all, then choosing
+        rows = self.rows.to(self.weight.device)
+        bias = getattr(self.lm_head, "bias", None)
+        logits = F.linear(hidden, self.weight.index_select(0, rows), None if bias is None else bias.index_select(0, rows))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def layer_types(config, num_layers: int) -> list[str]:

@@ -25,9 +25,15 @@ units (leaves; `n` positions, `Q` leaves, `v` states, `d` hidden size):
   LM costs `Q * a * 2d` weights (megabytes). `head.tie_to(lm.get_output_embeddings())` attaches the
   layer (the trainer, `load_head_entry` and `init_from` do it); a loaded head is untied until then.
 
-Vocabulary mapping: circuit state `s` is token id `s`. A circuit with `v` states drafts token ids
-`0 .. v-1` of an LM whose vocabulary may be larger (a byte circuit, v = 256, over a byte LM with a few
-special tokens appended); `init_from` rows `0 .. v-1` initialise the units.
+Vocabulary mapping: by default circuit state `s` is token id `s`. A circuit with `v` states drafts token
+ids `0 .. v-1` of an LM whose vocabulary may be larger (a byte circuit, v = 256, over a byte LM with a few
+special tokens appended); `init_from` rows `0 .. v-1` initialise the units. With a *draft vocabulary*
+(`vocabulary=[t_0, .., t_{v-1}]`: distinct token ids, e.g. the LM's `v` most frequent outputs) state
+`s` is token `t_s` instead: the units read (and start from) those rows of the output layer, so a
+circuit over a 49,152-token LM drafts over `v` = 1,024-8,192 states at that fraction of the cost.
+`states_of(tokens)` maps token ids to states (a token outside the vocabulary to `v`: no state, an
+invalid target) and `tokens_of(states)` back. Decoding stays exact: the verifier scores the whole
+vocabulary and a token outside the draft vocabulary has draft probability 0.
 
 Initialisation (`init_from` = the LM's output embedding `[V, d]`, or a list of `n`, one per window
 position): every unit of position `i` starts as rows `0 .. v-1` of embedding `i` ("full", "shared";
@@ -72,6 +78,7 @@ __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "s
            "PARAMETERISATIONS", "HEAD_FORMAT"]
 
 HEAD_FORMAT = "mtpc-head/1"
+MAX_VOCABULARY = 2**22  # token ids a draft vocabulary may name (mtpc.loading's MAX_VOCAB)
 
 
 def _load_and_compile(source):
@@ -115,7 +122,8 @@ class MTPHead(nn.Module, ABC):
     def __init__(self, circ, hidden_size: int, init_from: torch.Tensor | Sequence[torch.Tensor] | None = None, *,
                  parameterisation: str = "full", identity_init: float | None = None, sum_init_std: float = 0.0,
                  adapter_rank: int = DEFAULT_ADAPTER_RANK, factor_rank: int = DEFAULT_FACTOR_RANK,
-                 first_token: bool = False, first_token_mlp: int = 0, dtype: torch.dtype | None = None):
+                 first_token: bool = False, first_token_mlp: int = 0, dtype: torch.dtype | None = None,
+                 vocabulary: Sequence[int] | torch.Tensor | None = None):
         super().__init__()
         if parameterisation != self.parameterisation:
             raise ValueError(f"{type(self).__name__} is the {self.parameterisation!r} parameterisation, "
@@ -135,6 +143,7 @@ class MTPHead(nn.Module, ABC):
         self.num_input_params = int(circ.num_input_params)
         self.num_params = int(circ.num_params)
         self.num_sum_params = self.num_params - self.num_input_params  # S
+        self._set_vocabulary(vocabulary)
         self._build(dtype or torch.get_default_dtype(), adapter_rank=int(adapter_rank), factor_rank=int(factor_rank))
         self.first_embedding: nn.Parameter | None = None
         self.first_mlp_in: nn.Parameter | None = None
@@ -171,6 +180,51 @@ class MTPHead(nn.Module, ABC):
     def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         """`[..., d]` -> `[..., Q_chunk, v]` for the leaves selected by a slice or a LongTensor of leaf
         indices (leaf order as the circuit's)."""
+
+    # ----------------------------------------------------------------- the draft vocabulary
+
+    def _set_vocabulary(self, vocabulary) -> None:
+        """`state_tokens` `[v]` (state -> token id) and `token_states` `[max id + 2]` (token id -> state,
+        `v` for a token outside the vocabulary, the last entry standing for every larger id); buffers
+        that move with the head and are not saved in its state dict (head.json lists the vocabulary)."""
+        self.vocabulary: list[int] | None = None
+        self.register_buffer("state_tokens", None, persistent=False)  # [v] long, or None
+        self.register_buffer("token_states", None, persistent=False)  # [max id + 2] long, or None
+        if vocabulary is None:
+            return
+        ids = torch.as_tensor(vocabulary, dtype=torch.long, device="cpu").flatten()  # [v] (a meta head too)
+        v = self.num_states
+        if ids.numel() != v:
+            raise ValueError(f"the draft vocabulary lists {ids.numel()} tokens; the circuit has {v} states")
+        if int(ids.min()) < 0 or int(ids.max()) >= MAX_VOCABULARY or ids.unique().numel() != v:
+            raise ValueError(f"the draft vocabulary must list {v} distinct token ids in 0..{MAX_VOCABULARY - 1}")
+        lookup = torch.full((int(ids.max()) + 2,), v, dtype=torch.long, device="cpu")  # [max id + 2]
+        lookup[ids] = torch.arange(v, device="cpu")
+        self.vocabulary = ids.tolist()
+        self.state_tokens, self.token_states = ids, lookup
+
+    def states_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids `[...]` -> the circuit's states `[...]` (a token without a state: `v`, or itself when
+        the head has no draft vocabulary and the token is past `v`: never a valid state either way)."""
+        if self.token_states is None:
+            return tokens
+        return self.token_states[tokens.clamp(0, self.token_states.shape[0] - 1)]
+
+    def tokens_of(self, states: torch.Tensor) -> torch.Tensor:
+        """The circuit's states `[...]` (each < v) -> token ids `[...]`."""
+        return states if self.state_tokens is None else self.state_tokens[states]
+
+    @property
+    def max_token_id(self) -> int:
+        """The largest token id the head drafts (the LM's vocabulary must hold it)."""
+        return self.num_states - 1 if self.vocabulary is None else max(self.vocabulary)
+
+    def vocabulary_rows(self, table: torch.Tensor) -> torch.Tensor:
+        """The rows of a `[V, ...]` table (an output embedding) for the states `0 .. v-1`: `table[:v]`, or
+        the draft vocabulary's rows."""
+        if self.vocabulary is None:
+            return table[: self.num_states]
+        return table.index_select(0, self.state_tokens.to(table.device))
 
     # ----------------------------------------------------------------- the window's first token
 
@@ -263,7 +317,7 @@ class MTPHead(nn.Module, ABC):
             "parameterisation": self.parameterisation,
             "options": self.options,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "vocabulary": "circuit state s = token id s",
+            "vocabulary": "circuit state s = token id s" if self.vocabulary is None else self.vocabulary,
             "graph": self.graph.to_json(),
         }
 
@@ -308,7 +362,7 @@ class FullHead(MTPHead):
         if init_from is None:
             nn.init.normal_(leaf_rows, std=d ** -0.5)
         else:
-            tables = _per_position(init_from, n, v, d)  # [n, v, d]
+            tables = _per_position(init_from, n, v, d, self)  # [n, v, d]
             leaf_rows.copy_(tables[self.circ.leaf_variable.cpu()].to(leaf_rows))
 
     def _sum_rows(self):
@@ -429,7 +483,7 @@ class SharedHead(_AdapterHead):
         if init_from is None:
             nn.init.normal_(table, std=d ** -0.5)
         else:
-            table.copy_(_per_position(init_from, n, v, d).to(table))
+            table.copy_(_per_position(init_from, n, v, d, self).to(table))
         self._init_adapters()
 
 
@@ -468,7 +522,7 @@ class FactorisedHead(_AdapterHead):
             nn.init.normal_(down, std=d ** -0.5)
             nn.init.normal_(self.unembed_up, std=k ** -0.5)
         else:
-            tables = _per_position(init_from, n, v, d)  # [n, v, d]
+            tables = _per_position(init_from, n, v, d, self)  # [n, v, d]
             for i in range(n):
                 up, dn = _low_rank(tables[i].double(), k)  # [v, k], [k, d]
                 self.unembed_up[i].copy_(up.t())
@@ -489,7 +543,8 @@ def _low_rank(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class TiedHead(MTPHead):
-    """`logits_q = W[:v] (h + U_q (D_q h + e_q)) + b[:v]`: the LM's own output layer `W` (+ bias `b`),
+    """`logits_q = W[:v] (h + U_q (D_q h + e_q)) + b[:v]` (the draft vocabulary's rows of `W` and `b` when
+    the head has one): the LM's own output layer `W` (+ bias `b`),
     referenced (never a parameter, so never trained, copied or saved) behind per-leaf low-rank adapters
     in hidden space. `proj_weight` `[Q*a + S, d]` stacks the adapters' `D` and the sum projection;
     `adapter_up` is `U` transposed, `[Q, a, d]`, zero at initialisation, so every leaf starts as the
@@ -512,10 +567,14 @@ class TiedHead(MTPHead):
         """Read the input units from `output` (the LM's output layer, or its weight `[V, d]`); returns self."""
         weight = output.weight if isinstance(output, nn.Module) else output
         bias = getattr(output, "bias", None) if isinstance(output, nn.Module) else None
-        if weight.dim() != 2 or weight.shape[1] != self.hidden_size or weight.shape[0] < self.num_states:
+        needed = self.num_states if self.vocabulary is None else max(self.vocabulary) + 1
+        if weight.dim() != 2 or weight.shape[1] != self.hidden_size or weight.shape[0] < needed:
             raise ValueError(f"the output layer has shape {tuple(weight.shape)}; the tied head needs [V >= "
-                             f"{self.num_states}, {self.hidden_size}]")
-        self._tied = (weight.detach(), None if bias is None else bias.detach())  # views: the same storage
+                             f"{needed}, {self.hidden_size}]")
+        # the states' rows: a view of the first v (the same storage), or the draft vocabulary's, gathered once
+        # (the output layer is frozen: a copy of v rows, never saved)
+        rows = self.vocabulary_rows(weight.detach())  # [v, d]
+        self._tied = (rows, None if bias is None else self.vocabulary_rows(bias.detach()))
         return self
 
     @property
@@ -543,7 +602,7 @@ class TiedHead(MTPHead):
         low = F.linear(h, down_w, down_b).unflatten(-1, (chosen.numel(), a))  # [..., Qc, a]
         shifted = h.unsqueeze(-2) + torch.einsum("...qa,qad->...qd", low, self.adapter_up[chosen])  # [..., Qc, d]
         weight, bias = self._tied
-        out = F.linear(shifted.to(weight.dtype), weight[:v], None if bias is None else bias[:v])  # [..., Qc, v]
+        out = F.linear(shifted.to(weight.dtype), weight, bias)  # [..., Qc, v]
         return out.to(h.dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -554,7 +613,7 @@ class TiedHead(MTPHead):
 _HEADS = {cls.parameterisation: cls for cls in (FullHead, SharedHead, FactorisedHead, TiedHead)}
 
 
-def _per_position(init_from, n: int, v: int, d: int) -> torch.Tensor:
+def _per_position(init_from, n: int, v: int, d: int, head: MTPHead) -> torch.Tensor:
     """One `[v, d]` table per window position from `[V, d]`, `[n, V, d]` or a list of `n` `[V, d]`."""
     if isinstance(init_from, torch.Tensor) and init_from.dim() == 2:
         tables = [init_from] * n
@@ -567,10 +626,13 @@ def _per_position(init_from, n: int, v: int, d: int) -> torch.Tensor:
     for i, table in enumerate(tables):
         if table.dim() != 2 or table.shape[1] != d:
             raise ValueError(f"init_from[{i}] has shape {tuple(table.shape)}; expected [V, {d}] (hidden_size={d})")
-        if table.shape[0] < v:
+        if head.vocabulary is None and table.shape[0] < v:
             raise ValueError(f"init_from[{i}] has {table.shape[0]} rows but the circuit has {v} states "
                              "(state s = token id s, so the LM vocabulary must cover every state)")
-    return torch.stack([t.detach()[:v] for t in tables])  # [n, v, d]
+        if head.vocabulary is not None and table.shape[0] <= max(head.vocabulary):
+            raise ValueError(f"init_from[{i}] has {table.shape[0]} rows but the draft vocabulary names token id "
+                             f"{max(head.vocabulary)}")
+    return torch.stack([head.vocabulary_rows(t.detach()) for t in tables])  # [n, v, d]
 
 
 # --------------------------------------------------------------------------- save / load
@@ -633,6 +695,7 @@ def _read_head_config(path: Path) -> dict:
     field(options, "sum_init_std", f"{path}: options", "number", low=0, high=1e6, default=0.0)
     field(options, "first_token", f"{path}: options", "bool", default=False)
     field(options, "first_token_mlp", f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=0)
+    _check_vocabulary(config, path)
     identity = options.get("identity_init")
     if identity is not None:
         field(options, "identity_init", f"{path}: options", "number", low=-1e6, high=1e6)
@@ -646,13 +709,27 @@ def _read_head_config(path: Path) -> dict:
     return config
 
 
+def _check_vocabulary(config: dict, path: Path) -> None:
+    """head.json's `vocabulary`: the identity's description, or a draft vocabulary (a list of distinct token
+    ids; its length is checked against the circuit when the head is built)."""
+    vocabulary = config.get("vocabulary")
+    if vocabulary is None or isinstance(vocabulary, str):
+        config["vocabulary"] = None
+        return
+    ok = isinstance(vocabulary, list) and 0 < len(vocabulary) <= MAX_VOCABULARY and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_VOCABULARY for t in vocabulary)
+    if not ok or len(set(vocabulary)) != len(vocabulary):
+        raise InputError(f"{path}: vocabulary must be a list of distinct token ids (a draft vocabulary) or the "
+                         f"identity's description, got {describe(vocabulary)}")
+
+
 def _build_args(config: dict) -> tuple[dict, dict]:
     """(keyword arguments of `MTPHead`, the head options' ranks) from a checked head.json."""
     options = dict(config.get("options", {}))
     ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
     return {"parameterisation": config.get("parameterisation", "full"), "identity_init": options.get("identity_init"),
             "sum_init_std": options.get("sum_init_std", 0.0), "first_token": options.get("first_token", False),
-            "first_token_mlp": options.get("first_token_mlp", 0)}, ranks
+            "first_token_mlp": options.get("first_token_mlp", 0), "vocabulary": config.get("vocabulary")}, ranks
 
 
 def _planned_shapes(config: dict, directory: Path):

@@ -54,6 +54,11 @@ class TrainConfig:
         None, metavar="DIR",
         help="train from the LM's cached final hidden states in DIR (written by mtpc features for this --model) "
              "instead of running the LM on --data: same loss, far faster; the sequences are the ones DIR holds")
+    draft_vocab: int | None = setting(  # mtpc.training.vocabulary; None: state s = token id s
+        None, type=positive_int, metavar="K",
+        help="draft over the K tokens the LM most often outputs on the training text (with --features; else the "
+             "text's most frequent tokens): the circuit's states are those tokens (the .pc's `v` is bound to K "
+             "unless -D v= is given), every leaf costs K/V of a full unembedding, and decoding stays exact")
     lora_layers: int = setting(0, type=non_negative_int, help="LoRA adapters on the last k decoder layers")
     lora_rank: int = setting(8, type=positive_int, help="LoRA rank")
     init_head: str | None = setting(  # a trained head's folder to continue from

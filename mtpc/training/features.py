@@ -256,6 +256,14 @@ class FeatureSet(torch.utils.data.Dataset):
     def num_tokens(self) -> int:
         return self.size * self.seq_len
 
+    def greedy_counts(self, vocab_size: int) -> torch.Tensor:
+        """`[V]` how often each token is the LM's greedy next token at the split's real positions."""
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for f in self.files:
+            greedy, real = f.get_tensor("greedy").long(), f.get_tensor("doc_ids") >= 0  # [S, L]
+            counts += torch.bincount(greedy[real], minlength=vocab_size)[:vocab_size]
+        return counts
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < self.size:
             raise IndexError(f"sequence {i} out of range 0..{self.size - 1}")

@@ -49,6 +49,7 @@ from ..heads.nll_loss import valid_counts
 from .checkpoints import rng_state, set_rng_state, write_checkpoint
 from .data import EpochSampler, PackedDataset, collate, load_documents, split_documents, to_device
 from .features import FeatureSet
+from .vocabulary import choose_vocabulary, coverage, token_counts
 from .distributed import all_sum, barrier, init_distributed, wrap_ddp
 from .loop import LoopSettings, run_loop
 from .precision import autocast_dtype
@@ -84,12 +85,14 @@ class Trainer:
             announce(self.vocabulary.line)  # which head reads the vocabulary, and why: before any slow work
         self.resume_state = read_checkpoint(self.out, cfg, self.graph)
         self.lm = load_lm(cfg, self.d.device)
-        self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init)
+        self.train_set, self.val_set = self._data()
+        self.draft_vocabulary = self._draft_vocabulary(info.vocab_size)
+        self.head = build_head(cfg, self.lm, self.d.device, self.graph, self.init,
+                               self.draft_vocabulary["tokens"] if self.draft_vocabulary else None)
         self.saved_step = self.resume_state["step"] if self.resume_state else None
         self.amp = autocast_dtype(self.d.device, cfg.precision)
         self.module = DraftModel(self.lm, self.head, cfg.gamma, cfg.chunk_elements, self.amp, cfg.loss)
         self.ddp = wrap_ddp(self.module, self.d)
-        self.train_set, self.val_set = self._data()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.opt = self._optimizer()
         self.sampler = EpochSampler(len(self.train_set), cfg.seed)
@@ -108,6 +111,18 @@ class Trainer:
         L = self.cfg.seq_len
         return PackedDataset(train_docs, L, self.tok.pad_id), PackedDataset(val_docs, L, self.tok.pad_id)
 
+    def _draft_vocabulary(self, vocab_size: int) -> dict | None:
+        """`--draft-vocab K`: the K tokens the LM (or the text) most often has next on the training split,
+        and the share of each split's tokens they cover."""
+        if self.cfg.draft_vocab is None:
+            return None
+        counts = token_counts(self.train_set, vocab_size)
+        tokens = choose_vocabulary(counts, self.cfg.draft_vocab)
+        source = "the LM's greedy next tokens" if self.cfg.features else "the training text's tokens"
+        return {"tokens": tokens, "size": len(tokens), "chosen_from": source,
+                "train_coverage": round(coverage(tokens, counts), 4),
+                "val_coverage": round(coverage(tokens, token_counts(self.val_set, vocab_size)), 4)}
+
     def _optimizer(self) -> torch.optim.Optimizer:
         head = [p for p in self.head.parameters() if p.requires_grad]
         lora = [p for p in self.lm.parameters() if p.requires_grad]
@@ -124,7 +139,7 @@ class Trainer:
         batch = collate(self.train_set[i] for i in indices)
         n, v = self.head.num_variables, self.head.num_states
         batch["window_mask"] = self._window_mask(batch["tokens"].shape)
-        normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], batch["tokens"], n, v,
+        normalizer = valid_counts(batch["doc_ids"], batch["loss_mask"], self.head.states_of(batch["tokens"]), n, v,
                                   batch["window_mask"]).to(d.device)
         for group in self.opt.param_groups:
             group["lr"] = cosine_lr(group["base_lr"], self.budget.done, self.step, cfg.warmup_steps, cfg.min_lr_ratio)
@@ -255,6 +270,8 @@ class Trainer:
                   "skipped_corrupt": stats.skipped_corrupt, "skipped_binary": stats.skipped_binary}
         summary = {"steps": self.step, "train_tokens": self.tokens, "train_seconds": round(self.elapsed, 1),
                    "tokens_per_second": rate, "data": data, **final}
+        if self.draft_vocabulary:
+            summary["draft_vocabulary"] = {k: v for k, v in self.draft_vocabulary.items() if k != "tokens"}
         self.save_outputs(summary)
         barrier(d)
         return summary

@@ -60,16 +60,17 @@ class DraftModel(nn.Module):
 
     def teacher(self, tokens: torch.Tensor, draft: torch.Tensor):
         """The KL loss's teacher: flat positions -> the verifier's logits, as the model's own forward
-        computes them from its final hidden states (`OutputLayer`: Gemma's soft-capping included)."""
+        computes them from its final hidden states (`OutputLayer`: Gemma's soft-capping included), over
+        the head's draft vocabulary when it has one (the LM renormalised over the tokens it drafts)."""
         from ..decoding.families import OutputLayer
 
         base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
-        return lm_teacher(OutputLayer(base), self.teacher_hidden(tokens, draft))
+        return lm_teacher(OutputLayer(base, rows=self.head.state_tokens), self.teacher_hidden(tokens, draft))
 
-    def head_input(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def head_input(self, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` what the head reads at each position: `h`, with the embedding of the window's first
-        token `tokens[:, t + 1]` when the head reads it (the last position's window has no targets)."""
-        following = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)  # [B, T]
+        token's state `states[:, t + 1]` when the head reads it (the last position's window has no targets)."""
+        following = torch.cat([states[:, 1:], states[:, -1:]], 1)  # [B, T]
         return self.head.with_first_token(h, following)
 
     def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None, hidden=None):
@@ -77,13 +78,14 @@ class DraftModel(nn.Module):
         `tokens` (`mtpc features`), which stand in for the LM's forward."""
         with record_function("mtpc.lm_forward"):  # phase labels: benchmarks/bench_train_step.py
             h = self.hidden(tokens) if hidden is None else hidden  # [B, T, d]
+        states = self.head.states_of(tokens)  # [B, T]: a token outside a draft vocabulary is no valid target
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
                       chunk_elements=self.chunk_elements, first_given=self.head.reads_first_token)
         with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
-            x = self.head_input(h, tokens)  # [B, T, d]
-            nll = mtp_loss(self.head, x, tokens, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
+            x = self.head_input(h, states)  # [B, T, d]
+            nll = mtp_loss(self.head, x, states, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss or self.loss == "tv":
-                kl = kl_loss(self.head, x, self.teacher(tokens, h), tokens, doc_ids, loss_mask,
+                kl = kl_loss(self.head, x, self.teacher(tokens, h), states, doc_ids, loss_mask,
                              divergence="tv" if self.loss == "tv" else "kl", **kwargs)
         if self.loss == "nll":
             return nll.loss, nll.term_sums, nll.counts
@@ -134,8 +136,9 @@ def load_init_head(cfg: TrainConfig):
         raise InputError(f"--init-head {cfg.init_head}: {e}") from None
 
 
-def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, init=None):
-    """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head."""
+def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, init=None, vocabulary=None):
+    """`init` (the `--init-head` head) continued, or a fresh head over `graph` initialised from the LM head
+    (over the draft `vocabulary`'s token ids when given)."""
     from ..heads.head import MTPHead
 
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
@@ -150,7 +153,7 @@ def build_head(cfg: TrainConfig, lm: nn.Module, device: torch.device, graph, ini
     head = MTPHead(graph, output.weight.shape[1], init_from=unembed, sum_init_std=cfg.sum_init_std,
                    parameterisation=cfg.parameterisation, adapter_rank=cfg.adapter_rank,
                    factor_rank=cfg.factor_rank, first_token=cfg.first_token,
-                   first_token_mlp=cfg.first_token_mlp)
+                   first_token_mlp=cfg.first_token_mlp, vocabulary=vocabulary)
     return head.to(device)
 
 
@@ -221,7 +224,7 @@ def check_inputs(cfg: TrainConfig, init, world: int):
     check_lora_family(cfg, info)
     graph = None
     if cfg.circuit is not None:
-        graph = circuitc.load_graph(cfg.circuit, **cfg.bindings)
+        graph = circuitc.load_graph(cfg.circuit, **circuit_bindings(cfg))
     elif cfg.bindings:
         raise InputError(f"-D {', '.join(cfg.bindings)} given without --circuit")
     if init is not None:
@@ -239,7 +242,9 @@ def check_inputs(cfg: TrainConfig, init, world: int):
         cfg.lora_layers = k or cfg.lora_layers
     if graph is None:
         raise InputError("give --circuit (or --init-head to continue from a trained head)")
-    checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
+    check_draft_vocabulary(cfg, graph, init, info)
+    if cfg.draft_vocab is None and (init is None or init.vocabulary is None):
+        checks.states_fit_vocabulary(graph.states, info.vocab_size, f"--circuit with model {cfg.model}")
     check_step_memory(cfg, graph, info.hidden_size, world, init)
     config = loading.model_config(info.path)
     context = config.get("max_position_embeddings")
@@ -280,6 +285,28 @@ def device_memory(device: str) -> tuple[int, str]:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return (memory if soft == resource.RLIM_INFINITY else min(memory, soft)), "machine"
+
+
+def circuit_bindings(cfg: TrainConfig) -> dict:
+    """The circuit's `-D` bindings; with `--draft-vocab K`, `v = K` unless `-D v=` is given."""
+    if cfg.draft_vocab is None or "v" in cfg.bindings:
+        return dict(cfg.bindings)
+    return {**cfg.bindings, "v": cfg.draft_vocab}
+
+
+def check_draft_vocabulary(cfg: TrainConfig, graph, init, info) -> None:
+    """`--draft-vocab K`: a circuit of `K` states, fewer than the LM's tokens, and not a second vocabulary
+    for an `--init-head` head (which keeps its own)."""
+    if cfg.draft_vocab is None:
+        return
+    if init is not None:
+        raise InputError(f"--draft-vocab with --init-head: the head in {cfg.init_head} keeps its own vocabulary "
+                         "(omit --draft-vocab)")
+    if cfg.draft_vocab > info.vocab_size:
+        raise InputError(f"--draft-vocab {cfg.draft_vocab} is more than the model's {info.vocab_size:,} tokens")
+    if graph.states != cfg.draft_vocab:
+        raise InputError(f"--draft-vocab {cfg.draft_vocab}, but the circuit has {graph.states} states per variable "
+                         "(a .pc with `param v` takes K itself; otherwise give -D v=K or a circuit of K states)")
 
 
 def check_features(cfg: TrainConfig, init, info) -> None:

@@ -25,10 +25,11 @@ def validate(module: DraftModel, val_set: torch.utils.data.Dataset, cfg: TrainCo
     cached = batch.get("hidden")  # [B, T, d] the LM's cached hidden states (mtpc train --features), or None
     loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None, hidden=cached)
     h = (module.hidden(batch["tokens"]) if cached is None else cached).float()  # [B, T, d]
+    states = head.states_of(batch["tokens"])  # [B, T] (a token outside a draft vocabulary: no state)
     valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
-    valid &= window_targets(batch["tokens"], n, fill=-1) < head.num_states
+    valid &= window_targets(states, n, fill=-1) < head.num_states
     full = valid.all(-1).flatten()  # windows whose n targets all exist
-    x = window_targets(batch["tokens"], n).flatten(0, 1)[full]  # [W, n]
+    x = window_targets(states, n).flatten(0, 1)[full]  # [W, n]
     hw = h.flatten(0, 1)[full]  # [W, d]
     chosen = torch.tensor(spread(len(x), cfg.val_windows), dtype=torch.long, device=x.device)
     x, hw = x[chosen], hw[chosen]
