@@ -249,6 +249,30 @@ def test_peers_lookup_variants_and_repetition_are_reported_and_checked(setup):
     assert "hf prompt-lookup:3" in table and "rep8" in table and "ff4/lookup" in table
 
 
+def test_generate_peer_is_transformers_plain_generate_checked_like_every_peer(setup, capsys):
+    """`--peers generate`: transformers' own `generate()` with its default (dynamic) cache, the baseline a user
+    has: a row of the table and the JSON like the other peers, its greedy output checked against plain
+    decoding's; sampling with the same temperature / top-p as the other decoders."""
+    out = setup["root"] / "generate-peer"
+    code = main(["bench", "--model", setup["model"], "--heads", setup["heads"]["ff"], "--prompts", setup["prompts"],
+                 "--num-prompts", "2", "--repeats", "2", "--max-new-tokens", "10", "--peers", "generate", "static",
+                 "--out", str(out), "--no-progress", "--threads", "1"])
+    assert code == 0 and "hf generate" in capsys.readouterr().out
+    report = json.loads((out / "bench.json").read_text())
+    peers = {r["label"]: r for r in report["peers"]}
+    assert list(peers) == ["hf generate", "hf static cache"] and report["config"]["peers"] == ["generate", "static"]
+    plain_generate = peers["hf generate"]
+    assert plain_generate["kind"] == "generate" and "dynamic cache" in plain_generate["detail"]
+    assert plain_generate["greedy_check"] == {"compared": 4, "identical": 4, "mismatches": []}
+    assert plain_generate["mu_acc"]["mean"] == 1 and plain_generate["tokens"] == report["plain"]["tokens"]
+    assert plain_generate["speedup_plain"]["mean"] > 0 and report["greedy_identical"] is True
+    assert "| hf generate |" in (out / "bench.md").read_text()
+    sampled = run_bench(config(setup, heads=[setup["heads"]["ff"]], mode="sample", temperature=0.8, top_p=0.9,
+                               peers=("generate",)))
+    [row] = sampled["peers"]
+    assert row["label"] == "hf generate" and "greedy_check" not in row and row["tokens"] > 0
+
+
 def test_repetition_filter_drops_prompts_for_every_decoder(setup):
     from mtpc.bench.timing import Run
     from mtpc.bench.report import drop_repetitive
@@ -312,7 +336,7 @@ def test_bad_peers_are_refused_before_loading(setup):
 
     for peers, message in [(("prompt-lookup:0",), "K in prompt-lookup"), (("assisted",), "draft LM"),
                            (("assisted:/nonexistent",), "config.json"), (("medusa",), "unknown peer"),
-                           (("static:4",), "takes no argument")]:
+                           (("static:4",), "takes no argument"), (("generate:dynamic",), "generate takes no argument")]:
         with pytest.raises(InputError, match=message):
             run_bench(config(setup, peers=peers))
     with pytest.raises(InputError, match="max repetition"):

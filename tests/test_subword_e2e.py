@@ -225,6 +225,30 @@ def test_bench_cli_prints_bytes_per_cycle_and_refuses_an_unreadable_tokenizer(su
             "cannot be loaded")
 
 
+def test_bench_chat_puts_each_prompt_in_the_models_chat_template(subword, corpus, tmp_path, capsys):
+    """`mtpc bench --chat`: every prompt of --prompts is a user turn of the model's own chat template, as
+    `mtpc generate --chat` renders it, and decoding stops at any special token; with --corpus it is refused."""
+    from mtpc import loading
+    from mtpc.bench import BenchConfig, run_bench
+    from mtpc.bench.prompts import answer_end_ids
+
+    model, head = subword
+    tok = loading.model_tokenizer(loading.model_info(model, allow_non_byte_vocab=True))
+    names = tok.special_names()
+    texts = ["write a loader", "name a <|end|> class"]  # a special's name in user text stays text
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(t + "\n" for t in texts))
+    cfg = BenchConfig(model=model, heads=[head], prompts=str(prompts), chat=True, num_prompts=2, repeats=1,
+                      max_new_tokens=6, peers=("generate",), progress=False, threads=1)
+    report = run_bench(cfg)
+    assert report["config"]["chat"] is True and report["greedy_identical"] is True
+    assert report["prompt_ids"] == [[[names["<bos>"], names["<|user|>"], *tok.encode(t), names["<|end|>"],
+                                      names["<|assistant|>"]] for t in texts]]
+    assert answer_end_ids(cfg, tok) == tok.special_ids() > {tok.eos_id, names["<|end|>"]}
+    refused(capsys, ["bench", "--model", model, "--heads", head, "--corpus", corpus, "--chat"],
+            "--chat needs instruction prompts from --prompts")
+
+
 @pytest.mark.parametrize("command", ["bench", "distill-data", "generate"])
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(command, corpus, tmp_path, capsys):
     text = "".join(p.read_text() for p in sorted(ROOT.joinpath("mtpc").rglob("*.py")))

@@ -38,7 +38,7 @@ from ..decoding.verify import attended_slots, cache_length
 from ..errors import InputError
 from .config import BenchConfig
 from .variants import load_bench
-from .prompts import load_prompts
+from .prompts import answer_end_ids, load_prompts
 from .timing import synchronized
 
 __all__ = ["BatchedPlainDecoder", "run_batch_bench", "format_batch_table", "write_batch_outputs"]
@@ -131,15 +131,15 @@ def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     prompts = load_prompts(cfg, tok)
     sets = [[_batch(prompts[k * cfg.num_prompts + i:k * cfg.num_prompts + i + B], tok.pad_id, device)
              for i in range(0, cfg.num_prompts, B)] for k in range(cfg.repeats)]
-    sampling = _sampling(cfg)
-    tasks = {PLAIN: _plain_task(BatchedPlainDecoder(base, compile=False), sampling, tok)}
+    sampling, ends = _sampling(cfg), answer_end_ids(cfg, tok)
+    tasks = {PLAIN: _plain_task(BatchedPlainDecoder(base, compile=False), sampling, tok, ends)}
     if cfg.compile:
-        tasks[PLAIN_COMPILED] = _plain_task(BatchedPlainDecoder(base, compile=True), sampling, tok)
-    tasks[HF] = _hf_task(base, sampling, tok)
+        tasks[PLAIN_COMPILED] = _plain_task(BatchedPlainDecoder(base, compile=True), sampling, tok, ends)
+    tasks[HF] = _hf_task(base, sampling, tok, ends)
     for v in variants:
-        tasks[v.label] = _spec_task(v.decoder, sampling, tok)
+        tasks[v.label] = _spec_task(v.decoder, sampling, tok, ends)
     runs = _measure(cfg, tasks, sets, {v.label for v in variants if v.compiled} | {PLAIN_COMPILED})
-    report = batch_report(cfg, runs, [v.label for v in variants], tok.eos_id, device)
+    report = batch_report(cfg, runs, [v.label for v in variants], ends, device)
     if cfg.out:
         write_batch_outputs(report, Path(cfg.out))
     return report
@@ -175,17 +175,17 @@ def _without_stats(sequences: torch.Tensor, seconds: float) -> tuple[torch.Tenso
     return sequences, seconds, None
 
 
-def _plain_task(decoder: BatchedPlainDecoder, sampling: dict, tok) -> Callable:
+def _plain_task(decoder: BatchedPlainDecoder, sampling: dict, tok, ends: set[int]) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        return _without_stats(*_timed(lambda: decoder.generate(ids, mask, budget, eos_token_id=tok.eos_id, generator=gen,
+        return _without_stats(*_timed(lambda: decoder.generate(ids, mask, budget, eos_token_id=ends, generator=gen,
                                                                pad_token_id=tok.pad_id, **sampling).sequences,
                                       ids.is_cuda))
 
     return task
 
 
-def _hf_task(base, sampling: dict, tok) -> Callable:
+def _hf_task(base, sampling: dict, tok, ends: set[int]) -> Callable:
     hf = dict(sampling)
     if hf["do_sample"]:  # transformers' top-k default of 50 off unless asked, as the other decoders
         hf.update(top_k=hf["top_k"] or 0, top_p=hf["top_p"] if hf["top_p"] is not None else 1.0)
@@ -193,16 +193,16 @@ def _hf_task(base, sampling: dict, tok) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         _generator(seed, ids.device)
         return _without_stats(*_timed(lambda: base.generate(ids, attention_mask=mask, max_new_tokens=budget,
-                                                            eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, **hf),
+                                                            eos_token_id=sorted(ends), pad_token_id=tok.pad_id, **hf),
                                       ids.is_cuda))
 
     return task
 
 
-def _spec_task(decoder, sampling: dict, tok) -> Callable:
+def _spec_task(decoder, sampling: dict, tok, ends: set[int]) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        out, seconds = _timed(lambda: decoder.generate(ids, budget, attention_mask=mask, eos_token_id=tok.eos_id,
+        out, seconds = _timed(lambda: decoder.generate(ids, budget, attention_mask=mask, eos_token_id=ends,
                                                        generator=gen, pad_token_id=tok.pad_id, **sampling),
                               ids.is_cuda)
         return out.sequences, seconds, out.stats
@@ -240,12 +240,13 @@ def _row_tokens(sequences: torch.Tensor, prompt_len: int) -> list[list[int]]:
 
 # --------------------------------------------------------------------------- the report
 
-def _new_tokens(row: list[int], eos: int) -> list[int]:
-    """A row's new tokens up to and with its first EOS (the padding after it dropped)."""
-    return row[:row.index(eos) + 1] if eos in row else row
+def _new_tokens(row: list[int], eos: set[int]) -> list[int]:
+    """A row's new tokens up to and with its first id of `eos` (the padding after it dropped)."""
+    end = next((i for i, t in enumerate(row) if t in eos), None)
+    return row if end is None else row[:end + 1]
 
 
-def batch_report(cfg: BenchConfig, runs: dict, heads: Sequence[str], eos: int, device: torch.device) -> dict:
+def batch_report(cfg: BenchConfig, runs: dict, heads: Sequence[str], eos: set[int], device: torch.device) -> dict:
     rates = {label: [sum(len(_new_tokens(r, eos)) for rows, _, _ in batches for r in rows)
                      / max(sum(s for _, s, _ in batches), 1e-12) for batches in per_set]
              for label, per_set in runs.items()}

@@ -37,6 +37,9 @@ class BenchConfig:
     corpus: str | None = setting(None, exclusive="source",  # "stdlib": Python's
                                  help="sample prompts from the held-out documents of this corpus ('stdlib': the "
                                       "Python standard library, mtpc tiny-lm's default)")
+    chat: bool = setting(  # as `mtpc generate --chat`; the answer ends where generate's does
+        False, help="render every --prompts prompt as a user turn with the model's own chat template (a subword "
+                    "model's answer then ends at any of its special tokens)")
     num_prompts: int = setting(8, type=positive_int, help="prompts per set")
     repeats: int = setting(3, type=positive_int, help="K disjoint prompt sets; mean ± std over them")
     prompt_len: int = setting(128, type=positive_int, help="corpus prompts: tokens per prompt")
@@ -64,7 +67,8 @@ class BenchConfig:
     peers: Sequence[str] = setting(
         (), nargs="+", metavar="PEER",
         help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR (a small draft "
-             "LM folder) and/or static (generate with cache_implementation=\"static\")")
+             "LM folder), static (generate with cache_implementation=\"static\") and/or generate (plain generate, "
+             "transformers' usual dynamic cache)")
     compile: bool = setting(
         False, help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
                     "variant again with its cycle (draft, verify, accept) compiled as one graph (compiled in the "

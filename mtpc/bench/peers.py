@@ -6,6 +6,8 @@
   transformers compiles its step automatically on accelerators only, so on the CPU this is its eager static
   path; timed with the same hooks as the other peers, which on CUDA would sit inside its compiled step:
   there, `--compile`'s "plain (static + compile)" row is the compiled baseline),
+- `generate`: transformers' own plain `generate()` with its default (dynamic) cache: the baseline a user
+  already has,
 - `--compile`: the fastest plain decoding of the same model: a static KV cache (`transformers.StaticCache`),
   the one-token step run eagerly ("plain (static cache)") and through `torch.compile`
   ("plain (static + compile)"), gpt-fast's recipe. The compile happens in the untimed warm-up.
@@ -33,13 +35,19 @@ from .timing import Run, synchronized
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
 
-PEER_KINDS = ("prompt-lookup", "assisted", "static")
+PEER_KINDS = ("prompt-lookup", "assisted", "static", "generate")
 DEFAULT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+
+
+# the peers that are transformers' plain decoding, no argument: kind -> (label, detail, generate's extra kwargs)
+PLAIN_GENERATE = {"static": ("hf static cache", 'generate(cache_implementation="static")',
+                             {"cache_implementation": "static"}),
+                  "generate": ("hf generate", "generate() (its default dynamic cache)", {})}
 
 
 @dataclass(frozen=True)
 class PeerSpec:
-    kind: str  # prompt-lookup | assisted | static
+    kind: str  # prompt-lookup | assisted | static | generate
     tokens: int | None = None  # prompt-lookup: candidate tokens per match
     path: str | None = None  # assisted: the draft LM folder
 
@@ -47,17 +55,18 @@ class PeerSpec:
 @dataclass
 class Peer:
     label: str
-    kind: str  # prompt-lookup | assisted | static | plain-static | plain-compiled
+    kind: str  # prompt-lookup | assisted | static | generate | plain-static | plain-compiled
     detail: str
     task: Callable[[torch.Tensor, int, int], Run]
 
 
 def parse_peer(text: str) -> PeerSpec:
-    """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR` or `static` (checked before any model is loaded)."""
+    """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR`, `static` or `generate` (checked before any model is
+    loaded)."""
     kind, _, arg = text.partition(":")
-    if kind == "static":
+    if kind in PLAIN_GENERATE:
         if arg:
-            raise InputError(f"--peers {text}: static takes no argument")
+            raise InputError(f"--peers {text}: {kind} takes no argument")
         return PeerSpec(kind)
     if kind == "prompt-lookup":
         if not arg:
@@ -71,12 +80,13 @@ def parse_peer(text: str) -> PeerSpec:
         if not (Path(arg) / "config.json").is_file():
             raise InputError(f"--peers {text}: {arg} is not a Hugging Face checkpoint folder (no config.json)")
         return PeerSpec(kind, path=arg)
-    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR or static")
+    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR, static or generate")
 
 
-def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device, eos: int,
+def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device, eos: set[int],
                 max_len: int) -> list[Peer]:
-    """The peers' tasks: transformers' decoders for `specs`, and the static-cache baselines if `cfg.compile`."""
+    """The peers' tasks: transformers' decoders for `specs`, and the static-cache baselines if `cfg.compile`;
+    every one stops at any id of `eos`."""
     peers = []
     if cfg.compile:
         eager = StaticCacheDecoder(base, max_len, compile=False)
@@ -86,9 +96,9 @@ def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, d
         peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step (compile_step, as the heads' cycle)",
                           _static_task(cfg, compiled, eos)))
     for spec in specs:
-        if spec.kind == "static":
-            peers.append(Peer("hf static cache", spec.kind, 'generate(cache_implementation="static")',
-                              _hf_task(cfg, base, eos, device, cache_implementation="static")))
+        if spec.kind in PLAIN_GENERATE:
+            label, detail, decoder = PLAIN_GENERATE[spec.kind]
+            peers.append(Peer(label, spec.kind, detail, _hf_task(cfg, base, eos, device, **decoder)))
         elif spec.kind == "prompt-lookup":
             peers.append(Peer(f"hf prompt-lookup:{spec.tokens}", spec.kind,
                               f"generate(prompt_lookup_num_tokens={spec.tokens})",
@@ -113,7 +123,7 @@ def _hf_sampling(cfg) -> dict:
             "top_p": cfg.top_p if cfg.top_p is not None else 1.0}
 
 
-def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
+def _hf_task(cfg, base, eos: set[int], device: torch.device, **decoder) -> Callable:
     embed, ends = backbone_marks(base)
     pad = base.config.vocab_size - 1 if base.config.pad_token_id is None else base.config.pad_token_id
 
@@ -121,8 +131,8 @@ def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
         torch.manual_seed(seed)  # transformers samples with the global generator
         clock = PhaseClock(None, embed, ends, device.type == "cuda")
         with synchronized(clock.cuda), clock, torch.no_grad():
-            out = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, eos_token_id=eos,
-                                pad_token_id=pad, **_hf_sampling(cfg), **decoder)
+            out = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget,
+                                eos_token_id=sorted(eos), pad_token_id=pad, **_hf_sampling(cfg), **decoder)
         stamps = clock.times()
         phases, seconds = split_phases(stamps)
         calls = sum(kind == "backbone_start" for kind, _ in stamps)
@@ -131,7 +141,7 @@ def _hf_task(cfg, base, eos: int, device: torch.device, **decoder) -> Callable:
     return task
 
 
-def _static_task(cfg, decoder: "StaticCacheDecoder", eos: int) -> Callable:
+def _static_task(cfg, decoder: "StaticCacheDecoder", eos: set[int]) -> Callable:
     """No phase hooks here: a hook inside a `torch.compile`d step is traced by dynamo (graph breaks and
     recompiles), which would time something else than the compiled step. The decoder's own cycle clock
     (CUDA: synchronised) gives the decoding time; the phases stay empty."""

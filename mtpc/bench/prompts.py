@@ -1,4 +1,5 @@
-"""Prompts for `mtpc bench` (a file, or held-out spans of a corpus) and how repetitive a continuation is."""
+"""Prompts for `mtpc bench` (a file, or held-out spans of a corpus; `--chat`: a file's prompts as user turns of
+the model's chat template), the ids that end an answer, and how repetitive a continuation is."""
 
 from __future__ import annotations
 
@@ -6,31 +7,65 @@ import json
 import random
 from pathlib import Path
 
+from .. import loading
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 
-__all__ = ["load_prompts", "prompts_from_file", "prompt_texts", "prompts_from_corpus", "repetition"]
+__all__ = ["load_prompts", "encode_prompts", "prompts_from_file", "prompt_texts", "prompts_from_corpus",
+           "answer_end_ids", "repetition"]
 
 
 # --------------------------------------------------------------------------- prompts
 
 def load_prompts(cfg, tok: ByteTokenizer | SubwordTokenizer) -> list[list[int]]:
-    """`repeats * num_prompts` prompts (token ids), from `cfg.prompts` or sampled from `cfg.corpus`."""
+    """`repeats * num_prompts` prompts (token ids), from `cfg.prompts` (with `cfg.chat` each a user turn of
+    the model's chat template) or sampled from `cfg.corpus`."""
     need = cfg.repeats * cfg.num_prompts
     if (cfg.prompts is None) == (cfg.corpus is None):
         raise InputError("give exactly one of prompts (a file) or corpus (a path)")
+    check_chat_source(cfg)
     if cfg.prompts is not None:
-        prompts = prompts_from_file(Path(cfg.prompts), tok)
-        if len(prompts) < need:
-            raise InputError(f"{cfg.prompts} has {len(prompts)} prompts; {cfg.repeats} sets of {cfg.num_prompts} "
+        texts = prompt_texts(Path(cfg.prompts))
+        if len(texts) < need:
+            raise InputError(f"{cfg.prompts} has {len(texts)} prompts; {cfg.repeats} sets of {cfg.num_prompts} "
                              f"need {need}")
-        return prompts[:need]
+        # only the prompts used are encoded: a chat template is rendered in a child process per prompt
+        return encode_prompts(texts[:need], tok, chat_model=cfg.model if cfg.chat else None)
     return prompts_from_corpus(cfg.corpus, tok, need, cfg.prompt_len, cfg.seed, cfg.val_fraction)
+
+
+def check_chat_source(cfg) -> None:
+    """`--chat` renders instructions: a corpus's spans of documents are no user turns."""
+    if cfg.chat and cfg.corpus is not None:
+        raise InputError("--chat needs instruction prompts from --prompts, not spans of --corpus documents")
+
+
+def encode_prompts(texts: list[str], tok: ByteTokenizer | SubwordTokenizer,
+                   chat_model: str | None = None) -> list[list[int]]:
+    """Each text's ids after `<bos>`, like the training documents; with `chat_model` (a `--model`) one user
+    turn through that model's own chat template, as `mtpc generate --chat` renders it (`mtpc.chat.chat_ids`:
+    the text stays text, never a special id)."""
+    if chat_model is None:
+        return [tok.encode(text, add_bos=True) for text in texts]
+    from ..chat import chat_ids
+
+    folder = loading.model_folder(chat_model)  # a GGUF file's converted folder holds its chat template
+    return [chat_ids(folder, [{"role": "user", "content": text}], tok) for text in texts]
+
+
+def answer_end_ids(cfg, tok: ByteTokenizer | SubwordTokenizer) -> set[int]:
+    """The ids that end a generated answer: eos; with `--chat` also where `mtpc generate --chat` stops, any
+    special token of a subword model (its template's end of turn is one) or a byte model's end of turn."""
+    if not cfg.chat:
+        return {tok.eos_id}
+    if isinstance(tok, SubwordTokenizer):
+        return tok.special_ids()
+    return {tok.eos_id, tok.end_of_turn_id}
 
 
 def prompts_from_file(path: Path, tok: ByteTokenizer | SubwordTokenizer) -> list[list[int]]:
     """The prompts of `prompt_texts(path)`, each starting with `<bos>`, like the training documents."""
-    return [tok.encode(text, add_bos=True) for text in prompt_texts(path)]
+    return encode_prompts(prompt_texts(path), tok)
 
 
 def prompt_texts(path: Path) -> list[str]:

@@ -179,7 +179,14 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
                                                                "dropped": dropped},
             "greedy_identical": all(not r["greedy_check"]["mismatches"] for r in checked) if cfg.mode == "greedy"
             else None,
-            "context_warning": _context_warning(cfg, base), "plain": plain, "peers": peer_rows, "heads": rows}
+            "context_warning": _context_warning(cfg, base), "plain": plain, "peers": peer_rows, "heads": rows,
+            "prompt_ids": prompt_ids(runs["plain"])}
+
+
+def prompt_ids(plain_sets: Sequence[Sequence[Run]]) -> list[list[list[int]]]:
+    """The token ids of every reported prompt, set by set (`--chat`: the chat template's tokens around the
+    text), read from plain decoding's runs (after `--max-repetition`, the prompts kept)."""
+    return [[r.sequence[:r.prompt_tokens] for r in runs] for runs in plain_sets]
 
 
 def _aggregate(sets: Sequence[dict]) -> dict:
@@ -341,6 +348,8 @@ def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> No
                   f"**{'yes' if check else 'NO'}**.", ""]
     if report["context_warning"]:
         lines += [f"Warning: {report['context_warning']}.", ""]
+    if cfg.get("chat"):
+        lines += ["Every prompt is a user turn of the model's chat template (`--chat`).", ""]
     lines += [f"`rep8`: {report['repetition_rule']} (mean over prompts of each row's own outputs). Peers "
               f"(transformers' generate): {report['peer_timing']}.", ""]
     flt = report.get("repetition_filter")

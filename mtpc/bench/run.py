@@ -1,9 +1,9 @@
 """`mtpc bench`: throughput of circuit draft heads against plain autoregressive decoding of the same LM.
 
-    mtpc bench --model DIR --heads HEAD_DIR... (--prompts FILE | --corpus PATH) [--num-prompts N]
+    mtpc bench --model DIR --heads HEAD_DIR... (--prompts FILE [--chat] | --corpus PATH) [--num-prompts N]
                [--max-new-tokens N] [--mode greedy|sample] [--repeats K] [--out DIR]
                [--lookup off|on|both] [--window K|adaptive ...]
-               [--peers prompt-lookup[:K] assisted:DIR static] [--compile] [--max-repetition R]
+               [--peers prompt-lookup[:K] assisted:DIR static generate] [--compile] [--max-repetition R]
 
 What is measured (the paper's metrics, Section 4.2), per head and decoder variant (prompt lookup,
 the circuit window's verify width, eager or compiled), over `K` disjoint prompt sets of `N` prompts each:
@@ -32,11 +32,13 @@ tokens, `mu_acc` counts them, and `bytes_per_cycle` (`bytes/cycle`) is the bytes
 tokens spell per cycle, the measure comparable across vocabularies (for a byte LM the two agree but for
 specials).
 
-Peers (`mtpc.bench.peers`): transformers' prompt lookup and assisted generation, and with `--compile`
-plain decoding with a static KV cache, eager and `torch.compile`d (speed-ups are then also reported
-against the compiled baseline). Prompts come from `mtpc.bench.prompts`, one timed generation from
-`mtpc.bench.timing` (with the loop's own `mtpc.decoding.clock`), the report from `mtpc.bench.report`;
-this module loads, runs and interleaves.
+Peers (`mtpc.bench.peers`): transformers' prompt lookup, assisted generation and plain `generate` (static or
+its default dynamic cache), and with `--compile` plain decoding with a static KV cache, eager and
+`torch.compile`d (speed-ups are then also reported against the compiled baseline). Prompts come from
+`mtpc.bench.prompts` (`--chat`: each prompt of the file a user turn of the model's chat template, as
+`mtpc generate --chat` renders it, every decoder stopping where generate's answer ends), one timed
+generation from `mtpc.bench.timing` (with the loop's own `mtpc.decoding.clock`), the report from
+`mtpc.bench.report`; this module loads, runs and interleaves.
 
 Every prompt is decoded by plain autoregressive decoding (`mtpc.decoding.decoder.generate_autoregressive`), by
 every peer and by every variant, interleaved prompt by prompt (rotating the order), so machine noise hits all of
@@ -59,7 +61,7 @@ from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
 from .variants import bench_tokenizer, load_bench
 from .peers import Peer, build_peers, parse_peer
-from .prompts import load_prompts
+from .prompts import answer_end_ids, check_chat_source, load_prompts
 from .report import build_report, drop_repetitive, write_outputs
 from .timing import Run, run_one
 
@@ -84,8 +86,9 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
-    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, tok.eos_id, max_len)
-    runs = measure(cfg, base, variants, peers, sets, device, tok.eos_id)
+    ends = answer_end_ids(cfg, tok)
+    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, ends, max_len)
+    runs = measure(cfg, base, variants, peers, sets, device, ends)
     dropped = None
     if cfg.max_repetition is not None:
         runs, dropped = drop_repetitive(runs, cfg.max_repetition)
@@ -117,6 +120,7 @@ def _check_config(cfg: BenchConfig) -> None:
     if cfg.batch_size is not None and (cfg.peers or cfg.max_repetition is not None):
         raise InputError("--batch-size measures batches against plain batched decoding and transformers' batched "
                          "generate; --peers and --max-repetition are per-prompt options")
+    check_chat_source(cfg)
     labels = [Path(p).name for p in cfg.heads]
     if len(set(labels)) != len(labels):
         raise InputError(f"head folders must have distinct names (they label the report): {labels}")
@@ -131,7 +135,10 @@ def _check_inputs(cfg: BenchConfig) -> None:
         hidden, graph = spec.get("hidden_size"), spec.get("graph")
         if isinstance(hidden, int):
             checks.hidden_sizes_match(hidden, info.hidden_size, path, cfg.model)
-        if isinstance(graph, dict) and isinstance(graph.get("states"), int):
+        vocabulary = spec.get("vocabulary")
+        if isinstance(vocabulary, list) and vocabulary and all(isinstance(t, int) for t in vocabulary):
+            checks.states_fit_vocabulary(max(vocabulary) + 1, info.vocab_size, f"head {path} with model {cfg.model}")
+        elif isinstance(graph, dict) and isinstance(graph.get("states"), int):
             checks.states_fit_vocabulary(graph["states"], info.vocab_size, f"head {path} with model {cfg.model}")
     if cfg.prompts is not None and not Path(cfg.prompts).is_file():
         raise InputError(f"--prompts {cfg.prompts!r} is not a file")
@@ -142,9 +149,9 @@ def _check_inputs(cfg: BenchConfig) -> None:
 
 
 def measure(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence[Peer], sets,
-            device: torch.device, eos: int) -> dict[str, list[list[Run]]]:
+            device: torch.device, eos: set[int]) -> dict[str, list[list[Run]]]:
     """`runs[label][k]` = the runs of set `k` ("plain" is plain decoding). Every prompt is decoded by
-    every variant, in an order that rotates from prompt to prompt."""
+    every variant, in an order that rotates from prompt to prompt, each stopping at any id of `eos`."""
     from tqdm.auto import tqdm
 
     cuda = device.type == "cuda"
@@ -186,7 +193,7 @@ def _sampling(cfg: BenchConfig) -> dict:
     return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
 
 
-def _plain_task(cfg: BenchConfig, base, eos: int, cuda: bool) -> Callable:
+def _plain_task(cfg: BenchConfig, base, eos: set[int], cuda: bool) -> Callable:
     embed, ends = backbone_marks(base)
 
     def task(ids, budget: int, seed: int) -> Run:
@@ -198,7 +205,7 @@ def _plain_task(cfg: BenchConfig, base, eos: int, cuda: bool) -> Callable:
     return task
 
 
-def _spec_task(cfg: BenchConfig, variant: Variant, eos: int, cuda: bool) -> Callable:
+def _spec_task(cfg: BenchConfig, variant: Variant, eos: set[int], cuda: bool) -> Callable:
     decoder = variant.decoder
     parts = decoder.backbone.parts
 
