@@ -341,3 +341,13 @@ def test_bad_peers_are_refused_before_loading(setup):
             run_bench(config(setup, peers=peers))
     with pytest.raises(InputError, match="max repetition"):
         run_bench(config(setup, max_repetition=2.0))
+
+
+def test_a_bf16_greedy_run_says_why_it_may_differ_and_fp32_claims_exactness(setup):
+    """bf16 rounds a several-position verify call differently from one-position steps, so a near-tie may go
+    the other way: such a run carries the note (and `mtpc bench` does not call a rounding difference a
+    failure); an fp32 run has no note, and every mismatch there is one."""
+    bf16 = run_bench(config(setup, heads=[setup["heads"]["ff"]], dtype="bf16"))
+    assert "check exactness with --dtype fp32" in bf16["greedy_exactness_note"]
+    fp32 = run_bench(config(setup, heads=[setup["heads"]["ff"]]))
+    assert fp32["greedy_exactness_note"] is None and fp32["greedy_identical"] is True

@@ -178,7 +178,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
             "repetition_filter": None if dropped is None else {"max_repetition": cfg.max_repetition,
                                                                "dropped": dropped},
             "greedy_identical": all(not r["greedy_check"]["mismatches"] for r in checked) if cfg.mode == "greedy"
-            else None,
+            else None, "greedy_exactness_note": ROUNDING_NOTE if cfg.dtype in LOW_PRECISION else None,
             "context_warning": _context_warning(cfg, base), "plain": plain, "peers": peer_rows, "heads": rows,
             "prompt_ids": prompt_ids(runs["plain"])}
 
@@ -333,6 +333,11 @@ def position_table(report: dict) -> list[str]:
     return lines + [""]
 
 
+LOW_PRECISION = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
+ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
+                 "step, so a near-tie can go the other way; check exactness with --dtype fp32")
+
+
 def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> None:
     cfg, env = report["config"], report["environment"]
     check = report["greedy_identical"]
@@ -345,7 +350,8 @@ def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> No
              "bytes of text the committed tokens spell, per cycle (a subword token stands for several).", ""]
     if check is not None:
         lines += [f"Greedy output identical to plain greedy decoding for every prompt and head: "
-                  f"**{'yes' if check else 'NO'}**.", ""]
+                  f"**{'yes' if check else 'NO'}**." + (f" ({report['greedy_exactness_note']})"
+                                                         if report.get("greedy_exactness_note") else ""), ""]
     if report["context_warning"]:
         lines += [f"Warning: {report['context_warning']}.", ""]
     if cfg.get("chat"):
