@@ -106,9 +106,12 @@ def kl_loss(head, hidden: torch.Tensor, teacher: Teacher, tokens: torch.Tensor, 
 def _teacher_log_probs(teacher: Teacher, positions: torch.Tensor, v: int) -> torch.Tensor:
     """`[N, n, v]` the teacher's log-probabilities renormalised over the circuit's `v` states."""
     N, n = positions.shape
+    # window (t, j) reads position t + j - 1: neighbouring windows share n - 1 of their positions, so the
+    # LM's output layer runs once per distinct position (about n times less work), then each is gathered
+    distinct, where = positions.flatten().unique(return_inverse=True)  # [M], [N*n]
     with torch.autocast(positions.device.type, enabled=False), record_function("mtpc.teacher_logits"):
-        logits = at_least_float32(teacher(positions.flatten()))[:, :v]  # [N*n, v]
-    return logits.log_softmax(-1).view(N, n, v)
+        logits = at_least_float32(teacher(distinct))[:, :v]  # [M, v]
+    return logits.log_softmax(-1)[where].view(N, n, v)
 
 
 def _kl(teacher_log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
