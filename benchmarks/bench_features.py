@@ -83,7 +83,7 @@ def measure(args, head: str, dtype: str) -> dict:
             "speedup": round(rates["features"] / rates["live LM"], 2)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--features", required=True)
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from mtpc.training.features import read_manifest
 
     stored = read_manifest(Path(args.features))["settings"]["dtype"]
@@ -105,7 +105,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['head']:<12} {r['dtype']:<14} {r['tokens_per_second']['features']:>15,} "
               f"{r['tokens_per_second']['live LM']:>14,} {r['speedup']:>5.1f}x")
-    write_results({"command": " ".join(sys.argv), "threads": torch.get_num_threads(),
+    write_results({"command": " ".join(["python benchmarks/bench_features.py", *(argv or sys.argv[1:])]), "threads": torch.get_num_threads(),
                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "machine": platform.processor() or
                    platform.machine(), "torch": torch.__version__, "draft_vocab": args.draft_vocab,
                    "loss": args.loss, "stored_dtype": stored, "rows": rows}, args.out)

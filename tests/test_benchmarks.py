@@ -466,3 +466,18 @@ def test_recipe_sh_run_prints_or_runs():
     script = f'source {BENCHMARKS / "recipe.sh"}; DRY_RUN=1 run echo "a b"; DRY_RUN=0 run echo "a b"'
     shown = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert shown.stdout.splitlines() == ["echo a\\ b", "a b"]
+
+
+def test_bench_features_times_training_from_the_store_and_on_the_live_lm(lab, tmp_path, capsys):
+    store = tmp_path / "features"
+    assert mtpc(["features", "--model", lab["model"], "--data", lab["corpus"], "--out", str(store), "--seq-len",
+                 "32", "--val-sequences", "2", "--no-progress"]) == 0
+    out = tmp_path / "features.json"
+    script("bench_features").main(["--model", lab["model"], "--features", str(store), "--draft-vocab", "32",
+                                   "--heads", "ff4", "--batch-size", "2", "--steps", "1", "--warmup", "0",
+                                   "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "features tok/s" in printed and "ff4" in printed
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["head"] == "ff4" and row["tokens_per_step"] == 64 and row["speedup"] > 0
+    assert set(row["tokens_per_second"]) == {"features", "live LM"}

