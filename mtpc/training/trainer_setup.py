@@ -184,10 +184,12 @@ def vocabulary_choice(cfg: TrainConfig, info, init=None) -> VocabularyChoice:
         return VocabularyChoice(False, f"mtpc train: a {parameterisation} head over token ids 0..255 read as bytes "
                                        f"(--allow-non-byte-vocab; {cfg.model} has a {vocab} that is not byte-level)")
     if parameterisation in SUBWORD_PARAMETERISATIONS:
+        text = "--features holds the model's own tokens" if cfg.features else \
+            "--data is tokenized with the model's own tokenizer"
         return VocabularyChoice(True, f"mtpc train: a {parameterisation} head for the {vocab} of {cfg.model} (not "
                                       "byte-level), because a tied head reads the LM's own output layer (not copied) "
-                                      "behind small hidden-space adapters, so its size does not grow with the "
-                                      "vocabulary; --data is tokenized with the model's own tokenizer")
+                                      f"behind small hidden-space adapters, so its size does not grow with the "
+                                      f"vocabulary; {text}")
     raise InputError(f"{cfg.model}: a {vocab} without {loading.TOKENIZER_FILE} is not byte-level, and a "
                      f"{parameterisation} head copies an unembedding row per token; use --parameterisation tied "
                      "(the LM's own output layer: any vocabulary), or pass --allow-non-byte-vocab to take token "
