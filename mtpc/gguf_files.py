@@ -121,8 +121,8 @@ def _string_field(reader, key: str, file: Path) -> str:
     field = reader.fields.get(key)
     value = None
     if field is not None:
-        try:
-            value = field.contents()
+        try:  # gguf >= 0.11 decodes a value itself; before, a string is the bytes of its last part
+            value = field.contents() if hasattr(field, "contents") else bytes(field.parts[field.data[0]]).decode()
         except Exception:  # noqa: BLE001 -- a damaged field
             value = None
     if not isinstance(value, str) or not value:
@@ -164,11 +164,11 @@ def content_digest(file: Path) -> str:
 def model_folder_for(file: str | Path) -> Path:
     """The checkpoint folder of a GGUF model: made once (checked, dequantized to float32 by transformers,
     saved with its tokenizer and chat template), then found by the file's content digest."""
-    file = Path(file)
-    summary = check_gguf(file)
+    file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES)
     folder = cache_root() / "gguf" / content_digest(file)[:32]
     if (folder / DONE_FILE).is_file():
-        return folder
+        return folder  # these bytes were checked and converted before (the check costs seconds on a large file)
+    summary = check_gguf(file)
     log.warning("mtpc: dequantizing %s once into %s (later runs read that folder)", file.name, folder)
     _convert(file, folder, summary)
     return folder
