@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int, probability, target_or_temperature,
-                      unit_interval, width_or_adaptive)
+from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int,
+                      probability, target_or_temperature, unit_interval, width_or_adaptive)
 from ..checks import seed as parse_seed
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE

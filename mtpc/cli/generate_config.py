@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int, positive_float, positive_int,
-                      probability)
+from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
+                      positive_float, positive_int, probability)
 from ..checks import seed as parse_seed
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checks import (HELP_DTYPE, dtype_name, int_in, non_negative_float, non_negative_int, parse_defines, positive_float, positive_int,
-                      probability, unit_interval)
+from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
+                      parse_defines, positive_float, positive_int, probability, unit_interval)
 from ..checks import seed as parse_seed
 from ..heads.constants import DEFAULT_ADAPTER_RANK, DEFAULT_CHUNK_ELEMENTS, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
 from ..loading import MAX_HIDDEN
@@ -230,7 +230,7 @@ class FeaturesConfig:
     batch_size: int = setting(4, type=positive_int, help="sequences per LM forward")
     dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE + "; the features are stored in it")
     device: str = setting("auto", help=HELP_DEVICE)
-    threads: int | None = setting(None, type=positive_int, help="torch CPU threads (default: torch's choice)")
+    threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")
     trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
     progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
     val_fraction: float = 0.02  # the held-out share of documents, as mtpc train splits them
