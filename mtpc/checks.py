@@ -24,6 +24,9 @@ from .files import glob_paths
 
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}  # a --dtype name -> its torch dtype's name
+ROUNDING_DTYPES = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
+ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
+                 "step, so a near-tie can go the other way; check exactness with --dtype fp32")
 HELP_DTYPE = ("the LM's dtype: fp32 (float32), bf16 (bfloat16) or fp64 (float64); on CPUs with bf16 matrix units "
               "bf16 makes verifying several positions cost about one step")
 

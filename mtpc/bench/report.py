@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from ..checks import ROUNDING_DTYPES, ROUNDING_NOTE
 from ..decoding import PHASES
 from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer
 from .config import BenchConfig, Variant
@@ -178,7 +179,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
             "repetition_filter": None if dropped is None else {"max_repetition": cfg.max_repetition,
                                                                "dropped": dropped},
             "greedy_identical": all(not r["greedy_check"]["mismatches"] for r in checked) if cfg.mode == "greedy"
-            else None, "greedy_exactness_note": ROUNDING_NOTE if cfg.dtype in LOW_PRECISION else None,
+            else None, "greedy_exactness_note": ROUNDING_NOTE if cfg.dtype in ROUNDING_DTYPES else None,
             "context_warning": _context_warning(cfg, base), "plain": plain, "peers": peer_rows, "heads": rows,
             "prompt_ids": prompt_ids(runs["plain"])}
 
@@ -331,11 +332,6 @@ def position_table(report: dict) -> list[str]:
         rates = r["position_acceptance"] + [None] * (widest - len(r["position_acceptance"]))
         lines.append(f"| {r['label']} | " + " | ".join("-" if x is None else f"{x:.2f}" for x in rates) + " |")
     return lines + [""]
-
-
-LOW_PRECISION = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
-ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
-                 "step, so a near-tie can go the other way; check exactness with --dtype fp32")
 
 
 def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> None:
