@@ -40,7 +40,7 @@ def helps() -> dict[str, str]:
 
     parser = build_parser()
     found = {f"mtpc {sub}": help_text(parser.parse_args, [sub, "--help"])
-             for sub in ("tiny-lm", "train", "generate", "bench", "distill-data")}
+             for sub in ("tiny-lm", "train", "generate", "bench", "distill-data", "features")}
     found.update({f"circuitc {sub}": help_text(circuitc, [sub, "--help"])
                   for sub in ("check", "compile", "show", "export", "fmt")})
     return found
@@ -436,3 +436,15 @@ def test_the_loss_memory_script_prints_lines_of_the_guides_shape(tmp_path):
     for ours, theirs in zip(printed, shown):
         assert _readme.shape(theirs.replace(" (target <= 0.125)", "")).fullmatch(ours.replace(" (target <= 0.125)", "")) \
             or _readme.shape(" ".join(theirs.split())).fullmatch(" ".join(ours.split())), (ours, theirs)
+
+
+def test_the_smollm2_table_is_the_recorded_runs():
+    """docs/results.md's SmolLM2 table is what benchmarks/smollm2_table.py makes of the reports
+    benchmarks/smollm2.sh wrote (docs/bench/smollm2/*/bench.json), every row."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_table", ROOT / "benchmarks" / "smollm2_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = module.table(ROOT / "docs" / "bench" / "smollm2")
+    assert made.count("\n") >= 8 and made in (ROOT / "docs" / "results.md").read_text()

