@@ -269,3 +269,14 @@ def test_compare_with_compile_measures_against_compiled_plain_decoding(folders, 
     cycle_ms = float(re.search(r"([\d.]+) ms/cycle", speculative).group(1))
     phases_ms = [float(x) for x in re.findall(r"[a-z]+ ([\d.]+)(?=  |$)", speculative.split("per cycle, ms:")[1])]
     assert sum(phases_ms) < 2 * cycle_ms, speculative  # the compiling is in no cycle's phases
+
+
+def test_a_bf16_greedy_difference_is_said_to_be_rounding_and_an_fp32_one_is_not():
+    from mtpc.cli.generate import comparison, format_comparison
+
+    spec, plain = {"tokens_per_second": 2.0, "sequence": [1, 2, 3]}, {"tokens_per_second": 1.0, "sequence": [1, 2, 4]}
+    rounded = comparison(spec, plain, greedy=True, rounding=True)
+    assert rounded["greedy_identical"] is False
+    assert "NO (in bf16" in format_comparison(rounded, 1) and "--dtype fp32" in format_comparison(rounded, 1)
+    assert comparison(spec, plain, greedy=True)["rounding_note"] is None  # fp32: a difference is a failure
+    assert comparison(spec, spec, greedy=True, rounding=True)["rounding_note"] is None
