@@ -158,6 +158,17 @@ def glob_paths(pattern: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------ writing
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read 4 MiB at a time (bounded memory whatever its size)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> Path:
     """Replace `path` by `data` all at once: a temporary file beside it, fsync, rename. A failure (a
     full disk) removes the temporary file and leaves the old `path` as it was."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, first_line
-from .files import regular_file
+from .files import file_sha256, regular_file
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -148,11 +148,7 @@ def content_digest(file: Path) -> str:
     memo = cache_root() / "gguf" / "digests" / memo_key
     if memo.is_file() and memo.stat().st_size == 64:
         return memo.read_text()
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    value = digest.hexdigest()
+    value = file_sha256(file)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(value)

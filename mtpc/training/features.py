@@ -24,7 +24,6 @@ Bounds: memory, one forward of `--batch-size` sequences and one shard's hidden s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import torch
 from .. import checks, loading
 from ..decoding.families import OutputLayer
 from ..errors import InputError
-from ..files import atomic_write, field, inside, regular_file
+from ..files import atomic_write, field, file_sha256, inside, regular_file
 from .config import FeaturesConfig
 from .data import PackedDataset, load_documents, spread, split_documents
 from .outputs import guarded_output
@@ -184,15 +183,7 @@ def _write_shard(out: Path, shard: dict, dataset: PackedDataset, model, batch_si
     finally:
         temporary.unlink(missing_ok=True)
     shard["record"] = {"split": shard["split"], "sequences": len(items), "bytes": path.stat().st_size,
-                       "sha256": file_digest(path)}
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
+                       "sha256": file_sha256(path)}
 
 
 # ------------------------------------------------------------------ reading
@@ -293,7 +284,7 @@ def check_shard(folder: Path, name: str, record: dict, settings: dict) -> Path:
     from ..loading import safetensors_header
 
     path = regular_file(inside(folder / name, folder), "a feature shard", max_bytes=2**50)
-    if path.stat().st_size != record["bytes"] or file_digest(path) != record["sha256"]:
+    if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
         raise InputError(f"{path} is not the shard mtpc features wrote (its size or contents changed: damaged "
                          "or replaced); remove it and rerun mtpc features to write it again")
     shapes = safetensors_header(path)
