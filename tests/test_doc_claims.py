@@ -353,7 +353,7 @@ def test_the_start_up_cost_the_docs_give_is_the_recorded_run():
 def test_what_each_target_needs_is_the_recorded_t1_run():
     """results.md's last section: the start-up table is benchmarks/results/startup_kernels.json, and the
     T = 1 table and the bytes per cycle and cycle times each target needs are computed from the run in
-    docs/bench/third-party/s16-t1 (speed-up s needs s x cycle / plain bytes per cycle, or a cycle of at
+    docs/bench/third-party/t1-transformers-5.25 (speed-up s needs s x cycle / plain bytes per cycle, or a cycle of at
     most bytes x plain / s)."""
     import json
 
@@ -364,7 +364,7 @@ def test_what_each_target_needs_is_the_recorded_t1_run():
         f"{startup['this'][k]:.2f}" for k in ("eager_s", "compile_s", "extra_s"))
     assert said(results, r"\(the save fails: traced twice in every process\) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|") == tuple(
         f"{startup['old'][k]:.2f}" for k in ("eager_s", "compile_s", "extra_s"))
-    run = json.loads((ROOT / "docs" / "bench" / "third-party" / "s16-t1" / "bench.json").read_text())
+    run = json.loads((ROOT / "docs" / "bench" / "third-party" / "t1-transformers-5.25" / "bench.json").read_text())
     heads = {h["label"]: h for h in run["heads"]}
     eager, compiled = heads["btree8-r8"], heads["btree8-r8/compile"]
     plain = run["plain"]["mu_lat"]["mean"] * 1e3
