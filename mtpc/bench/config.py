@@ -75,7 +75,7 @@ class BenchConfig:
                     "warm-up); speed-ups are then reported against the compiled baseline too")
     max_repetition: float | None = setting(
         None, type=unit_interval, metavar="R",
-        help="leave out prompts whose plain continuation repeats more than R of its 8-byte n-grams (degenerate "
+        help="leave out prompts whose plain continuation repeats more than R of its 8-token n-grams (degenerate "
              "loops; reported)")
     dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
     head_dtype: str | None = setting(None, type=dtype_name,

@@ -28,17 +28,18 @@ class GenerateConfig:
         None, help="the draft path's LoRA adapter folder (default: HEAD/lora if any)")
     lora_layers: int | None = setting(  # checked against the adapter's layers when given
         None, type=non_negative_int, help="the adapter's layer count (checked)")
-    prompt_file: str | None = setting(None, help="read the prompt's bytes from this file")
+    prompt_file: str | None = setting(None, help="read the prompt from this file")
     max_new_tokens: int | None = setting(  # None: DEFAULT_NEW_TOKENS, fewer when the context has less room
         None, type=positive_int,
-        help=f"bytes to generate at most (default: {DEFAULT_NEW_TOKENS}, fewer when the model's context has less room)")
+        help=f"tokens to generate at most (bytes for a byte-level model; default: {DEFAULT_NEW_TOKENS}, fewer when the "
+             "model's context has less room)")
     temperature: float = setting(0.0, type=non_negative_float, help="0: greedy; above 0: sample")
-    top_k: int | None = setting(None, type=positive_int, help="sample from the k most likely bytes")
+    top_k: int | None = setting(None, type=positive_int, help="sample from the k most likely tokens")
     top_p: float | None = setting(None, type=probability, help="sample from the nucleus of this mass")
     seed: int = setting(0, type=parse_seed, help="random seed for sampling")
     chat: bool = setting(False, help="render the prompt as a user turn with the chat template")
     stream: bool = setting(True, help="print as cycles commit (default) or all at the end")
-    stats: bool = setting(False, help="bytes per cycle, tok/s and the per-cycle breakdown (stderr)")
+    stats: bool = setting(False, help="tokens (and bytes) per cycle, tok/s and the per-cycle breakdown (stderr)")
     compare: bool = setting(
         False, help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
     # the commands all pick CUDA when there is one; the library does as its command does

@@ -91,9 +91,9 @@ class TrainConfig:
     gamma: float = setting(0.9, type=probability, help="discount of window position j: gamma**(j-1)")
     loss: str = setting(  # see mtpc.training.trainer
         "nll", choices=LOSSES,
-        help="nll: likelihood of the gold bytes; kl: KL from the frozen LM's own next-byte distributions to the "
+        help="nll: likelihood of the gold tokens; kl: KL from the frozen LM's own next-token distributions to the "
              "head's conditionals (self-distillation); nll+kl: their sum; tv: total variation between the same "
-             "two (1 - sum min(p, q): one minus the rate at which sampling keeps a drafted byte)")
+             "two (1 - sum min(p, q): one minus the rate at which sampling keeps a drafted token)")
     window_stride: int = setting(  # shifting with the step
         1, type=positive_int, help="score the windows at every s-th position only (s x cheaper head)")
     val_every: int = setting(50, type=positive_int, help="validate every this many steps")
