@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The subword reference of models/ (models/subword-lm and models/heads/subword-tied), on one CPU thread.
+# The subword reference of models/ (models/subword-lm and models/heads/subword-btree4-r4-tied), on one CPU thread.
 #
 #   benchmarks/subword.sh lm        # a 2,048-token byte-level BPE trained on the stdlib's training files,
 #                                   # then a d = 192 Llama on its tokens for $LM_MINUTES (25) minutes, fp32;
