@@ -211,6 +211,8 @@ def parse_json(text: str, file: str | None) -> Any:
                            f"twice in one object") from None
     except RecursionError:
         raise CircuitError(f"{file or 'graph spec'}: invalid JSON: arrays or objects nest too deeply") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise CircuitError(f"{file or 'graph spec'}: invalid JSON: a number of too many digits") from None
 
 
 def _quoted(text: str) -> str:

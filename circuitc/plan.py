@@ -43,6 +43,7 @@ import torch
 
 from .errors import CircuitError
 from .graph import RegionGraph
+from .plan_file import PLAN_FORMAT
 
 MODES = ("full", "prefix")
 
@@ -142,7 +143,8 @@ class Layer:
 @dataclass
 class Plan:
     """Everything the runtime needs, as plain data: layers of folds, index maps, the parameter
-    layout, and counts. `to_json()` and `summary()` show it."""
+    layout, and counts, with the graph it was lowered from. `to_json()` (a plan file, which
+    `circuitc.load.load_plan` reads back) and `summary()` show it."""
 
     num_vars: int
     num_states: int
@@ -161,6 +163,7 @@ class Plan:
     # every region has at most one partition and at most one parent partition (FF, CP, HMM, BTree):
     # then every region is reached by every top-down pass, and sampling needs no reachability masks
     always_reached: bool = False
+    graph: RegionGraph | None = None  # the checked graph it was lowered from (a head needs it; plan files keep it)
 
     # -------------------------------------------------------------- sizes
 
@@ -187,10 +190,13 @@ class Plan:
     # -------------------------------------------------------------- views
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as JSON-ready data: layers, folds, index maps (a contiguous index as
+        """The plan as JSON-ready data: the graph spec it was lowered from (inline, first, so that a
+        plan file can be loaded back), layers, folds, index maps (a contiguous index as
         `{"start", "length"}`), einsum strings, parameter layout and counts."""
+        graph = {} if self.graph is None else {"graph": self.graph.to_json()}
         return {
-            "format": "circuitc-plan/1",
+            "format": PLAN_FORMAT,
+            **graph,
             "variables": self.num_vars,
             "states": self.num_states,
             "num_params": self.num_params,
@@ -334,6 +340,7 @@ def lower(graph: RegionGraph) -> Plan:
         root_store=root_store,
         root_index=root_index,
         counts={},
+        graph=graph,
     )
     plan.counts = _counts(graph, plan)
     parents = [c for p in graph.partitions for c in p.children]

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from ..graph import RegionGraph
 from ..plan import ParamSlot, Plan
 from ..threads import single_threaded_when_small
 from . import arguments, likelihood, marginals, max_product, sampling
@@ -75,6 +76,12 @@ class CompiledCircuit(nn.Module):
         # and the per-row work of the most expensive pass (prefix marginals)
         self._param_flops = 2 * self.num_input_params + 3 * self.num_sum_params
         self._row_flops = max(plan.counts["flops"]["prefix_log_marginals"] - self._param_flops, 1)
+
+    @property
+    def graph(self) -> RegionGraph | None:
+        """The checked `RegionGraph` the circuit was lowered from (None for a hand-built `Plan` without
+        one): what an MTP head saves, and what `circuitc compile` writes into the plan file."""
+        return self.plan.graph
 
     def extra_repr(self) -> str:
         return (f"num_vars={self.num_vars}, num_states={self.num_states}, num_params={self.num_params}, "
