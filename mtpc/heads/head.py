@@ -81,29 +81,20 @@ HEAD_FORMAT = "mtpc-head/1"
 MAX_VOCABULARY = 2**22  # token ids a draft vocabulary may name (mtpc.loading's MAX_VOCAB)
 
 
-def _load_and_compile(source):
-    """(RegionGraph, CompiledCircuit) from any source `circuitc.compile` accepts (no bindings)."""
+def _compiled(source):
+    """The `CompiledCircuit` of any source `circuitc.compile` accepts without bindings (it keeps its graph)."""
     import circuitc
-    from circuitc.load import load_graph
 
-    graph = load_graph(source)
-    return graph, circuitc.compile(graph)
-
-
-def _graph_of(circ):
-    """The RegionGraph a compiled circuit was built from, when it keeps one."""
-    graph = getattr(circ, "graph", None)
-    if graph is None:
-        graph = getattr(getattr(circ, "plan", None), "graph", None)
-    return graph
+    return circuitc.compile(source)
 
 
 class MTPHead(nn.Module, ABC):
     """Hidden states `[..., d]` -> flat circuit logits `[..., P]` (see the module docstring).
 
-    `circ`: a `CompiledCircuit`, or a source `circuitc.compile` accepts without bindings (RegionGraph,
-    graph-spec dict, `.json`/`.pc` path or text); a head built from a source keeps its graph, so it
-    can be saved. The circuit is a submodule, so `.to(device)` moves it too.
+    `circ`: a `CompiledCircuit` (e.g. `circuitc.compile("x.pc", n=4)`), or a source `circuitc.compile`
+    accepts without bindings (RegionGraph, graph-spec or plan dict, `.json`/`.plan.json`/`.pc` path or
+    text); the head keeps the circuit's graph, so it can be saved. The circuit is a submodule, so
+    `.to(device)` moves it too.
 
     `MTPHead(..., parameterisation=p)` builds the subclass for `p` (`FullHead`, `SharedHead`,
     `FactorisedHead`); `adapter_rank` ("shared", "factorised") and `factor_rank` ("factorised") size
@@ -128,11 +119,10 @@ class MTPHead(nn.Module, ABC):
         if parameterisation != self.parameterisation:
             raise ValueError(f"{type(self).__name__} is the {self.parameterisation!r} parameterisation, "
                              f"not {parameterisation!r}")
-        graph = None
         if not isinstance(circ, nn.Module):
-            graph, circ = _load_and_compile(circ)
+            circ = _compiled(circ)
         self.circ = circ
-        self.graph = _graph_of(circ) or graph
+        self.graph = getattr(circ, "graph", None)  # a CompiledCircuit keeps its checked RegionGraph
         self.hidden_size = int(hidden_size)
         self.options: dict[str, Any] = {"identity_init": identity_init, "sum_init_std": float(sum_init_std)}
         layout = circ.param_layout
@@ -310,7 +300,7 @@ class MTPHead(nn.Module, ABC):
         """What `load_head` needs to rebuild this head (the weights aside)."""
         if self.graph is None:
             raise ValueError("this head's circuit does not keep its RegionGraph, so it cannot be saved; build "
-                             "the head from a RegionGraph or a circuit that has `.graph`")
+                             "the head from circuitc.compile(...) or a circuit that has `.graph`")
         return {
             "format": HEAD_FORMAT,
             "hidden_size": self.hidden_size,
