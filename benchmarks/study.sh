@@ -9,7 +9,7 @@
 #   benchmarks/study.sh bench     # the benches of docs/results.md, one at a time, one thread
 #   benchmarks/study.sh levers    # acceptance levers side by side: 2,048 on-policy records (two halves,
 #                                 # one core each), then four heads, $LEVER_MINUTES each, two at a time
-#   benchmarks/study.sh long      # the shipped pair at once: copies of the FF lever run and of the winning
+#   benchmarks/study.sh long      # the shipped pair's first stage, at once: copies of the FF lever run and of the winning
 #                                 # BTree's ($LONG_BTREE), resumed to $LONG_MINUTES of training each
 #   benchmarks/study.sh tables    # the size comparison, the heads' and the bench tables, the figure
 #   benchmarks/study.sh           # all of them, in this order (about 3 hours)

