@@ -31,9 +31,10 @@ from torch import Tensor
 
 from .graph import RegionGraph
 from .plan import ParamSlot
+from .runtime.kernels import inverse_cdf
 from .threads import single_threaded_when_small
 
-__all__ = ["DraftProgram", "inverse_cdf"]
+__all__ = ["DraftProgram"]
 
 
 @dataclass(frozen=True)
@@ -297,20 +298,6 @@ class DraftProgram:
         rows = torch.stack(scored)  # [n - m, v], normalised together: two ops, not two per step
         rows = rows / rows.sum(-1, keepdim=True)
         return x, rows if m == 0 else torch.cat([rows.new_zeros(m, self.v), rows])
-
-
-def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
-    """A draw from the distribution proportional to `weights` `[..., v]` (non-negative, any total) by
-    inverse CDF: the state whose CDF interval holds `u * total`, for `u` `[...]` in [0, 1). Exactly a
-    draw when `u ~ U[0, 1)`, and a pure function of its tensors (`torch.compile` traces it; a
-    `torch.Generator` cannot be). Returns `[...]` long."""
-    cdf = weights.cumsum(-1)  # [..., v]
-    if u.dtype != cdf.dtype:
-        u = u.to(cdf.dtype)
-    point = u * cdf[..., -1]  # [...]
-    if point.dim() == 0:  # one distribution (a draft's step): searchsorted takes the scalar as it is
-        return torch.searchsorted(cdf, point, right=True).clamp_max(weights.shape[-1] - 1)
-    return torch.searchsorted(cdf, point.unsqueeze(-1), right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
 def _tiling(spans: dict[int, tuple[int, int]]) -> tuple[list[int], list[int]] | None:

@@ -140,7 +140,7 @@ def test_samples_follow_the_circuit_and_report_their_conditionals(name):
 def test_inverse_cdf_draws_the_state_whose_interval_holds_u():
     """One distribution (`u` a scalar) and a batch give the same draws: the state whose CDF interval
     holds `u * total` (weights need not sum to 1), never a zero-weight state, never past the last."""
-    from circuitc.draft import inverse_cdf
+    from circuitc.runtime.kernels import inverse_cdf
 
     weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0, 3.0]], dtype=torch.float64)
     u = torch.tensor([[0.0, 0.49, 0.5, 0.74, 0.75, 0.999999], [0.0, 0.24, 0.25, 0.5, 0.9, 1 - 1e-17]],

@@ -125,3 +125,17 @@ def max_plus_over_inputs(inputs: Tensor, log_weights: Tensor, rows: int, batch: 
     for j in range(1, k):
         torch.maximum(best, candidate(j), out=best)
     return best
+
+
+def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+    """A draw from the distribution proportional to `weights` `[..., v]` (non-negative, any total) by
+    inverse CDF: the state whose CDF interval holds `u * total`, for `u` `[...]` in [0, 1). Exactly a
+    draw when `u ~ U[0, 1)`, and a pure function of its tensors (`torch.compile` traces it; a
+    `torch.Generator` cannot be). Returns `[...]` long."""
+    cdf = weights.cumsum(-1)  # [..., v]
+    if u.dtype != cdf.dtype:
+        u = u.to(cdf.dtype)
+    point = u * cdf[..., -1]  # [...]
+    if point.dim() == 0:  # one distribution (a draft's step): searchsorted takes the scalar as it is
+        return torch.searchsorted(cdf, point, right=True).clamp_max(weights.shape[-1] - 1)
+    return torch.searchsorted(cdf, point.unsqueeze(-1), right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
