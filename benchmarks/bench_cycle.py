@@ -43,7 +43,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
-from mtpc.decoding import Target  # noqa: E402
+from mtpc.sampling import GREEDY, Sampling  # noqa: E402
 from mtpc.decoding.acceptance import accept_window, cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import compile_step, precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
@@ -54,27 +54,27 @@ from bench_draft import median_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n"
-TARGETS = {"greedy": Target(), "sample": Target(do_sample=True)}
+TARGETS = {"greedy": GREEDY, "sample": Sampling(1.0)}
 WARMUP = 10  # untimed calls before each step is timed
 
 
 @torch.no_grad()
-def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compiled: bool,
+def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, compiled: bool,
                evict=None) -> dict[str, float]:
     """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
     and of the decoder's whole cycle step (the three in one function: one graph when compiled); with
     `evict` (a function that empties the caches), each also timed right after it (`*_cold_ms`)."""
     ids = torch.tensor([list(PROMPT)])
     logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
-    first = (target.probs(logits) if target.do_sample else logits).argmax(-1)  # [1]
+    first = (target.probs(logits) if not target.greedy else logits).argmax(-1)  # [1]
     n, W = decoder.n, decoder.width
     eos = torch.tensor([-1])
-    uniforms = cycle_uniforms(1, 2 * n + decoder.span, None, h.device) if target.do_sample else None
+    uniforms = cycle_uniforms(1, 2 * n + decoder.span, None, h.device) if not target.greedy else None
     places = decoder.verifier.places(W)  # nothing is committed here: every call writes the same slots
     limit = torch.tensor([min(n, W)])
 
     draws = None if uniforms is None else uniforms[:, :n]
-    window = decoder.drafter.circuit_window(h, first, draws)  # eagerly first: the draft program builds its plans
+    window = decoder.drafter.circuit_window(h, first, target, draws)  # eagerly first: the draft program builds its plans
     tokens, rows = window.tokens[:, :W], None if window.rows is None else window.rows[:, :W]
     verified_logits, hidden = decoder.verifier.forward(tokens, places)
     tests = None if uniforms is None else uniforms[:, 2 * n:2 * n + W]
@@ -88,13 +88,13 @@ def step_times(decoder: SpeculativeDecoder, target: Target, repeats: int, compil
             return precompiled_step(step, args, None).checked(*args)
         return compile_step(step, False)
 
-    circuit_window = compiled_or_eager(decoder.drafter.circuit_window, h, first, draws)
+    circuit_window = compiled_or_eager(decoder.drafter.circuit_window, h, first, target, draws)
     verify_call = compiled_or_eager(decoder.verifier.forward, tokens, places)
     accept = compiled_or_eager(accept_window)
     cycle_step = compiled_or_eager(decoder.cycle_step, target, window, places, limit, eos, uniforms)
 
     def draft():
-        return circuit_window(h, first, draws)
+        return circuit_window(h, first, target, draws)
 
     def verify():
         return verify_call(tokens, places)

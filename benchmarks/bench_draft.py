@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from circuitc import builders  # noqa: E402
 from circuitc.draft import DraftProgram  # noqa: E402
-from mtpc import MTPHead, generate_autoregressive  # noqa: E402
+from mtpc import MTPHead, PlainDecoder  # noqa: E402
 
 STRUCTURES = ("ff", "cp", "hmm", "btree")
 PARAMETERISATIONS = ("full", "shared", "factorised")
@@ -120,7 +120,7 @@ def lm_step_ms(model_dir: str, repeats: int) -> float:
     prompt = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0))
     steps = []
     for _ in range(max(1, repeats // 64)):
-        steps += generate_autoregressive(model, prompt, 64).stats.cycle_seconds[1:]
+        steps += PlainDecoder(model).generate(prompt, 64).stats.cycle_seconds[1:]
     return statistics.median(steps) * 1e3
 
 

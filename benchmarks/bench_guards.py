@@ -33,7 +33,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
-from mtpc.decoding import Target  # noqa: E402
+from mtpc.sampling import Sampling  # noqa: E402
 from mtpc.decoding.acceptance import cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
@@ -45,13 +45,13 @@ from bench_cycle import PROMPT  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cycle_arguments(decoder: SpeculativeDecoder, target: Target) -> tuple:
+def cycle_arguments(decoder: SpeculativeDecoder, target: Sampling) -> tuple:
     """The arguments of one sampled cycle at the full width after `PROMPT`."""
     ids = torch.tensor([list(PROMPT)])
     logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
     uniforms = cycle_uniforms(1, 2 * decoder.n + decoder.span, None, h.device)
     first = target.probs(logits).argmax(-1)  # [1]
-    window = decoder.drafter.circuit_window(h, first, uniforms[:, :decoder.n])
+    window = decoder.drafter.circuit_window(h, first, target, uniforms[:, :decoder.n])
     width = decoder.width
     return target, window, decoder.verifier.places(width), torch.tensor([width]), torch.tensor([-1]), uniforms
 
@@ -65,7 +65,7 @@ def per_call_ms(step, calls: int) -> float:
 
 @torch.no_grad()
 def measure(decoder: SpeculativeDecoder, rounds: int, calls: int) -> dict:
-    target = Target(do_sample=True)
+    target = Sampling(1.0)
     args = cycle_arguments(decoder, target)
     decoder.cycle_step(*args)  # eagerly first, as the decoder's warm-up does
     compiled = precompiled_step(decoder.cycle_step, args, None, dynamic=[args[2].kv_slots])

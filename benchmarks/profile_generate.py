@@ -29,8 +29,9 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from mtpc import SpeculativeDecoder, generate_autoregressive, load_head  # noqa: E402
+from mtpc import SpeculativeDecoder, PlainDecoder, load_head  # noqa: E402
 from mtpc.loading import byte_tokenizer, load_model  # noqa: E402
+from mtpc.sampling import GREEDY, Sampling  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
@@ -82,9 +83,10 @@ def main(argv=None) -> dict:
     model = load_model(args.model)
     ids = torch.tensor([byte_tokenizer(args.model).encode(data, add_bos=True)])
     decoder = SpeculativeDecoder(model, load_head(args.head).eval())
-    sample = {"do_sample": not args.greedy}
-    runs = {"speculative": lambda g: decoder.generate(ids, args.max_new_tokens, generator=g, **sample),
-            "plain": lambda g: generate_autoregressive(model, ids, args.max_new_tokens, generator=g, **sample)}
+    sampling = GREEDY if args.greedy else Sampling(1.0)
+    plain = PlainDecoder(model)
+    runs = {"speculative": lambda g: decoder.generate(ids, args.max_new_tokens, sampling, generator=g),
+            "plain": lambda g: plain.generate(ids, args.max_new_tokens, sampling, generator=g)}
     tables = {}
     for name, run in runs.items():
         run(torch.Generator().manual_seed(args.seed))  # warm-up, untimed

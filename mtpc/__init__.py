@@ -3,9 +3,10 @@
 The package follows its pipeline; imports run only downward (tests/test_layers.py checks it):
 
     errors, checks, settings, files,     ground floor: used by every stage
+    sampling,
     tokenizer, chat, loading, lazy
     heads/       hidden state -> circuit parameters; the NLL and KL losses
-    decoding/    backbone split, proposals, acceptance, the one speculative loop
+    decoding/    backbone split, proposers, acceptance, the one speculative loop, the one plain decoder
     training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
     bench/       prompts, timed runs, peers, the report
     cli/         the mtpc command
@@ -23,7 +24,7 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 # torch and transformers (seconds to import), which `mtpc --help` and input checks do not.
 _EXPORTS = {
     "SpeculativeDecoder": "decoding.decoder", "AdaptiveWidth": "decoding.decoder",
-    "generate_autoregressive": "decoding.decoder",
+    "PlainDecoder": "decoding.plain", "Sampling": "sampling", "GREEDY": "sampling",
     "MTPHead": "heads.head", "load_head": "heads.head", "save_head": "heads.head",
     "DataStats": "training.data", "Document": "training.data", "PackedDataset": "training.data",
     "load_documents": "training.data", "split_documents": "training.data",

@@ -8,8 +8,9 @@ import torch
 from scipy.stats import chisquare
 
 from mtpc import SpeculativeDecoder
-from mtpc.decoding.acceptance import Target
-from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
+from mtpc.sampling import Sampling
+from mtpc.decoding import PlainDecoder
+from mtpc.decoding.decoder import AdaptiveWidth
 from mtpc.decoding.families import LlamaFamily
 from mtpc.decoding.proposals import PromptLookup
 from test_decode import (BlockResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables, random_head,
@@ -43,7 +44,7 @@ def assert_rows_equal_plain(model, decoder, rows, budget, eos=None):
     assert torch.equal(out.sequences[:, :T], ids)  # the prompt columns as given
     longest = 0
     for b, row in enumerate(rows):
-        alone = generate_autoregressive(model, torch.tensor([row]), budget, eos_token_id=eos).sequences[0, len(row):]
+        alone = PlainDecoder(model).generate(torch.tensor([row]), budget, eos_token_id=eos).sequences[0, len(row):]
         longest = max(longest, len(alone))
         got = out.sequences[b, T:].tolist()
         assert got[:len(alone)] == alone.tolist(), (b, row)
@@ -108,7 +109,7 @@ def test_one_host_read_per_cycle_for_the_whole_batch():
     decoder = SpeculativeDecoder(model, head)
     ids, mask = left_padded(batch_prompts(vocab, 4, seed=7))
     before = decoder.host_reads.count
-    out = decoder.generate(ids, 17, attention_mask=mask, do_sample=True, generator=torch.Generator().manual_seed(0))
+    out = decoder.generate(ids, 17, attention_mask=mask, sampling=Sampling(1.0), generator=torch.Generator().manual_seed(0))
     verified = sum(w > 0 for w in out.stats.width_per_cycle)
     assert decoder.host_reads.count - before == 1 + verified
     assert out.stats.new_tokens == 4 * 17 and out.stats.rows_per_cycle[0] == 4
@@ -156,8 +157,8 @@ def batched_samples(decoder, count, seed, steps=3, generators=None, **target):
     gen = torch.Generator().manual_seed(seed)
     out = [[], []]
     for _ in range(count):
-        seqs = decoder.generate(ids, steps, do_sample=True, attention_mask=mask, generator=generators or gen,
-                                **target).sequences
+        seqs = decoder.generate(ids, steps, Sampling(**{"temperature": 1.0, **target}), attention_mask=mask,
+                                generator=generators or gen).sequences
         for b in range(2):
             out[b].append(seqs[b, -steps:].tolist())
     return out
@@ -165,7 +166,7 @@ def batched_samples(decoder, count, seed, steps=3, generators=None, **target):
 
 def test_sampled_rows_are_exact_and_a_wrong_residual_is_caught():
     model, head = sampling_setup(3, 5)
-    joints = [exact_joint(model, torch.tensor([row]), Target(True)) for row in ROWS]
+    joints = [exact_joint(model, torch.tensor([row]), Sampling(1.0)) for row in ROWS]
     right = batched_samples(SpeculativeDecoder(model, head), 600, seed=1)
     wrong = batched_samples(SpeculativeDecoder(model, head, acceptance=BlockResidualIsTarget()), 600, seed=1)
     for b in range(2):
@@ -176,7 +177,7 @@ def test_sampled_rows_are_exact_and_a_wrong_residual_is_caught():
 def test_sampled_rows_with_adaptive_widths_and_top_p_are_exact():
     model, head = sampling_setup(3, 5)
     target = {"temperature": 0.9, "top_p": 0.9}
-    joints = [exact_joint(model, torch.tensor([row]), Target(True, **target)) for row in ROWS]
+    joints = [exact_joint(model, torch.tensor([row]), Sampling(**target)) for row in ROWS]
     decoder = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=0.5, widths=(2, 3)))
     samples = batched_samples(decoder, 600, seed=3, **target)
     for b in range(2):
@@ -192,10 +193,10 @@ def test_a_row_with_its_own_generator_gives_the_text_it_gives_alone():
     decoder = SpeculativeDecoder(model, head, lookup=PromptLookup(tokens=3, min_ngram=1, max_ngram=2))
     rows = [[1, 2, 1, 2], [5], [7, 8, 9]]
     ids, mask = left_padded(rows)
-    batch = decoder.generate(ids, 16, do_sample=True, attention_mask=mask, eos_token_id=3, pad_token_id=PAD,
+    batch = decoder.generate(ids, 16, sampling=Sampling(1.0), attention_mask=mask, eos_token_id=3, pad_token_id=PAD,
                              generator=[torch.Generator().manual_seed(10 + b) for b in range(3)]).sequences
     for b, row in enumerate(rows):
-        alone = decoder.generate(torch.tensor([row]), 16, do_sample=True, eos_token_id=3,
+        alone = decoder.generate(torch.tensor([row]), 16, sampling=Sampling(1.0), eos_token_id=3,
                                  generator=torch.Generator().manual_seed(10 + b)).sequences[0, len(row):].tolist()
         got = batch[b, ids.shape[1]:].tolist()
         assert got[:len(alone)] == alone and set(got[len(alone):]) <= {PAD}, b
@@ -206,14 +207,14 @@ def test_rows_of_one_batch_are_independent():
     exact marginals. Control: rows given generators of the same seed draw the same tokens."""
     model, head = sampling_setup(3, 5)
     prompt = torch.tensor([[1, 3], [1, 3]])
-    marginal = exact_joint(model, prompt[:1], Target(True), steps=1)  # [V]
+    marginal = exact_joint(model, prompt[:1], Sampling(1.0), steps=1)  # [V]
     product = (marginal[:, None] * marginal[None, :]).flatten()  # [V * V]
     decoder = SpeculativeDecoder(model, head)
 
     def pair_pvalue(generator_for):
         counts = torch.zeros(product.numel(), dtype=torch.float64)
         for i in range(800):
-            seqs = decoder.generate(prompt, 1, do_sample=True, generator=generator_for(i)).sequences
+            seqs = decoder.generate(prompt, 1, sampling=Sampling(1.0), generator=generator_for(i)).sequences
             counts[int(seqs[0, -1]) * marginal.numel() + int(seqs[1, -1])] += 1
         expected = product * counts.sum()
         keep = expected >= 5
@@ -249,7 +250,7 @@ def test_bad_batches_get_one_clear_error():
     short = torch.cat([torch.zeros(1, 130, dtype=torch.long), long[1:]])
     decoder.generate(short[:, -3:], 2, attention_mask=torch.tensor([[0, 0, 1], [1, 1, 1]]))  # fits
     with pytest.raises(ValueError, match="a list of generators needs one per row, got 1 for 2 rows"):
-        decoder.generate(ids, 4, do_sample=True, generator=[torch.Generator()])
+        decoder.generate(ids, 4, sampling=Sampling(1.0), generator=[torch.Generator()])
     allocations = decoder.verifier.allocations
     huge = torch.zeros(10**7, 1, dtype=torch.long).expand(10**7, 1)
     with pytest.raises(ValueError, match=r"a batch of 10000000 prompts needs about .* GiB .* use a smaller batch"):
@@ -264,7 +265,7 @@ def test_a_model_without_a_family_adapter_decodes_one_row_at_a_time():
     decoder = SpeculativeDecoder(model, head)
     assert decoder.backbone.whole_model
     ids = torch.tensor([[1, 2, 3]])
-    assert torch.equal(decoder.generate(ids, 6).sequences, generate_autoregressive(model, ids, 6).sequences)
+    assert torch.equal(decoder.generate(ids, 6).sequences, PlainDecoder(model).generate(ids, 6).sequences)
     with pytest.raises(ValueError, match="a batch of 2 prompts needs the split loop's per-row caches"):
         decoder.generate(ids.expand(2, 3), 6)
     batched = SpeculativeDecoder(model, head, family=LlamaFamily())
@@ -283,7 +284,7 @@ def test_compiled_batch_equals_eager_and_plain():
     rows = batch_prompts(vocab, 3, seed=4)
     assert_rows_equal_plain(model, compiled, rows, 12)
     ids, mask = left_padded(rows)
-    sampled = [d.generate(ids, 12, do_sample=True, attention_mask=mask,
+    sampled = [d.generate(ids, 12, sampling=Sampling(1.0), attention_mask=mask,
                           generator=[torch.Generator().manual_seed(b) for b in range(3)]).sequences
                for d in (compiled, eager)]
     assert torch.equal(*sampled)

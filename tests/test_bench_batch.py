@@ -6,9 +6,8 @@ import json
 import pytest
 import torch
 
-from mtpc.bench.batch import BatchedPlainDecoder
 from mtpc.cli.commands import main
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding import PlainDecoder
 from test_decode import tiny_lm
 from test_generate import folders, refused  # noqa: F401  (folders: the module's fixture)
 
@@ -21,12 +20,12 @@ def test_plain_batched_rows_equal_plain_decoding_of_each_prompt():
     T = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (T - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
-    decoder = BatchedPlainDecoder(model, compile=False)
-    alone = [generate_autoregressive(model, torch.tensor([r]), 9).sequences[0, len(r):].tolist() for r in rows]
-    out = decoder.generate(ids, mask, 9, pad_token_id=0)
+    decoder = PlainDecoder(model)
+    alone = [PlainDecoder(model).generate(torch.tensor([r]), 9).sequences[0, len(r):].tolist() for r in rows]
+    out = decoder.generate(ids, 9, attention_mask=mask, pad_token_id=0)
     assert out.sequences[:, T:].tolist() == alone and out.stats.new_tokens == 27
     eos = alone[1][2]  # row 1 ends at its third token; the others go on
-    stopped = decoder.generate(ids, mask, 9, eos_token_id=eos, pad_token_id=0).sequences[:, T:].tolist()
+    stopped = decoder.generate(ids, 9, attention_mask=mask, eos_token_id=eos, pad_token_id=0).sequences[:, T:].tolist()
     for got, want in zip(stopped, alone):
         end = want.index(eos) + 1 if eos in want else len(want)
         assert got[:end] == want[:end] and set(got[end:]) <= {0}

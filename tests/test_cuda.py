@@ -28,10 +28,9 @@ from circuitc import builders
 from circuitc.plan import lower
 from circuitc.runtime import CompiledCircuit
 from mtpc import SpeculativeDecoder
-from mtpc.bench.peers import StaticCacheDecoder
-from mtpc.decoding.acceptance import Target
+from mtpc.sampling import GREEDY, Sampling
 from mtpc.decoding.backbone import attach_draft_lora
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding import PlainDecoder
 from mtpc.decoding.proposals import PromptLookup
 from mtpc.heads.kl_loss import kl_loss, logits_teacher
 from mtpc.heads.nll_loss import mtp_loss
@@ -131,8 +130,10 @@ def test_draft_windows_match_the_cpu(structure):
         first = torch.tensor([seed + 2, seed + 3])
         u = torch.rand(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
         for uniforms in (None, u):
-            want = cpu_drafter.circuit_window(h, first, uniforms)
-            got = gpu_drafter.circuit_window(h.to(CUDA), first.to(CUDA), None if uniforms is None else u.to(CUDA))
+            sampling = GREEDY if uniforms is None else Sampling(1.0)
+            want = cpu_drafter.circuit_window(h, first, sampling, uniforms)
+            got = gpu_drafter.circuit_window(h.to(CUDA), first.to(CUDA), sampling,
+                                             None if uniforms is None else u.to(CUDA))
             assert got.tokens.device.type == "cuda" and torch.equal(got.tokens.cpu(), want.tokens)
             assert got.tokens[:, 0].tolist() == [seed + 2, seed + 3] and torch.equal(got.width.cpu(), want.width)
 
@@ -263,25 +264,25 @@ def test_greedy_speculative_on_cuda_equals_plain_greedy(structure, window, looku
         decoder = SpeculativeDecoder(model, head.to(CUDA), lora_layers=int(lora), window=window, lookup=finder)
         for i, ids in enumerate(prompts(vocab, 3, seed=0)):
             budget = (1, 6, 19)[i]
-            plain = generate_autoregressive(model, ids.to(CUDA), budget).sequences  # a PeftModel: adapters off
+            plain = PlainDecoder(model).generate(ids.to(CUDA), budget).sequences  # a PeftModel: adapters off
             out = decoder.generate(ids.to(CUDA), budget)
             assert out.sequences.device.type == "cuda"
             assert torch.equal(out.sequences, plain), (structure, window, lookup, lora, ids.tolist(), budget)
-            assert torch.equal(plain.cpu(), generate_autoregressive(cpu_base, ids, budget).sequences)
+            assert torch.equal(plain.cpu(), PlainDecoder(cpu_base).generate(ids, budget).sequences)
 
 
 # --------------------------------------------------------------------------- exact in distribution
 
 def cuda_samples(decoder, prompt, count, seed):
     gen = torch.Generator(CUDA).manual_seed(seed)
-    return [decoder.generate(prompt, 3, do_sample=True, generator=gen).sequences[0, -3:].tolist()
+    return [decoder.generate(prompt, 3, sampling=Sampling(1.0), generator=gen).sequences[0, -3:].tolist()
             for _ in range(count)]
 
 
 @pytest.mark.parametrize("n, v", [(2, 5), (3, 4)])
 def test_speculative_sampling_on_cuda_is_exact_and_a_wrong_residual_is_caught(n, v):
     model, head = sampling_setup(n, v)
-    joint = exact_joint(model, PROMPT, Target(True))  # on the CPU, by enumeration
+    joint = exact_joint(model, PROMPT, Sampling(1.0))  # on the CPU, by enumeration
     model, head, prompt = model.to(CUDA), head.to(CUDA), PROMPT.to(CUDA)
     right = cuda_samples(SpeculativeDecoder(model, head), prompt, 600, seed=1)
     assert chi_square_pvalue(right, joint) > 1e-3
@@ -301,10 +302,10 @@ def oracle_setup(structure: str, vocab: int, n: int):
 
 def test_compiled_plain_decoding_on_cuda_equals_eager():
     model = tiny_lm(16, scale=3.0).to(CUDA)
-    compiled = StaticCacheDecoder(model, 64, compile=True)
+    compiled = PlainDecoder(model, compile=True)
     for ids in prompts(16, 3, seed=5):
         ids = ids.to(CUDA)
-        want = generate_autoregressive(model, ids, 20).sequences
+        want = PlainDecoder(model).generate(ids, 20).sequences
         assert torch.equal(compiled.generate(ids, 20).sequences, want)
 
 
@@ -321,7 +322,7 @@ def test_compiled_speculative_decoding_on_cuda_equals_eager(structure, lookup):
         ids = ids.to(CUDA)
         want = eager.generate(ids, 24).sequences
         assert torch.equal(compiled.generate(ids, 24).sequences, want)
-        assert torch.equal(want, generate_autoregressive(model, ids, 24).sequences)
+        assert torch.equal(want, PlainDecoder(model).generate(ids, 24).sequences)
 
 
 def test_calls_on_cuda_attend_over_the_whole_cache():

@@ -8,8 +8,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mtpc import SpeculativeDecoder
-from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, Target, accept_window
-from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
+from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, accept_window
+from mtpc.sampling import GREEDY, Sampling
+from mtpc.decoding import PlainDecoder
+from mtpc.decoding.decoder import AdaptiveWidth
 from mtpc.decoding.proposals import PromptLookup
 from mtpc.decoding.verify import Places, cache_length
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head, tiny_lm
@@ -29,7 +31,7 @@ def mostly_right(structure: str, sample: bool):
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
-    kwargs = {"do_sample": True, "generator": torch.Generator().manual_seed(0)} if sample else {}
+    kwargs = {"sampling": Sampling(1.0), "generator": torch.Generator().manual_seed(0)} if sample else {}
     return vocab, model, head, kwargs
 
 
@@ -91,11 +93,11 @@ def test_static_caches_are_reused_and_grown_only_when_needed():
 
 def loop_acceptance(target, rule, window, logits, limit, eos, rows, u):
     """The textbook left-to-right loop over positions, with the uniforms given."""
-    probs = target.probs(logits) if target.do_sample else logits
+    probs = target.probs(logits) if not target.greedy else logits
     a = 1
     while a < limit and int(window[a - 1]) not in eos:
         token = int(window[a])
-        if target.do_sample:
+        if not target.greedy:
             ok = rule.accept(float(probs[a - 1, token]), float(rows[a, token]), float(u[a - 1]))
         else:
             ok = token == int(logits[a - 1].argmax())
@@ -108,7 +110,7 @@ def loop_acceptance(target, rule, window, logits, limit, eos, rows, u):
 @pytest.mark.parametrize("sample", [False, True])
 def test_device_acceptance_equals_the_loop_over_positions(sample):
     W, V = 5, 6
-    target, rule = Target(sample), AcceptanceRule()
+    target, rule = (Sampling(1.0) if sample else GREEDY), AcceptanceRule()
     for seed in range(200):
         gen = torch.Generator().manual_seed(seed)
         logits = torch.randn(W, V, generator=gen, dtype=torch.float64)
@@ -157,7 +159,7 @@ def test_block_verification_equals_the_loop_over_positions():
     """The tensor form of block verification (running weights by a cumulative maximum, every stop
     probability at once) against the algorithm written as a loop, on random windows with budgets and EOS."""
     W, V = 6, 5
-    target, rule = Target(True), BlockVerification()
+    target, rule = Sampling(1.0), BlockVerification()
     kept_more = 0
     for seed in range(300):
         gen = torch.Generator().manual_seed(seed)
@@ -196,7 +198,7 @@ def test_a_shorter_window_is_lossless_and_verifies_fewer_tokens(structure):
             longest = []
             for ids in prompts(vocab, 2, seed=5):
                 out = decoder.generate(ids, 17)
-                assert torch.equal(out.sequences, generate_autoregressive(model, ids, 17).sequences)
+                assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 17).sequences)
                 longest.append(max(out.stats.accepted_per_cycle))
             assert max(longest) == (max(window, 1 + 3) if lookup_ else window), (window, lookup_, longest)
 
@@ -215,7 +217,7 @@ def test_adaptive_widths_follow_the_drafts_confidence_and_stay_lossless():
         used = []
         for ids in prompts(vocab, 3, seed=5):
             out = decoder.generate(ids, 23)
-            assert torch.equal(out.sequences, generate_autoregressive(model, ids, 23).sequences)
+            assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 23).sequences)
             used += [w for w in out.stats.width_per_cycle if w]
         widths[name] = sum(used) / len(used)
     assert widths["right"] > 4.5 and widths["unsure"] < 3, widths
@@ -230,7 +232,7 @@ def test_sampling_with_a_shorter_window_is_exact_and_a_wrong_rule_is_caught():
     from test_decode import PROMPT, BlockResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
     model, head = sampling_setup(3, 5)
-    joint = exact_joint(model, PROMPT, Target(True))
+    joint = exact_joint(model, PROMPT, Sampling(1.0))
     right = SpeculativeDecoder(model, head, window=2)
     assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=1), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, window=2, acceptance=BlockResidualIsTarget())
@@ -264,10 +266,10 @@ def test_compiled_cycle_equals_eager(window, first_token):
     compiled = SpeculativeDecoder(model, head, lookup=lookup, window=window, compile=True)
     eager = SpeculativeDecoder(model, head, lookup=lookup, window=window)
     for i, ids in enumerate(prompts(vocab, 3, seed=9)):
-        plain = generate_autoregressive(model, ids, 19).sequences
+        plain = PlainDecoder(model).generate(ids, 19).sequences
         assert torch.equal(compiled.generate(ids, 19).sequences, plain)
         gen = [torch.Generator().manual_seed(i) for _ in range(2)]
-        sampled = [d.generate(ids, 19, do_sample=True, temperature=0.7, generator=g).sequences
+        sampled = [d.generate(ids, 19, sampling=Sampling(0.7), generator=g).sequences
                    for d, g in zip((compiled, eager), gen)]
         assert torch.equal(*sampled)  # same draws (the circuit's at 0.7 too), same float64 verdicts
 
@@ -280,7 +282,7 @@ def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
 
     model, head = sampling_setup(3, 5)
     decoder = SpeculativeDecoder(model, head, compile=True)
-    joint = exact_joint(model, PROMPT, Target(True))
+    joint = exact_joint(model, PROMPT, Sampling(1.0))
     assert chi_square_pvalue(speculative_samples(decoder, PROMPT, 600, seed=1), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, compile=True, acceptance=BlockResidualIsTarget())
     assert chi_square_pvalue(speculative_samples(wrong, PROMPT, 600, seed=1), joint) < 1e-6
@@ -297,7 +299,7 @@ def test_one_compiled_graph_serves_every_attended_length(monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8, 9]])):  # one cache allocation for both
         out = decoder.generate(ids, 40)
-        assert torch.equal(out.sequences, generate_autoregressive(model, ids, 40).sequences)
+        assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
         assert out.stats.cycles > 10
     assert decoder.verifier.allocations == 1
 
@@ -368,10 +370,10 @@ def test_the_cycle_step_traces_as_one_graph(sample):
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head)
-    target = Target(sample, temperature=0.7 if sample else 1.0)  # sampling: the circuit drafts at 0.7 too
+    target = Sampling(0.7) if sample else GREEDY  # sampling: the circuit drafts at 0.7 too
     logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3], [0, 4, 5]]), [0, 1], 16)  # a batch of 2
     uniforms = torch.rand(2, 2 * n + decoder.span, dtype=torch.float64) if sample else None
-    window = decoder.drafter.circuit_window(h, logits.argmax(-1), None if uniforms is None else uniforms[:, :n])
+    window = decoder.drafter.circuit_window(h, logits.argmax(-1), target, None if uniforms is None else uniforms[:, :n])
     args = (target, window, decoder.verifier.places(n), torch.tensor([n, n]), torch.tensor([-1]), uniforms)
     decoder.cycle_step(*args)  # the draft program's plans are built on first use
     explained = torch._dynamo.explain(decoder.cycle_step)(*args)
@@ -399,7 +401,7 @@ def test_a_call_attends_over_the_filled_slots_only():
     cut = decoder.verifier.forward(window, Places(places.slots, places.positions, places.starts, torch.arange(26)))
     assert not torch.allclose(cut[0][0, 1:], whole[0][0, 1:], atol=1e-3)  # row 0's later queries lost their slots
     assert attended_slots(120, 128, torch.device("cpu")).shape == (127,)  # never the cache's spare slot
-    assert [cache_length(need) for need in (62, 63, 64, 127)] == [64, 64, 128, 128]
+    assert [cache_length(need) for need in (62, 127, 128, 300, 511)] == [128, 128, 256, 512, 512]
 
 
 @pytest.mark.slow
@@ -414,4 +416,4 @@ def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache(monkeypatch):
     ids = torch.tensor([[1 + i % 11 for i in range(56)]])
     out = decoder.generate(ids, 3)  # 56 + 3 + n = 63 positions: a 64-slot cache
     assert decoder.verifier.max_len == 64
-    assert torch.equal(out.sequences, generate_autoregressive(model, ids, 3).sequences)
+    assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 3).sequences)

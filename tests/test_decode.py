@@ -12,8 +12,10 @@ from circuitc import builders
 from circuitc.draft import DraftProgram
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.decoding.backbone import attach_draft_lora
-from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, Target
-from mtpc.decoding.decoder import AdaptiveWidth, generate_autoregressive
+from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification
+from mtpc.sampling import GREEDY, Sampling
+from mtpc.decoding import PlainDecoder
+from mtpc.decoding.decoder import AdaptiveWidth
 
 D = 32
 
@@ -95,7 +97,7 @@ def prompts(vocab, count, seed):
 def test_plain_greedy_matches_transformers_generate():
     model = tiny_lm(16)
     for ids in prompts(16, 3, seed=5):
-        ours = generate_autoregressive(model, ids, 12).sequences
+        ours = PlainDecoder(model).generate(ids, 12).sequences
         theirs = hf_generate(model, ids, max_new_tokens=12, do_sample=False)
         assert torch.equal(ours, theirs)
 
@@ -113,7 +115,7 @@ def test_greedy_speculative_equals_plain_greedy(structure):
             decoder = SpeculativeDecoder(model, head, window=window)
             for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
                 budget = (1, 5, 17)[i]
-                plain = generate_autoregressive(model, ids, budget).sequences
+                plain = PlainDecoder(model).generate(ids, budget).sequences
                 out = decoder.generate(ids, budget, generator=torch.Generator().manual_seed(i))
                 assert torch.equal(out.sequences, plain), (window, ids.tolist(), budget)
                 assert out.stats.new_tokens == budget and len(out.stats.accepted_per_cycle) == out.stats.cycles
@@ -132,7 +134,7 @@ def test_greedy_with_adapter_heads_equals_plain_greedy(parameterisation):
     for head in heads:
         decoder = SpeculativeDecoder(model, head)
         for i, ids in enumerate(prompts(vocab, 4, seed=len(accepted))):
-            plain = generate_autoregressive(model, ids, 13).sequences
+            plain = PlainDecoder(model).generate(ids, 13).sequences
             out = decoder.generate(ids, 13)
             assert torch.equal(out.sequences, plain), (parameterisation, ids.tolist())
             accepted += out.stats.accepted_per_cycle
@@ -161,7 +163,7 @@ def test_greedy_with_a_head_reading_the_first_token_equals_plain_greedy():
     for head in heads:
         decoder = SpeculativeDecoder(model, head)
         for i, ids in enumerate(prompts(vocab, 4, seed=7 + len(accepted))):
-            plain = generate_autoregressive(model, ids, 13).sequences
+            plain = PlainDecoder(model).generate(ids, 13).sequences
             assert torch.equal(decoder.generate(ids, 13).sequences, plain), ids.tolist()
             accepted += decoder.generate(ids, 13).stats.accepted_per_cycle
     counts = torch.bincount(torch.tensor(accepted), minlength=n + 1)
@@ -173,14 +175,14 @@ def test_greedy_with_circuit_over_fewer_states_than_the_vocabulary():
     head = random_head("hmm", 4, 10, seed=3, init_from=model.lm_head.weight)  # drafts token ids 0..9 only
     decoder = SpeculativeDecoder(model, head)
     for ids in prompts(16, 8, seed=6):  # first tokens 10..15 the circuit cannot observe among them
-        assert torch.equal(decoder.generate(ids, 15).sequences, generate_autoregressive(model, ids, 15).sequences)
+        assert torch.equal(decoder.generate(ids, 15).sequences, PlainDecoder(model).generate(ids, 15).sequences)
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_greedy_with_lora_draft_path_equals_base_model_greedy(k):
     vocab = 12
     base = tiny_lm(vocab, layers=3, scale=3.0)
-    plain = [generate_autoregressive(base, ids, 12).sequences for ids in prompts(vocab, 4, seed=7)]
+    plain = [PlainDecoder(base).generate(ids, 12).sequences for ids in prompts(vocab, 4, seed=7)]
     peft_model = attach_draft_lora(base, k, rank=4)
     torch.manual_seed(k)
     with torch.no_grad():
@@ -192,7 +194,7 @@ def test_greedy_with_lora_draft_path_equals_base_model_greedy(k):
     decoder = SpeculativeDecoder(peft_model, head, lora_layers=k)
     for ids, expected in zip(prompts(vocab, 4, seed=7), plain):
         assert torch.equal(decoder.generate(ids, 12).sequences, expected)
-    assert torch.equal(generate_autoregressive(peft_model, ids, 12).sequences, expected)
+    assert torch.equal(PlainDecoder(peft_model).generate(ids, 12).sequences, expected)
     via_peft = hf_generate(peft_model, ids, custom_generate=decoder.custom_generate, max_new_tokens=12)
     assert torch.equal(via_peft, expected)  # PeftModel.generate hands the base model to custom_generate
 
@@ -203,20 +205,20 @@ def test_stops_at_eos_and_exactly_at_max_new_tokens():
     head = random_head("cp", 4, vocab, seed=5, init_from=model.lm_head.weight)
     decoder = SpeculativeDecoder(model, head)
     ids = torch.tensor([[3, 1, 4]])
-    full = generate_autoregressive(model, ids, 20).sequences[0, 3:].tolist()
+    full = PlainDecoder(model).generate(ids, 20).sequences[0, 3:].tolist()
     for budget in range(0, 9):
         assert decoder.generate(ids, budget).sequences.shape == (1, 3 + budget)
     for eos in set(full[2:]):
         cut = full.index(eos) + 1
         out = decoder.generate(ids, 20, eos_token_id=[eos, vocab + 5])
         assert out.sequences[0, 3:].tolist() == full[:cut]
-        assert torch.equal(out.sequences, generate_autoregressive(model, ids, 20, eos_token_id=eos).sequences)
+        assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 20, eos_token_id=eos).sequences)
 
 
 def test_stats_are_consistent():
     model = tiny_lm(12)
     head = random_head("ff", 3, 12, seed=6, init_from=model.lm_head.weight)
-    out = SpeculativeDecoder(model, head).generate(torch.tensor([[1, 2]]), 10, do_sample=True,
+    out = SpeculativeDecoder(model, head).generate(torch.tensor([[1, 2]]), 10, sampling=Sampling(1.0),
                                                    generator=torch.Generator().manual_seed(0))
     s = out.stats
     assert s.new_tokens == 10 == sum(s.accepted_per_cycle) and s.cycles == len(s.cycle_seconds)
@@ -227,7 +229,7 @@ def test_stats_are_consistent():
 
 # --------------------------------------------------------------------------- exact in distribution
 
-def exact_joint(model, prompt, target: Target, steps=3):
+def exact_joint(model, prompt, target: Sampling, steps=3):
     """`[V] * steps` tensor: p(x_1..x_steps | prompt) under the shaped target, by enumeration."""
     vocab = model.config.vocab_size
     tails = torch.cartesian_prod(*[torch.arange(vocab)] * steps).view(-1, steps)  # [V^steps, steps]
@@ -255,8 +257,8 @@ def chi_square_pvalue(samples, joint):
 
 def speculative_samples(decoder, prompt, count, seed, **target):
     gen = torch.Generator().manual_seed(seed)
-    return [decoder.generate(prompt, 3, do_sample=True, generator=gen, **target).sequences[0, -3:].tolist()
-            for _ in range(count)]
+    sampling = Sampling(**{"temperature": 1.0, **target})
+    return [decoder.generate(prompt, 3, sampling, generator=gen).sequences[0, -3:].tolist() for _ in range(count)]
 
 
 class ResidualIsTarget(AcceptanceRule):
@@ -297,7 +299,7 @@ def sampling_setup(n, v, structure="cp"):
 ])
 def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, window, target):
     model, head = sampling_setup(n, v)
-    joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    joint = exact_joint(model, PROMPT, Sampling(**{"temperature": 1.0, **target}))
     count = 600  # enough: the correct rule gives p ~ 0.9, the wrong residual p < 1e-18 (measured)
     right = SpeculativeDecoder(model, head, window=window)
     samples = speculative_samples(right, PROMPT, count, seed=1, **target)
@@ -314,7 +316,7 @@ def test_sampling_is_exact_and_a_wrong_residual_is_caught(n, v, window, target):
 def test_sampling_with_adapter_heads_is_exact(parameterisation, rule, wrong_rule):
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
     head = adapter_head(parameterisation, "btree", 3, VOCAB, seed=12, scale=0.8)
-    joint = exact_joint(model, PROMPT, Target(True))
+    joint = exact_joint(model, PROMPT, Sampling(1.0))
     right = speculative_samples(SpeculativeDecoder(model, head, acceptance=rule), PROMPT, 600, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=wrong_rule), PROMPT, 600, seed=4)
@@ -325,7 +327,7 @@ def test_sampling_with_a_head_reading_the_first_token_is_exact():
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
     # x_0 through the embedding and a residual MLP; x_0 = 4 is no circuit state: the last state's row
     head = first_token_head("btree", 3, 4, seed=13, std=0.6, mlp=5)
-    joint = exact_joint(model, PROMPT, Target(True))
+    joint = exact_joint(model, PROMPT, Sampling(1.0))
     right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 600, seed=5)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=BlockResidualIsTarget()), PROMPT, 600,
@@ -351,10 +353,10 @@ def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught
     less surely by 600 samples, so the controls here temper the other way.)"""
     model = tiny_lm(VOCAB, scale=4.0, seed=11)
     head = random_head("btree", 3, VOCAB, seed=12, std=1.0)
-    joint = exact_joint(model, PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    joint = exact_joint(model, PROMPT, Sampling(**{"temperature": 1.0, **target}))
     right = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
-    assert right.draft_temperature_for(Target(True, **{"temperature": 1.0, **target})) == 3.0
-    assert right.draft_temperature_for(Target()) == 1.0  # greedy: an argmax ignores it
+    assert right.draft_temperature_for(Sampling(**{"temperature": 1.0, **target})) == 3.0
+    assert right.draft_temperature_for(GREEDY) == 1.0  # greedy: an argmax ignores it
     assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=6, **target), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
     wrong.drafter.program = TemperedDrawsUntemperedRows(head.graph, head.circ.param_layout)
@@ -365,7 +367,7 @@ def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught
 @pytest.mark.parametrize("structure", ["ff", "hmm", "btree"])
 def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(structure):
     model, head = sampling_setup(3, VOCAB, structure)
-    joint = exact_joint(model, PROMPT, Target(True, top_p=0.9))
+    joint = exact_joint(model, PROMPT, Sampling(1.0, top_p=0.9))
     right = speculative_samples(SpeculativeDecoder(model, head), PROMPT, 4000, seed=2, top_p=0.9)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, acceptance=AcceptAlways()),
@@ -375,9 +377,9 @@ def test_sampling_is_exact_for_every_structure_and_accept_always_is_caught(struc
 
 def test_plain_sampling_follows_the_target():
     model, _ = sampling_setup(2, VOCAB)
-    joint = exact_joint(model, PROMPT, Target(True, top_p=0.8))
+    joint = exact_joint(model, PROMPT, Sampling(1.0, top_p=0.8))
     gen = torch.Generator().manual_seed(3)
-    samples = [generate_autoregressive(model, PROMPT, 3, do_sample=True, top_p=0.8, generator=gen)
+    samples = [PlainDecoder(model).generate(PROMPT, 3, sampling=Sampling(1.0, top_p=0.8), generator=gen)
                .sequences[0, -3:].tolist() for _ in range(1000)]
     assert chi_square_pvalue(samples, joint) > 1e-3
 
@@ -414,8 +416,13 @@ def test_bad_input_gets_a_clear_error():
         decoder.generate(torch.tensor([[3, 12]]), 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
         decoder.generate(torch.tensor([[3]]), -1)
-    with pytest.raises(ValueError, match="temperature"):
-        decoder.generate(torch.tensor([[3]]), 2, do_sample=True, temperature=0.0)
+    for temperature, top_k, top_p in ((-1.0, None, None), (float("nan"), None, None), (1e-9, None, None),
+                                      (1.0, -2, None), (1.0, 2.5, None), (1.0, None, 0.0), (1.0, None, 1.5)):
+        with pytest.raises(ValueError, match="temperature|top-k|top-p"):
+            Sampling(temperature, top_k, top_p)
+    with pytest.raises(TypeError, match="sampling must be a mtpc.sampling.Sampling"):
+        decoder.generate(torch.tensor([[3]]), 2, sampling={"do_sample": True})
+    assert Sampling(0.0, top_k=5, top_p=0.5) == GREEDY  # greedy keeps no shaping: one greedy value
     for bad in (0, -1.0, float("inf"), float("nan"), "1", True):
         with pytest.raises(ValueError, match="draft_temperature must be a positive number or None"):
             SpeculativeDecoder(model, head, draft_temperature=bad)
@@ -425,8 +432,7 @@ def test_bad_input_gets_a_clear_error():
         SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 13), D))
     with pytest.raises(ValueError, match="larger than the model's 2 decoder layers"):
         SpeculativeDecoder(model, head, lora_layers=3)
-    with pytest.raises(ValueError, match="no region graph"):
-        SpeculativeDecoder(model, MTPHead(circuitc.compile(builders.cp_graph(3, 2, 12)), D))
+    SpeculativeDecoder(model, MTPHead(circuitc.compile(builders.cp_graph(3, 2, 12)), D))  # a compiled circuit: a head
     with pytest.raises(ValueError, match="window must be an integer from 2 to the circuit's 3 positions or an"):
         SpeculativeDecoder(model, head, window="wide")
     model.train()
@@ -477,7 +483,7 @@ def test_greedy_with_lookup_equals_plain_greedy(structure):
             decoder = SpeculativeDecoder(model, head, lookup=lookup)
             for i, ids in enumerate(prompts(vocab, 3, seed=len(accepted))):
                 budget = (1, 6, 19)[i]
-                plain = generate_autoregressive(model, ids, budget).sequences
+                plain = PlainDecoder(model).generate(ids, budget).sequences
                 out = decoder.generate(ids, budget)
                 assert torch.equal(out.sequences, plain), (lookup, ids.tolist(), budget)
                 lookup_cycles += out.stats.lookup_cycles
@@ -505,9 +511,9 @@ def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught
 
     model, head = sampling_setup(3, VOCAB)
     lookup = PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup")  # 1 lookup token, circuit fills
-    joint = exact_joint(model, LOOKUP_PROMPT, Target(True, **{"temperature": 1.0, **target}))
+    joint = exact_joint(model, LOOKUP_PROMPT, Sampling(**{"temperature": 1.0, **target}))
     decoder = SpeculativeDecoder(model, head, lookup=lookup)
-    assert decoder.generate(LOOKUP_PROMPT, 3, do_sample=True).stats.lookup_cycles > 0
+    assert decoder.generate(LOOKUP_PROMPT, 3, sampling=Sampling(1.0)).stats.lookup_cycles > 0
     right = speculative_samples(decoder, LOOKUP_PROMPT, 800, seed=1, **target)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(model, head, lookup=lookup,

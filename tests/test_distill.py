@@ -185,19 +185,21 @@ def test_batched_sampling_gives_the_records_of_one_at_a_time(tiny_lm, corpus, tm
     assert {r["mode"] for r in records(tmp_path / "one.jsonl")} == {"sample"}
 
 
-def test_sample_batch_stops_each_row_at_its_first_special_token(tiny_lm):
+def test_plain_batch_stops_each_row_at_its_first_special_token(tiny_lm):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mtpc.decoding import Target
-    from mtpc.training.distill import sample_batch
+    from mtpc.decoding import PlainDecoder
+    from mtpc.sampling import Sampling
+    from mtpc.training.distill import plain_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
     requests = [([1, 65, 66], False, 0), ([1, 67, 68], True, 1)]
-    target = Target(True, 1.0)
-    rows = sample_batch(model, requests, 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
+    target = Sampling(1.0)
+    decoder = PlainDecoder(model)
+    rows = plain_batch(decoder, requests, 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
     for row in rows:
         assert 1 <= len(row) <= 40
         assert all(t < 256 for t in row[:-1])  # a special token only ever ends a row
-    greedy = sample_batch(model, [requests[1]], 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
+    greedy = plain_batch(decoder, [requests[1]], 40, target, stop=list(range(256, 264)), device=torch.device("cpu"))
     assert greedy[0] == rows[1]  # a greedy row is the same alone or in a batch

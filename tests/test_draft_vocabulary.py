@@ -12,8 +12,8 @@ from _tiny import save_subword_llama, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.decoding import generate_autoregressive
-from mtpc.decoding.acceptance import Target
+from mtpc.decoding import PlainDecoder
+from mtpc.sampling import GREEDY, Sampling
 from mtpc.errors import InputError
 from mtpc.heads import load_head, save_head
 from test_decode import PROMPT, VOCAB, AcceptAlways, chi_square_pvalue, exact_joint, speculative_samples, tiny_lm
@@ -72,7 +72,7 @@ def test_greedy_decoding_with_a_draft_vocabulary_is_plain_greedy():
     decoder = SpeculativeDecoder(lm, head)
     for seed in range(3):
         prompt = torch.randint(0, 40, (1, 6), generator=torch.Generator().manual_seed(seed))
-        plain = generate_autoregressive(lm, prompt, 24)
+        plain = PlainDecoder(lm).generate(prompt, 24)
         out = decoder.generate(prompt, 24)
         assert out.sequences.tolist() == plain.sequences.tolist()
 
@@ -98,7 +98,7 @@ def test_sampling_with_a_draft_vocabulary_is_exact_and_a_wrong_rule_is_caught():
     the right rule, 1e-47 for the wrong one (500 samples: fewer leave most cells pooled, and no power)."""
     lm = tiny_lm(VOCAB, scale=4.0, seed=11)
     head = vocabulary_head(lm, builders.btree_graph(3, 2, 3), [3, 0, 4])
-    joint = exact_joint(lm, PROMPT, Target(True))
+    joint = exact_joint(lm, PROMPT, Sampling(1.0))
     right = speculative_samples(SpeculativeDecoder(lm, head), PROMPT, 500, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(lm, head, acceptance=AcceptAlways()), PROMPT, 500, seed=4)

@@ -13,7 +13,7 @@ from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
 from mtpc.decoding.backbone import SplitBackbone
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding import PlainDecoder
 from mtpc.decoding.families import FAMILIES, WholeModelPath
 from mtpc.training.trainer import DraftModel
 
@@ -90,7 +90,7 @@ def test_greedy_speculative_equals_plain_greedy(model_type):
     gen = torch.Generator().manual_seed(3)
     for budget in (1, 9):
         ids = torch.randint(0, V, (1, 4), generator=gen)
-        plain = generate_autoregressive(model, ids, budget).sequences
+        plain = PlainDecoder(model).generate(ids, budget).sequences
         theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=False,
                                 pad_token_id=V - 1)
         assert torch.equal(plain, theirs)

@@ -10,6 +10,7 @@ import circuitc
 from circuitc import builders
 from mtpc import MTPHead, load_head, save_head
 from mtpc.errors import InputError
+from mtpc.sampling import GREEDY, Sampling
 
 D, V_LM = 16, 12
 
@@ -289,7 +290,9 @@ def test_a_head_that_reads_the_first_token_starts_as_it_was_and_round_trips(tmp_
     plain.load_state_dict({k: t for k, t in head.state_dict().items() if k != "first_embedding"})
     uniforms = torch.rand(4, 3, dtype=torch.float64)
     for draws in (None, uniforms):
-        ours, theirs = drafter.circuit_window(h, first, draws), Drafter(plain, (3,), None, 3, 9).circuit_window(read, first, draws)
+        sampling = GREEDY if draws is None else Sampling(1.0)
+        ours = drafter.circuit_window(h, first, sampling, draws)
+        theirs = Drafter(plain, (3,), None, 3, 9).circuit_window(read, first, sampling, draws)
         assert torch.equal(ours.tokens, theirs.tokens)
     save_head(head, tmp_path / "head")
     assert json.loads((tmp_path / "head" / "head.json").read_text())["options"]["first_token"] is True

@@ -153,3 +153,19 @@ def test_an_unreadable_sub_folder_of_data_is_warned_about(tmp_path):
     finally:
         locked.chmod(0o755)
     assert "['ok.py']" in text and f"skipping unreadable folder {locked}: Permission denied" in text, text
+
+
+def test_ctrl_c_while_decoding_exits_130_with_one_line():
+    """Ctrl-C in the middle of a speculative generation (text already streamed): status 130, one line."""
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen([sys.executable, "-m", "mtpc.cli", "generate", "--model", str(root / "models/byte-lm"),
+                              "--head", str(root / "models/heads/ff8"), "--max-new-tokens", "1000", "--threads", "1",
+                              "def f(x):"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert child.stdout.read(1)  # decoding has started: its first text is out
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130 and err.decode().strip().splitlines() == ["mtpc: interrupted"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtpc import SpeculativeDecoder, generate_autoregressive, load_head
+from mtpc import SpeculativeDecoder, PlainDecoder, load_head
 from mtpc.cli import main
 from mtpc.loading import model_info, open_model
 
@@ -39,7 +39,7 @@ def test_shipped_heads_decode_exactly(head_dir):
     model, _ = open_model(LM)
     head = load_head(head_dir).eval()
     prompt = torch.tensor([[1] + list(b"def fibonacci(n):\n")])
-    plain = generate_autoregressive(model, prompt, 48).sequences
+    plain = PlainDecoder(model).generate(prompt, 48).sequences
     spec = SpeculativeDecoder(model, head).generate(prompt, 48)
     assert torch.equal(spec.sequences, plain)
     assert spec.stats.mean_accepted >= 1.0

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from mtpc.sampling import GREEDY, Sampling
+
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import AdaptiveWidth
 from mtpc.decoding.compiling import precompiled_step, savable_guards
@@ -64,15 +66,15 @@ def test_a_second_decoder_loads_the_step_and_runs_its_own_weights(monkeypatch):
     model = cyclic_lm(vocab)
     first = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     ids = prompts(vocab, 1, seed=9)[0]
-    SpeculativeDecoder(model, first, compile=True).generate(ids, 9, do_sample=True)  # compiled, or loaded
+    SpeculativeDecoder(model, first, compile=True).generate(ids, 9, sampling=Sampling(1.0))  # compiled, or loaded
     second = random_head("btree", n, vocab, seed=4, std=0.3, init_from=oracle_tables(model, n))  # other weights
-    eager = SpeculativeDecoder(model, second).generate(ids, 19, do_sample=True,
+    eager = SpeculativeDecoder(model, second).generate(ids, 19, sampling=Sampling(1.0),
                                                        generator=torch.Generator().manual_seed(5))
     monkeypatch.setattr(torch, "compile", no_compiling)
-    loaded = SpeculativeDecoder(model, second, compile=True).generate(ids, 19, do_sample=True,
+    loaded = SpeculativeDecoder(model, second, compile=True).generate(ids, 19, sampling=Sampling(1.0),
                                                                        generator=torch.Generator().manual_seed(5))
     assert torch.equal(loaded.sequences, eager.sequences)
-    baked = SpeculativeDecoder(model, first).generate(ids, 19, do_sample=True,
+    baked = SpeculativeDecoder(model, first).generate(ids, 19, sampling=Sampling(1.0),
                                                       generator=torch.Generator().manual_seed(5))
     assert not torch.equal(baked.sequences, eager.sequences)  # the first head's weights would show
 
@@ -154,9 +156,9 @@ def test_a_compiled_decoder_checks_its_steps_guards_at_each_generation():
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     ids = prompts(vocab, 1, seed=9)[0]
     decoder = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=0.0), compile=True)
-    decoder.generate(ids, 9, do_sample=True)
+    decoder.generate(ids, 9, sampling=Sampling(1.0))
     decoder.drafter.position_cost = 2.0  # every window now verifies its narrowest width
-    sample = {"do_sample": True, "generator": torch.Generator().manual_seed(2)}
+    sample = {"sampling": Sampling(1.0), "generator": torch.Generator().manual_seed(2)}
     again = decoder.generate(ids, 19, **sample)
     eager = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=2.0))
     sample["generator"] = torch.Generator().manual_seed(2)

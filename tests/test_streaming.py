@@ -12,7 +12,7 @@ from transformers import TextIteratorStreamer, TextStreamer
 from transformers.generation.streamers import BaseStreamer
 
 from mtpc import SpeculativeDecoder
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding import PlainDecoder
 from mtpc.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +42,7 @@ PROMPT = torch.tensor([CYCLE[:1]])  # "a"; cycles of N = 3 then split "✓" and 
 def test_the_scripted_lm_repeats_the_text_and_cycles_split_characters(setup):
     model, decoder, tok = setup
     out = decoder.generate(PROMPT, 20)
-    assert torch.equal(out.sequences, generate_autoregressive(model, PROMPT, 20).sequences)
+    assert torch.equal(out.sequences, PlainDecoder(model).generate(PROMPT, 20).sequences)
     assert tok.decode(out.sequences[0]) == TEXT * 3  # 1 + 20 = 21 bytes = 3 repetitions
     assert out.stats.accepted_per_cycle[:-1] == [N] * (len(out.stats.accepted_per_cycle) - 1)
     ends = [1 + sum(out.stats.accepted_per_cycle[:c + 1]) for c in range(out.stats.cycles)]
@@ -58,7 +58,7 @@ def test_streamer_gets_the_prompt_then_each_cycle_then_end_once(setup):
     assert [p.shape[-1] for p in rec.puts[1:]] == out.stats.accepted_per_cycle
     assert torch.equal(torch.cat([p.view(1, -1) for p in rec.puts], 1), out.sequences)
     plain = Recorder()
-    ref = generate_autoregressive(model, PROMPT, 5, streamer=plain)
+    ref = PlainDecoder(model).generate(PROMPT, 5, streamer=plain)
     assert plain.ends == 1 and [p.tolist() for p in plain.puts[1:]] == [[t] for t in ref.sequences[0, 1:].tolist()]
     empty = Recorder()
     decoder.generate(PROMPT, 0, streamer=empty)

@@ -12,7 +12,7 @@ from _tiny import family_lm, planted_remote_model, save_subword_llama, write_sou
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.decoding.acceptance import Target
+from mtpc.sampling import GREEDY, Sampling
 from test_decode import PROMPT, VOCAB, AcceptAlways, chi_square_pvalue, exact_joint, speculative_samples, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -138,7 +138,7 @@ def test_sampling_with_a_tied_head_is_exact_and_a_wrong_rule_is_caught():
     with torch.no_grad():
         for p in head.parameters():  # adapters and sums random: drafts that often disagree with the verifier
             p.normal_(0, 1.0)
-    joint = exact_joint(lm, PROMPT, Target(True))
+    joint = exact_joint(lm, PROMPT, Sampling(1.0))
     right = speculative_samples(SpeculativeDecoder(lm, head), PROMPT, 400, seed=4)
     assert chi_square_pvalue(right, joint) > 1e-3
     wrong = speculative_samples(SpeculativeDecoder(lm, head, acceptance=AcceptAlways()), PROMPT, 400, seed=4)

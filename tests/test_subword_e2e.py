@@ -178,7 +178,7 @@ def test_bench_prompts_a_subword_lm_through_its_tokenizer(subword, corpus, tmp_p
     from transformers import LlamaForCausalLM
 
     from mtpc.bench import BenchConfig, run_bench
-    from mtpc.decoding import generate_autoregressive
+    from mtpc.decoding import PlainDecoder
     from mtpc.tokenizer import SubwordTokenizer
 
     model, head = subword
@@ -198,7 +198,7 @@ def test_bench_prompts_a_subword_lm_through_its_tokenizer(subword, corpus, tmp_p
     spelled = 0
     for text in ("def load(path):", "    return path"):
         ids = torch.tensor([tok.encode(text, add_bos=True)])
-        new = generate_autoregressive(lm, ids, 12, eos_token_id=tok.eos_id).sequences[0, ids.shape[1]:]
+        new = PlainDecoder(lm).generate(ids, 12, eos_token_id=tok.eos_id).sequences[0, ids.shape[1]:]
         spelled += sum(lengths[int(t)] for t in new)
     assert first["bytes"] == spelled
     assert row["bytes_per_cycle"]["mean"] == pytest.approx(row["mu_acc"]["mean"] * spelled / first["tokens"])

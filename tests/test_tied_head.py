@@ -9,7 +9,7 @@ from _tiny import family_lm, save_family_lm, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.decoding.decoder import generate_autoregressive
+from mtpc.decoding import PlainDecoder
 from mtpc.heads import load_head
 from mtpc.heads.nll_loss import mtp_loss
 
@@ -60,7 +60,7 @@ def test_greedy_speculative_with_a_tied_head_equals_plain_greedy(model_type):
     gen = torch.Generator().manual_seed(2)
     for budget in (1, 11):
         ids = torch.randint(0, V, (1, 5), generator=gen)
-        assert torch.equal(decoder.generate(ids, budget).sequences, generate_autoregressive(model, ids, budget).sequences)
+        assert torch.equal(decoder.generate(ids, budget).sequences, PlainDecoder(model).generate(ids, budget).sequences)
 
 
 def test_fused_loss_equals_the_plain_loss_with_gradients():

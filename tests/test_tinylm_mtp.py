@@ -85,7 +85,7 @@ def test_joint_head_is_saved_loads_and_drafts_losslessly(tmp_path, corpus):
     from transformers import LlamaForCausalLM
 
     from mtpc import SpeculativeDecoder, load_head
-    from mtpc.decoding.decoder import generate_autoregressive
+    from mtpc.decoding import PlainDecoder
 
     out = tmp_path / "lm"
     s = train_tiny_lm(joint_config(out, corpus, steps=8))
@@ -98,7 +98,7 @@ def test_joint_head_is_saved_loads_and_drafts_losslessly(tmp_path, corpus):
     decoder = SpeculativeDecoder(model, head.double())
     prompt = torch.tensor([[257, *b"def f(x):"]])
     spec = decoder.generate(prompt, 24)
-    plain = generate_autoregressive(model, prompt, 24)
+    plain = PlainDecoder(model).generate(prompt, 24)
     assert torch.equal(spec.sequences, plain.sequences)
     # `mtpc train --init-head OUT/mtp_head` continues the jointly trained head on the frozen LM
     assert main(["train", "--model", str(out), "--init-head", str(out / MTP_HEAD_DIR), "--data", corpus,

@@ -115,7 +115,7 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from mtpc import SpeculativeDecoder, load_head
-    from mtpc.decoding.decoder import generate_autoregressive
+    from mtpc.decoding import PlainDecoder
 
     train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
     stage2 = config(tiny_lm, corpus, tmp_path / "stage2", steps=2, circuit=None, bindings={},
@@ -130,7 +130,7 @@ def test_two_stage_schedule_adds_lora_to_a_trained_head(tiny_lm, corpus, tmp_pat
     prompt = torch.tensor([[257, 100, 101, 102]])
     out = decoder.generate(prompt, max_new_tokens=12)
     with model.disable_adapter():  # plain greedy decoding of the base model (the verifier)
-        plain = generate_autoregressive(model.get_base_model(), prompt, max_new_tokens=12)
+        plain = PlainDecoder(model.get_base_model()).generate(prompt, max_new_tokens=12)
     assert torch.equal(out.sequences, plain.sequences)
 
 

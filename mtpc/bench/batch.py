@@ -5,7 +5,7 @@ consecutive prompts, left-padded to the batch's longest, and every batch is deco
 order rotating from batch to batch), by:
 
 - `plain (batched)`: plain one-token-per-step decoding of the whole batch with preallocated caches
-  (`BatchedPlainDecoder`: the split backbone's per-row slots, the step run eagerly),
+  (`mtpc.decoding.plain.PlainDecoder`: the split backbone's per-row slots, the step run eagerly),
 - `plain (batched, static + compile)`: the same step through `torch.compile` (`compile_step`, as the
   heads' cycle is compiled), with `--compile`,
 - `hf generate (batched)`: transformers' own `model.generate(ids, attention_mask=...)` (greedy, or
@@ -30,91 +30,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..decoding import DecodeStats, GenerateOutput, Target
-from ..decoding.backbone import BackboneState, SplitBackbone
-from ..decoding.compiling import compile_step, dynamic_length
-from ..decoding.inputs import eos_set
-from ..decoding.verify import attended_slots, cache_length
+from ..decoding import PlainDecoder
 from ..errors import InputError
+from ..sampling import Sampling
 from .config import BenchConfig
 from .variants import load_bench
 from .prompts import answer_end_ids, load_prompts
 from .timing import synchronized
 
-__all__ = ["BatchedPlainDecoder", "run_batch_bench", "format_batch_table", "write_batch_outputs"]
+__all__ = ["run_batch_bench", "format_batch_table", "write_batch_outputs"]
 
 PLAIN, PLAIN_COMPILED, HF = "plain (batched)", "plain (batched, static + compile)", "hf generate (batched)"
-
-
-# --------------------------------------------------------------------------- plain batched decoding
-
-class BatchedPlainDecoder:
-    """Plain decoding of a batch of left-padded prompts, one token per row and step, with the split
-    backbone's preallocated caches (each row at its own positions; rows advance together). The prompt
-    is read by an eager forward; the one-token step is eager or `torch.compile`d (fixed shapes: one
-    graph per batch size and cache)."""
-
-    def __init__(self, model: torch.nn.Module, compile: bool):
-        self.backbone = SplitBackbone(model)
-        if self.backbone.whole_model:
-            raise InputError(f"batched plain decoding needs a family adapter; mtpc has none for model_type "
-                             f"{getattr(self.backbone.config, 'model_type', None)!r}")
-        self.state, self.max_len, self.batch = None, 0, 0
-        cuda = self.backbone.parts.lm_head.weight.is_cuda
-        self.step = compile_step(self._step, cuda) if compile else self._step
-
-    def _step(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-              starts: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
-        """`[B, 1]` tokens at `[B, 1]` slots and positions, attending over `kv_slots` `[S]` -> `[B, V]` logits
-        (caches written in place)."""
-        # a view of the caches with a constant host length: the rows' places come in as tensors
-        view = BackboneState(self.state.verifier, None, 0, False)
-        return self.backbone(tokens, view, position_ids=positions, slots=slots, starts=starts,
-                             kv_slots=kv_slots).logits[:, -1]
-
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_token_id=None, generator: torch.Generator | None = None,
-                 pad_token_id: int = 0) -> GenerateOutput:
-        B, T = input_ids.shape
-        target, eos = Target(do_sample, temperature, top_k, top_p), eos_set(eos_token_id)
-        if self.state is None or cache_length(T + max_new_tokens) > self.max_len or B != self.batch:
-            self.max_len, self.batch = cache_length(T + max_new_tokens), B
-            self.state = self.backbone.new_state(draft=False, max_len=self.max_len)
-        device = input_ids.device
-        starts = (T - attention_mask.sum(1)).long()  # [B] each row's padding
-        slots = torch.arange(T, device=device)[None].expand(B, T)  # [B, T]
-        stats = DecodeStats()
-        start = time.perf_counter()
-        logits = self.backbone(input_ids, self.state, keep=1, position_ids=(slots - starts[:, None]).clamp_min(0),
-                               slots=slots, starts=starts).logits[:, -1]  # [B, V]
-        stats.prefill_seconds = time.perf_counter() - start
-        new = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-        live = torch.ones(B, dtype=torch.bool, device=device)
-        eos_ids = torch.tensor(sorted(eos) or [-1], device=device)
-        for step in range(max_new_tokens):
-            start = time.perf_counter()
-            if do_sample:
-                token = torch.multinomial(target.probs(logits), 1, generator=generator)[:, 0]  # [B]
-            else:
-                token = logits.argmax(-1)  # [B]
-            new[:, step] = torch.where(live, token, pad_token_id)
-            committed = int(live.sum())
-            live = live & ~torch.isin(token, eos_ids)
-            done = step == max_new_tokens - 1 or not bool(live.any())
-            if not done:
-                slot = torch.full((B, 1), T + step, device=device)
-                kv_slots = dynamic_length(attended_slots(T + step + 1, self.max_len, device))  # [S]
-                logits = self.step(token[:, None], slot, slot - starts[:, None], starts, kv_slots)
-            stats.cycle_seconds.append(time.perf_counter() - start)
-            stats.accepted_per_cycle.append(committed)
-            stats.draft_accepted_per_cycle.append(0)
-            stats.rows_per_cycle.append(committed)
-            if done:
-                new = new[:, :step + 1]
-                break
-        return GenerateOutput(torch.cat([input_ids, new], 1), stats)
 
 
 # --------------------------------------------------------------------------- the bench
@@ -131,10 +57,10 @@ def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     prompts = load_prompts(cfg, tok)
     sets = [[_batch(prompts[k * cfg.num_prompts + i:k * cfg.num_prompts + i + B], tok.pad_id, device)
              for i in range(0, cfg.num_prompts, B)] for k in range(cfg.repeats)]
-    sampling, ends = _sampling(cfg), answer_end_ids(cfg, tok)
-    tasks = {PLAIN: _plain_task(BatchedPlainDecoder(base, compile=False), sampling, tok, ends)}
+    sampling, ends = cfg.sampling(), answer_end_ids(cfg, tok)
+    tasks = {PLAIN: _plain_task(_plain_decoder(base, compile=False), sampling, tok, ends)}
     if cfg.compile:
-        tasks[PLAIN_COMPILED] = _plain_task(BatchedPlainDecoder(base, compile=True), sampling, tok, ends)
+        tasks[PLAIN_COMPILED] = _plain_task(_plain_decoder(base, compile=True), sampling, tok, ends)
     tasks[HF] = _hf_task(base, sampling, tok, ends)
     for v in variants:
         tasks[v.label] = _spec_task(v.decoder, sampling, tok, ends)
@@ -153,10 +79,12 @@ def _batch(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-def _sampling(cfg: BenchConfig) -> dict:
-    if cfg.mode == "greedy":
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+def _plain_decoder(base, compile: bool) -> PlainDecoder:
+    decoder = PlainDecoder(base, compile=compile)
+    if decoder.backbone.whole_model:
+        raise InputError(f"batched plain decoding needs a family adapter; mtpc has none for model_type "
+                         f"{getattr(base.config, 'model_type', None)!r}")
+    return decoder
 
 
 def _generator(seed: int, device: torch.device) -> torch.Generator | None:
@@ -175,20 +103,19 @@ def _without_stats(sequences: torch.Tensor, seconds: float) -> tuple[torch.Tenso
     return sequences, seconds, None
 
 
-def _plain_task(decoder: BatchedPlainDecoder, sampling: dict, tok, ends: set[int]) -> Callable:
+def _plain_task(decoder: PlainDecoder, sampling: Sampling, tok, ends: set[int]) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        return _without_stats(*_timed(lambda: decoder.generate(ids, mask, budget, eos_token_id=ends, generator=gen,
-                                                               pad_token_id=tok.pad_id, **sampling).sequences,
+        return _without_stats(*_timed(lambda: decoder.generate(ids, budget, sampling, attention_mask=mask,
+                                                               eos_token_id=ends, generator=gen,
+                                                               pad_token_id=tok.pad_id).sequences,
                                       ids.is_cuda))
 
     return task
 
 
-def _hf_task(base, sampling: dict, tok, ends: set[int]) -> Callable:
-    hf = dict(sampling)
-    if hf["do_sample"]:  # transformers' top-k default of 50 off unless asked, as the other decoders
-        hf.update(top_k=hf["top_k"] or 0, top_p=hf["top_p"] if hf["top_p"] is not None else 1.0)
+def _hf_task(base, sampling: Sampling, tok, ends: set[int]) -> Callable:
+    hf = sampling.transformers_kwargs()
 
     def task(ids, mask, budget: int, seed: int):
         _generator(seed, ids.device)
@@ -199,11 +126,11 @@ def _hf_task(base, sampling: dict, tok, ends: set[int]) -> Callable:
     return task
 
 
-def _spec_task(decoder, sampling: dict, tok, ends: set[int]) -> Callable:
+def _spec_task(decoder, sampling: Sampling, tok, ends: set[int]) -> Callable:
     def task(ids, mask, budget: int, seed: int):
         gen = _generator(seed, ids.device)
-        out, seconds = _timed(lambda: decoder.generate(ids, budget, attention_mask=mask, eos_token_id=ends,
-                                                       generator=gen, pad_token_id=tok.pad_id, **sampling),
+        out, seconds = _timed(lambda: decoder.generate(ids, budget, sampling, attention_mask=mask, eos_token_id=ends,
+                                                       generator=gen, pad_token_id=tok.pad_id),
                               ids.is_cuda)
         return out.sequences, seconds, out.stats
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int,
                       probability, target_or_temperature, unit_interval, width_or_adaptive)
 from ..checks import seed as parse_seed
+from ..sampling import GREEDY, Sampling
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
 
@@ -91,6 +92,10 @@ class BenchConfig:
              "transformers' batched generate (--num-prompts must be a multiple of B)")
     warmup_tokens: int = 32
     val_fraction: float = 0.02  # corpus prompts come from this held-out split (mtpc tiny-lm's default)
+
+    def sampling(self) -> Sampling:
+        """The target every decoder of the bench follows (`--mode greedy`, or sampled at `--temperature`)."""
+        return GREEDY if self.mode == "greedy" else Sampling(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass

@@ -8,15 +8,16 @@
   there, `--compile`'s "plain (static + compile)" row is the compiled baseline),
 - `generate`: transformers' own plain `generate()` with its default (dynamic) cache: the baseline a user
   already has,
-- `--compile`: the fastest plain decoding of the same model: a static KV cache (`transformers.StaticCache`),
-  the one-token step run eagerly ("plain (static cache)") and through `torch.compile`
-  ("plain (static + compile)"), gpt-fast's recipe. The compile happens in the untimed warm-up.
+- `--compile`: the fastest plain decoding of the same model: mtpc's one plain decoder
+  (`mtpc.decoding.plain.PlainDecoder`: static, preallocated KV caches), its one-token step run eagerly
+  without phase hooks ("plain (static cache)") and through `torch.compile` ("plain (static + compile)"),
+  gpt-fast's recipe. The compile happens in the untimed warm-up.
 
 Every peer runs as a task `task(ids, budget, seed) -> Run`, interleaved prompt by prompt with plain
 decoding and the heads. transformers' generate is timed with the same module hooks as the heads (from
 the end of the target's first forward, which reads the prompt, to the end); its cycles are the target's
 forward calls. Sampling uses the same temperature / top-k / top-p (transformers' warpers, the rules
-`mtpc.decoding.decoder.Target` follows) and the global torch generator, seeded per prompt.
+`mtpc.sampling.Sampling` follows) and the global torch generator, seeded per prompt.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ from typing import Callable
 
 import torch
 
-from ..decoding import PHASES, DecodeStats, GenerateOutput, PhaseClock, Target, backbone_marks, split_phases
-from ..decoding.compiling import compile_step
-from ..decoding.inputs import eos_set
+from ..decoding import PHASES, PhaseClock, PlainDecoder, backbone_marks, split_phases
 from ..errors import InputError
 from .timing import Run, synchronized
 
-__all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "StaticCacheDecoder", "PEER_KINDS"]
+__all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "PEER_KINDS"]
 
 PEER_KINDS = ("prompt-lookup", "assisted", "static", "generate")
 DEFAULT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
@@ -83,17 +82,18 @@ def parse_peer(text: str) -> PeerSpec:
     raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR, static or generate")
 
 
-def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device, eos: set[int],
-                max_len: int) -> list[Peer]:
+def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device,
+                eos: set[int]) -> list[Peer]:
     """The peers' tasks: transformers' decoders for `specs`, and the static-cache baselines if `cfg.compile`;
     every one stops at any id of `eos`."""
     peers = []
     if cfg.compile:
-        eager = StaticCacheDecoder(base, max_len, compile=False)
-        compiled = StaticCacheDecoder(base, max_len, compile=True)
-        peers.append(Peer("plain (static cache)", "plain-static", "StaticCache, eager step",
+        eager = PlainDecoder(base, compile=False)
+        compiled = PlainDecoder(base, compile=True)
+        peers.append(Peer("plain (static cache)", "plain-static", "PlainDecoder, preallocated caches, eager step",
                           _static_task(cfg, eager, eos)))
-        peers.append(Peer("plain (static + compile)", "plain-compiled", "StaticCache, torch.compile'd step (compile_step, as the heads' cycle)",
+        peers.append(Peer("plain (static + compile)", "plain-compiled",
+                          "PlainDecoder, preallocated caches, torch.compile'd step (compile_step, as the heads' cycle)",
                           _static_task(cfg, compiled, eos)))
     for spec in specs:
         if spec.kind in PLAIN_GENERATE:
@@ -115,14 +115,6 @@ def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, d
     return peers
 
 
-def _hf_sampling(cfg) -> dict:
-    """transformers' settings for the bench's target (its top-k default of 50 switched off unless asked)."""
-    if cfg.mode == "greedy":
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k or 0,
-            "top_p": cfg.top_p if cfg.top_p is not None else 1.0}
-
-
 def _hf_task(cfg, base, eos: set[int], device: torch.device, **decoder) -> Callable:
     embed, ends = backbone_marks(base)
     pad = base.config.vocab_size - 1 if base.config.pad_token_id is None else base.config.pad_token_id
@@ -132,7 +124,7 @@ def _hf_task(cfg, base, eos: set[int], device: torch.device, **decoder) -> Calla
         clock = PhaseClock(None, embed, ends, device.type == "cuda")
         with synchronized(clock.cuda), clock, torch.no_grad():
             out = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget,
-                                eos_token_id=sorted(eos), pad_token_id=pad, **_hf_sampling(cfg), **decoder)
+                                eos_token_id=sorted(eos), pad_token_id=pad, **cfg.sampling().transformers_kwargs(), **decoder)
         stamps = clock.times()
         phases, seconds = split_phases(stamps)
         calls = sum(kind == "backbone_start" for kind, _ in stamps)
@@ -141,76 +133,20 @@ def _hf_task(cfg, base, eos: set[int], device: torch.device, **decoder) -> Calla
     return task
 
 
-def _static_task(cfg, decoder: "StaticCacheDecoder", eos: set[int]) -> Callable:
+def _static_task(cfg, decoder: PlainDecoder, eos: set[int]) -> Callable:
     """No phase hooks here: a hook inside a `torch.compile`d step is traced by dynamo (graph breaks and
     recompiles), which would time something else than the compiled step. The decoder's own cycle clock
     (CUDA: synchronised) gives the decoding time; the phases stay empty."""
-    sampling = {"do_sample": False} if cfg.mode == "greedy" else {
-        "do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+    sampling = cfg.sampling()
 
     def task(ids, budget: int, seed: int) -> Run:
         gen = torch.Generator().manual_seed(seed) if ids.device.type == "cpu" else None
         if gen is None:
             torch.manual_seed(seed)
-        out = decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **sampling)
+        with synchronized(ids.is_cuda):  # the host clock times the GPU's work
+            out = decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=gen)
         stats = out.stats
         return Run(stats.new_tokens, stats.cycles, sum(stats.cycle_seconds), dict.fromkeys(PHASES, 0.0),
                    out.sequences[0].tolist(), ids.shape[1])
 
     return task
-
-
-class StaticCacheDecoder:
-    """Plain one-token-per-step decoding with a preallocated `StaticCache` of `max_len` positions, the
-    step optionally `torch.compile`d (fixed shapes: one token, one cache, so it compiles once). The
-    prompt is read by an eager forward. Same targets and stats as `mtpc.decoding.decoder.generate_autoregressive`."""
-
-    def __init__(self, model: torch.nn.Module, max_len: int, compile: bool):
-        from transformers import StaticCache
-
-        self.model = model
-        self.max_len = max_len
-        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
-        # compiled as the speculative decoder's cycle step is (mtpc.decoding.compiling): the same compile mode
-        self.step = compile_step(self._step, next(model.parameters()).is_cuda) if compile else self._step
-
-    def _step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """`[1, 1]` token at `[1]` position -> `[1, 1, V]` logits (cache updated in place)."""
-        return self.model(token, cache=self.cache, cache_position=position, position_ids=position[None],
-                          use_cache=True).logits
-
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 eos_token_id=None, generator: torch.Generator | None = None) -> GenerateOutput:
-        import time
-
-        length = input_ids.shape[1]
-        if length + max_new_tokens > self.max_len:
-            raise InputError(f"prompt + new tokens = {length + max_new_tokens} exceed the static cache's {self.max_len}")
-        target, eos = Target(do_sample, temperature, top_k, top_p), eos_set(eos_token_id)
-        stats, tokens = DecodeStats(), input_ids[0].tolist()
-        self.cache.reset()
-        cuda = input_ids.is_cuda
-        with synchronized(cuda):  # every step below ends synchronised too: the host clock times the GPU's work
-            start = time.perf_counter()
-            positions = torch.arange(length, device=input_ids.device)
-            logits = self.model(input_ids, cache=self.cache, cache_position=positions, use_cache=True).logits[0, -1]
-        stats.prefill_seconds = time.perf_counter() - start
-        for step in range(max_new_tokens):
-            start = time.perf_counter()
-            token = target.pick(logits, generator)
-            tokens.append(token)
-            done = token in eos or step == max_new_tokens - 1
-            if not done:
-                position = torch.tensor([length + step], device=input_ids.device)
-                logits = self.step(input_ids.new_tensor([[token]]), position)[0, -1].clone()
-            if cuda:
-                torch.cuda.synchronize()
-            stats.cycle_seconds.append(time.perf_counter() - start)
-            stats.accepted_per_cycle.append(1)
-            stats.draft_accepted_per_cycle.append(0)
-            stats.rows_per_cycle.append(1)
-            if done:
-                break
-        return GenerateOutput(torch.tensor([tokens], dtype=torch.long, device=input_ids.device), stats)

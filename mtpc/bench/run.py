@@ -40,7 +40,7 @@ its default dynamic cache), and with `--compile` plain decoding with a static KV
 generation from `mtpc.bench.timing` (with the loop's own `mtpc.decoding.clock`), the report from
 `mtpc.bench.report`; this module loads, runs and interleaves.
 
-Every prompt is decoded by plain autoregressive decoding (`mtpc.decoding.decoder.generate_autoregressive`), by
+Every prompt is decoded by plain autoregressive decoding (`mtpc.decoding.plain.PlainDecoder`), by
 every peer and by every variant, interleaved prompt by prompt (rotating the order), so machine noise hits all of
 them alike. In greedy mode every speculative output is compared token for token with the plain greedy
 output of the same prompt, and the report counts the mismatches (`mtpc bench` exits with status 1 if
@@ -56,7 +56,7 @@ from typing import Callable, Sequence
 import torch
 
 from .. import checks, loading
-from ..decoding import PhaseClock, SpeculativeDecoder, backbone_marks, generate_autoregressive
+from ..decoding import PhaseClock, PlainDecoder, SpeculativeDecoder, backbone_marks
 from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
 from .variants import bench_tokenizer, load_bench
@@ -85,9 +85,8 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
     device, dtype, tok, base, variants = loaded.device, loaded.dtype, loaded.tok, loaded.base, loaded.variants
     prompts = load_prompts(cfg, tok)
     sets = [prompts[k * cfg.num_prompts:(k + 1) * cfg.num_prompts] for k in range(cfg.repeats)]
-    max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, cfg.warmup_tokens)  # the static caches
     ends = answer_end_ids(cfg, tok)
-    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, ends, max_len)
+    peers = build_peers(cfg, base, specs, loaded.load_model, dtype, device, ends)
     runs = measure(cfg, base, variants, peers, sets, device, ends)
     dropped = None
     if cfg.max_repetition is not None:
@@ -187,26 +186,20 @@ def _generator(seed: int, device: torch.device) -> torch.Generator | None:
     return torch.Generator().manual_seed(seed)
 
 
-def _sampling(cfg: BenchConfig) -> dict:
-    if cfg.mode == "greedy":
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
-
-
 def _plain_task(cfg: BenchConfig, base, eos: set[int], cuda: bool) -> Callable:
     embed, ends = backbone_marks(base)
+    decoder, sampling = PlainDecoder(base), cfg.sampling()
 
     def task(ids, budget: int, seed: int) -> Run:
         gen = _generator(seed, ids.device)
-        return run_one(lambda: generate_autoregressive(base, ids, budget, eos_token_id=eos, generator=gen,
-                                                       **_sampling(cfg)),
+        return run_one(lambda: decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=gen),
                        PhaseClock(None, embed, ends, cuda), stats_clock=not cuda, prompt_tokens=ids.shape[1])
 
     return task
 
 
 def _spec_task(cfg: BenchConfig, variant: Variant, eos: set[int], cuda: bool) -> Callable:
-    decoder = variant.decoder
+    decoder, sampling = variant.decoder, cfg.sampling()
     parts = decoder.backbone.parts
 
     def task(ids, budget: int, seed: int) -> Run:
@@ -216,8 +209,7 @@ def _spec_task(cfg: BenchConfig, variant: Variant, eos: set[int], cuda: bool) ->
             extra = {"phase_clock": clock}
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda), {}
-        return run_one(lambda: decoder.generate(ids, budget, eos_token_id=eos, generator=gen, **_sampling(cfg),
-                                                **extra),
+        return run_one(lambda: decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=gen, **extra),
                        clock, stats_clock=not cuda, prompt_tokens=ids.shape[1])
 
     return task

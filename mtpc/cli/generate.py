@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,12 +40,12 @@ from .. import loading
 from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE
 from ..errors import InputError, MtpcError
 from ..files import regular_file
+from ..sampling import Sampling
 from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
 from .generate_config import DEFAULT_NEW_TOKENS, MAX_LOOKUP, GenerateConfig
 
 __all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "load_prompt"]
 
-MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
 MAX_PROMPT_BYTES = 64 * 2**20
 MAX_BATCH = 4096  # prompts in one batch (--batch-size); the decoder also refuses a batch the memory cannot hold
 
@@ -108,12 +107,10 @@ class TokenStreamer:
 def check_config(cfg: GenerateConfig) -> None:
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
-    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
-        raise InputError(f"--temperature must be a finite number >= 0 (0: greedy), got {cfg.temperature}")
-    if cfg.top_k is not None and cfg.top_k < 1:
-        raise InputError(f"--top-k must be >= 1, got {cfg.top_k}")
-    if cfg.top_p is not None and not (0 < cfg.top_p <= 1):
-        raise InputError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    try:
+        cfg.sampling()  # the one check of temperature, top-k and top-p
+    except ValueError as e:
+        raise InputError(f"--{e}") from None
     if cfg.temperature == 0 and (cfg.top_k is not None or cfg.top_p is not None):
         raise InputError("--top-k/--top-p shape sampling: give a --temperature above 0 too")
     if cfg.head is None and (cfg.lora or cfg.lora_layers):
@@ -137,9 +134,6 @@ def check_config(cfg: GenerateConfig) -> None:
                          "--temperature above 0")
     if cfg.threads is not None and not 1 <= cfg.threads <= MAX_THREADS:
         raise InputError(f"--threads must be in 1..{MAX_THREADS} (4 per CPU core), got {cfg.threads}")
-    if 0 < cfg.temperature < MIN_TEMPERATURE:
-        raise InputError(f"--temperature {cfg.temperature:g} is too small to sample with (1/T overflows); use 0 "
-                         f"for greedy decoding or at least {MIN_TEMPERATURE:g}")
     if cfg.lookup is not None and cfg.lookup > MAX_LOOKUP:
         raise InputError(f"--lookup must be at most {MAX_LOOKUP} tokens a match proposes, got {cfg.lookup}")
     if not (isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**63):
@@ -284,7 +278,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         torch.set_num_threads(cfg.threads)
 
     device = loading.resolve_device(cfg.device)
-    sampling = _sampling(cfg)
+    sampling = cfg.sampling()
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
         dtype = loading.torch_dtype(cfg.dtype)
         base = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
@@ -309,11 +303,10 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         err.write(format_stats("speculative" if head is not None else "plain", run, tok) + "\n")
     if cfg.compare:
         # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
-        baseline = _compiled_plain(base, sampling, eos, prompt.shape[1] + cfg.max_new_tokens) if cfg.compile \
-            else _plain(base, sampling, eos)
+        baseline = _plain(base, sampling, eos, compile=cfg.compile)
         plain = _measure(baseline, prompt, cfg, None)
         summary["plain"] = plain
-        summary["compare"] = comparison(run, plain, greedy=cfg.temperature == 0,
+        summary["compare"] = comparison(run, plain, greedy=cfg.sampling().greedy,
                                         baseline="static cache, compiled" if cfg.compile else "eager",
                                         rounding=cfg.dtype in ROUNDING_DTYPES)
         if cfg.stats:
@@ -401,46 +394,25 @@ def check_logits(model, prompt: torch.Tensor) -> None:
         raise MtpcError("the model's logits are not finite (NaN or inf); its weights are damaged")
 
 
-def _sampling(cfg: GenerateConfig) -> dict:
-    if cfg.temperature == 0:
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False):
+    """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding (`compile`: its
+    step compiled as the speculative cycle is, preallocated caches: what a compiled decoder is measured
+    against; the phase clock then has no hooks, which a compiled step would trace)."""
+    from ..decoding import PhaseClock, PlainDecoder, backbone_marks
 
-
-def _plain(base, sampling: dict, eos: set[int]):
-    """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding."""
-    from ..decoding import PhaseClock, backbone_marks, generate_autoregressive
-
-    embed, ends = backbone_marks(base)
+    decoder = PlainDecoder(base, compile=compile)
+    embed, ends = backbone_marks(base) if not compile else (None, [])
 
     def decode(ids, budget, generator, streamer):
         clock = PhaseClock(None, embed, ends, cuda=ids.device.type == "cuda")
         with clock:
-            out = generate_autoregressive(base, ids, budget, eos_token_id=eos, generator=generator,
-                                          streamer=streamer, **sampling)
+            out = decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=generator, streamer=streamer)
         return out, clock
 
     return decode
 
 
-def _compiled_plain(base, sampling: dict, eos: set[int], max_len: int):
-    """The same for plain decoding with a static cache, its step compiled as the speculative cycle is
-    (`mtpc.bench.peers.StaticCacheDecoder`): the baseline a compiled decoder is measured against."""
-    from ..bench.peers import StaticCacheDecoder
-    from ..decoding import PhaseClock
-
-    decoder = StaticCacheDecoder(base, max_len, compile=True)
-
-    def decode(ids, budget, generator, streamer):
-        clock = PhaseClock(None, None, [], cuda=ids.device.type == "cuda")  # no hooks inside a compiled step
-        with clock:
-            out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, **sampling)
-        return out, clock
-
-    return decode
-
-
-def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: dict, eos: set[int],
+def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: Sampling, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
@@ -465,8 +437,8 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=cuda), {}
         with clock:
-            out = decoder.generate(ids, budget, eos_token_id=eos, generator=generator, streamer=streamer,
-                                   attention_mask=attention_mask, **sampling, **extra)
+            out = decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=generator, streamer=streamer,
+                                   attention_mask=attention_mask, **extra)
         return out, clock
 
     return decode, decoder

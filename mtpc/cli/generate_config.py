@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
                       positive_float, positive_int, probability)
 from ..checks import seed as parse_seed
+from ..sampling import Sampling
 from ..settings import setting
 from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
 
@@ -67,3 +68,7 @@ class GenerateConfig:
     batch_size: int | None = setting(
         None, type=positive_int, metavar="B", help="with --prompts: prompts per batch (default: all of them in one batch)")
     stdin: bytes | None = None  # the prompt read from standard input, when neither PROMPT nor --prompt-file
+
+    def sampling(self) -> Sampling:
+        """The tokens' `Sampling` (`--temperature 0`: greedy); a `ValueError` says what is wrong."""
+        return Sampling(self.temperature, self.top_k, self.top_p)

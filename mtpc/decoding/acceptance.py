@@ -1,6 +1,6 @@
 """What a committed token must follow, and the rule that keeps speculative decoding exact.
 
-`Target` is the verifier's shaped next-token distribution (greedy, or temperature / top-k / top-p in
+The verifier's target is `mtpc.sampling.Sampling` (greedy, or temperature / top-k / top-p in
 transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule, token by
 token, and `BlockVerification` (the decoder's default) the rule that decides a drafted window as a
 whole and keeps at least as many tokens in expectation. The decoder (`mtpc.decoding.decoder`) applies
@@ -19,59 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from circuitc.draft import inverse_cdf
+from circuitc.runtime.kernels import inverse_cdf
 
-__all__ = ["Target", "AcceptanceRule", "BlockVerification", "Verdict", "accept_window", "cycle_uniforms", "draw"]
+from ..sampling import Sampling
 
-
-# --------------------------------------------------------------------------- the verifier's target
-
-@dataclass(frozen=True)
-class Target:
-    """The distribution tokens must follow: greedy (argmax of the logits) or the softmax of the logits
-    shaped by temperature, then top-k, then top-p (the order and rules of transformers' warpers)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        if not self.do_sample:
-            return
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise ValueError(f"top_k must be a positive integer (or None/0 for no top-k), got {self.top_k!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """`[..., V]` logits -> `[..., V]` float64 probabilities of the shaped target."""
-        scores = logits.double()
-        if self.temperature != 1:
-            scores = scores / self.temperature
-        if self.top_k:
-            k = min(self.top_k, scores.shape[-1])
-            kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, -torch.inf)
-        if self.top_p is not None and self.top_p < 1:
-            sorted_scores, order = torch.sort(scores, dim=-1)  # ascending
-            cumulative = sorted_scores.softmax(-1).cumsum(-1)
-            remove = cumulative <= 1 - self.top_p
-            remove[..., -1] = False  # keep at least the most likely token
-            scores = scores.masked_fill(remove.scatter(-1, order, remove), -torch.inf)
-        return scores.softmax(-1)
-
-    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
-        """One token from the target at a single position (`logits` `[V]`)."""
-        if not self.do_sample:
-            return int(logits.argmax())
-        return draw(self.probs(logits), generator)
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+__all__ = ["AcceptanceRule", "BlockVerification", "Verdict", "accept_window", "cycle_uniforms"]
 
 
 # --------------------------------------------------------------------------- acceptance rule
@@ -149,7 +101,7 @@ class Verdict:
     hidden: torch.Tensor
 
 
-def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
+def accept_window(sampling: Sampling, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
                   hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor, rows: torch.Tensor | None,
                   uniforms: torch.Tensor | None, widths: torch.Tensor | None = None) -> Verdict:
     """Accept a prefix of every row of `window` `[B, W]` (`window[:, 0]` already committed) against the
@@ -174,8 +126,8 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     before_eos = torch.isin(window[:, :-1], eos).cumsum(1) == 0  # [B, W-1] no EOS at or before j - 1
     tested = (position < limit[:, None]) & before_eos  # [B, W-1] a prefix of each row
     batch = torch.arange(B, device=window.device)  # [B]
-    if target.do_sample:
-        probs = target.probs(logits)  # [B, W, V] float64
+    if not sampling.greedy:
+        probs = sampling.probs(logits)  # [B, W, V] float64
         rows = rows if rows.dtype == probs.dtype else rows.to(probs.dtype)
         index = drafted[..., None]  # [B, W-1, 1]
         p_x = probs[:, :-1].gather(2, index)[..., 0]  # [B, W-1]
@@ -188,7 +140,7 @@ def accept_window(target: Target, rule: AcceptanceRule, window: torch.Tensor, lo
     # `x[b, index[b]]` for every row with the indices on the device (reading them to the host would be a
     # device sync, and a graph break under `torch.compile`)
     carried = probs[batch, kept]  # [B, V]
-    if target.do_sample:
+    if not sampling.greedy:
         rejected = kept < tested.sum(1)  # [B] a tested token after the kept ones was not kept
         scaled = carried if weight is None else weight[:, None] * carried
         residual = rule.residual(scaled, rows[batch, accepted.clamp_max(W - 1)])

@@ -19,14 +19,15 @@ import hashlib
 import importlib.metadata
 import os
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "compile_step", "dynamic_length", "precompiled_step", "savable_guards",
-           "step_store"]
+__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "compile_step", "dynamic_length",
+           "precompiled_step", "savable_guards", "step_store", "tensor_layout"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
@@ -139,6 +140,78 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
         return CompiledStep(owner, traced=compile_step(step, cuda=False))
     _save(compiled, path)
     return CompiledStep(owner, aot=compiled)
+
+
+@dataclass(frozen=True)
+class StepVariant:
+    """What one compiled variant of a decoder's cycle step specialises on: the sampling (a constant of the
+    trace), the number of EOS ids, the cache allocation it writes (new tensors after every allocation), the
+    verify width and the batch size."""
+
+    sampling: object
+    eos_count: int
+    allocation: int
+    width: int
+    batch: int
+
+
+class StepVariants:
+    """A decoder's compiled cycle steps: each `StepVariant` compiled once per process (on the CPU loaded from
+    `step_store()` when an earlier process saved it), made ready before a generation's first cycle
+    (`make_ready`: its guards checked once for the generation's shapes), and handed out per cycle
+    (`step_for`: the ready step, else the eager `step`: a cycle never compiles).
+
+    `step`: the decoder's eager cycle step (a bound method); `identity(variant, layout)`: what a stored step
+    depends on besides its guards (see `precompiled_step`), None to keep it in this process only. A pickled
+    copy is empty (the compiled steps belong to the process)."""
+
+    def __init__(self, step: Callable, identity: Callable):
+        self.step, self.identity = step, identity
+        self.compiled: dict[tuple, CompiledStep] = {}  # (variant, tensor layout) -> compiled step
+        self.ready: dict[StepVariant, Callable] = {}  # this generation's variants, guards checked
+
+    def __reduce__(self):
+        return StepVariants, (self.step, self.identity)
+
+    def start(self) -> None:
+        """A new generation: every variant's guards are checked again (`make_ready`)."""
+        self.ready.clear()
+
+    def make_ready(self, variant: StepVariant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]) -> None:
+        """Ready `variant` for calls like `step(*args)` (`dynamic`: tensors of `args` whose first dimension
+        varies from cycle to cycle): compiled now unless this process compiled it for the same `layout` (the
+        model's and head's tensors, `tensor_layout`), and its guards checked once."""
+        compiled = self.compiled.get((variant, layout))
+        ready = None if compiled is None else compiled.checked(*args)
+        if ready is None:  # not compiled yet, or its guards refuse (a constant it read changed since)
+            self.compiled[variant, layout] = compiled = self._compile(variant, layout, args, dynamic)
+            # a step is not refused by its own arguments; if it were, it would run with its guards
+            ready = compiled.checked(*args) or compiled
+        self.ready[variant] = ready
+
+    def step_for(self, variant: StepVariant) -> Callable:
+        return self.ready.get(variant, self.step)
+
+    def _compile(self, variant: StepVariant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]
+                 ) -> CompiledStep:
+        # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw them
+        # built would be recompiled on the next call
+        self.step(*args)
+        if dynamic and dynamic[0].is_cuda:
+            for tensor in dynamic:
+                dynamic_length(tensor)
+            step = CompiledStep(self.step.__self__, traced=compile_step(self.step, cuda=True))
+        else:
+            step = precompiled_step(self.step, args, self.identity(variant, layout), dynamic=dynamic)
+        step(*args)
+        return step
+
+
+def tensor_layout(*modules: torch.nn.Module) -> tuple:
+    """The name, shape, dtype and device of every parameter and buffer of `modules`: what a compiled step
+    also specialises on, and its guards (as torch saves them) do not check."""
+    tensors = [item for module in modules for item in (*module.named_parameters(), *module.named_buffers())]
+    return tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
 
 
 def savable_guards(guards: Sequence) -> list[bool]:

@@ -29,6 +29,7 @@ import torch
 from circuitc.draft import DraftProgram
 
 from ..heads import MTPHead
+from ..sampling import Sampling
 
 __all__ = ["AdaptiveWidth", "Drafter", "Window", "window_widths"]
 
@@ -53,6 +54,15 @@ class Window:
             rows = self.rows.clone()
             rows[b] = row.rows
         return Window(tokens, rows, width)
+
+    def padded(self, span: int) -> "Window":
+        """One row's window `[m]` (a host proposer's) padded to `span` tokens (zeros, and zero proposal rows)."""
+        missing = span - self.tokens.shape[-1]
+        if missing <= 0:
+            return self
+        tokens = torch.cat([self.tokens, self.tokens.new_zeros(missing)])
+        rows = None if self.rows is None else torch.cat([self.rows, self.rows.new_zeros(missing, self.rows.shape[-1])])
+        return Window(tokens, rows, self.width)
 
 
 torch.utils._pytree.register_dataclass(Window)  # a compiled step takes and returns it as one graph's tensors
@@ -128,16 +138,17 @@ class Drafter:
             h = h.to(self._weight.dtype)
         return self.head(self.head.with_first_token(h, first))
 
-    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor | None,
-                       temperature: float = 1.0) -> Window:
-        """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`),
-        `uniforms` `[B, n]` float64 (sampling; None: greedy) -> the circuit's windows after them, each
-        drafted token drawn from the circuit's conditional at `temperature` (see `DraftProgram.sample`)."""
+    def circuit_window(self, h: torch.Tensor, first: torch.Tensor, sampling: Sampling,
+                       uniforms: torch.Tensor | None = None, temperature: float = 1.0) -> Window:
+        """One fixed-shape draft per row: `h` `[B, d]`, `first` `[B]` long (each row's committed `x_0`) -> the
+        circuit's windows after them: greedy, its sequential argmax; sampling, each drafted token drawn with
+        `uniforms` `[B, n]` float64 from the circuit's conditional at `temperature` (see `DraftProgram.sample`)."""
         # a first token the circuit has no state for (a special token past its `v`, a token outside its draft
         # vocabulary) conditions the draft as its last state would: any function of the past is a valid
         # proposal, and the rows say which
         prefix = self.head.states_of(first).clamp_max(self.v - 1)  # [B] states
         theta = self.theta(h, prefix)  # [B, P]
+        uniforms = None if sampling.greedy else uniforms  # the draft programs' own convention: None draws nothing
         drafted, conditionals = self._drafts(theta, prefix, uniforms, temperature)  # [B, n], [B, n, v] or None
         tokens = self._padded(torch.cat([first[:, None], self.head.tokens_of(drafted[:, 1:])], 1))  # [B, S]
         if len(self.widths) > 1:
@@ -147,7 +158,7 @@ class Drafter:
             if width.device != h.device:  # made on the head's device at first, where `h` is
                 width = width.to(h.device)
             width = width.expand(h.shape[0])
-        if uniforms is None:
+        if sampling.greedy:
             return Window(tokens, None, width)
         return Window(tokens, self._rows(conditionals, h.device), width)
 
@@ -169,19 +180,19 @@ class Drafter:
             return torch.func.vmap(lambda *a: draft(*a)[0])(*args), None
         return torch.func.vmap(draft)(*args)
 
-    def lookup_window(self, h: torch.Tensor, first: int, proposal: list[int], width: int,
-                      uniforms: torch.Tensor | None, temperature: float = 1.0) -> Window:
+    def lookup_window(self, h: torch.Tensor, first: int, proposal: list[int], width: int, sampling: Sampling,
+                      uniforms: torch.Tensor | None = None, temperature: float = 1.0) -> Window:
         """One row's window (`tokens` `[S]`, `rows` `[S, V]`, `width` `[]`; the decoder puts it in its
         batch): `[x_0, proposal]` (point-mass proposals), then the circuit's draft after them up to its
         `n` positions when they end earlier and the circuit can observe them all. `h` `[d]`; `width`: the
-        verify width; `uniforms` `[n]` and `temperature` as for `circuit_window`. Eager (a lookup window's
-        prefix length varies)."""
+        verify width; `sampling`, `uniforms` `[n]` and `temperature` as for `circuit_window`. Eager (a lookup
+        window's prefix length varies)."""
         given = [first] + proposal
         device = h.device
         prefix = torch.tensor(given, dtype=torch.long, device=device)
         if len(given) >= self.n or not self._has_states(given):
             tokens, conditionals = prefix, None
-        elif uniforms is None:
+        elif sampling.greedy:
             states = self.head.states_of(prefix)
             drafted, conditionals = self.program.greedy(self.theta(h, states[0]), states, with_rows=True)
             tokens = self.head.tokens_of(drafted)
@@ -191,7 +202,7 @@ class Drafter:
             tokens = self.head.tokens_of(drafted)
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
-        if uniforms is None:
+        if sampling.greedy:
             return Window(tokens, None, width_t)
         rows = self._rows(conditionals, device)
         rows[1:len(given)] = 0

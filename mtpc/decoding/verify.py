@@ -24,17 +24,20 @@ import torch
 
 from .backbone import BackboneState, SplitBackbone
 
-__all__ = ["Verifier", "Places", "CACHE_ROUNDING", "attended_slots", "cache_length"]
+__all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length"]
 
-CACHE_ROUNDING = 64  # cache lengths are rounded up to this: nearby prompt lengths share one compiled shape
+MIN_CACHE = 128  # the shortest cache: lengths are powers of two from here
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
 
 
 def cache_length(need: int) -> int:
-    """Slots for `need` positions: one more than they fill (never written), rounded up to `CACHE_ROUNDING`.
-    The spare slot keeps every attended length below the cache's: a compiled step traced on a call that
-    attends over the whole cache would specialise its dynamic length to it."""
-    return -(-(need + 1) // CACHE_ROUNDING) * CACHE_ROUNDING
+    """Slots for `need` positions: one more than they fill (never written), rounded up to a power of two (at
+    least `MIN_CACHE`). The spare slot keeps every attended length below the cache's: a compiled step traced
+    on a call that attends over the whole cache would specialise its dynamic length to it. Powers of two:
+    a compiled step specialises on its caches, so a process decoding prompts of many lengths allocates (and
+    compiles) again only when a prompt needs twice the room of every one before it, at most twice the
+    memory the longest needs (on the CPU a call attends only up to its furthest slot, whatever the cache)."""
+    return max(MIN_CACHE, 1 << need.bit_length())
 
 
 def attended_slots(furthest: int, max_len: int, device: torch.device) -> torch.Tensor:

@@ -17,6 +17,7 @@ from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_
 from ..checks import seed as parse_seed
 from ..heads.constants import DEFAULT_ADAPTER_RANK, DEFAULT_CHUNK_ELEMENTS, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
 from ..loading import MAX_HIDDEN
+from ..sampling import Sampling
 from ..settings import setting
 
 __all__ = ["TrainConfig", "TinyLMConfig", "DistillConfig", "FeaturesConfig", "LOSSES", "PRECISIONS", "JOINT_PARAMETERISATIONS"]
@@ -214,6 +215,10 @@ class DistillConfig:
         keep["model"] = str(Path(self.model).resolve())
         keep["head"] = str(Path(self.head).resolve()) if self.head else None
         return keep
+
+    def sampling(self) -> Sampling:
+        """How the sampled records are drawn (the greedy ones: `GREEDY`)."""
+        return Sampling(self.temperature, None, self.top_p)
 
 
 @dataclass

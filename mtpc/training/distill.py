@@ -53,6 +53,7 @@ import torch
 from .. import loading
 from ..errors import InputError, MtpcError, first_line
 from ..files import OutputLock, atomic_write, read_json
+from ..sampling import GREEDY, Sampling
 from .config import DistillConfig
 
 META_SUFFIX = ".meta.json"
@@ -128,10 +129,13 @@ def _check_config(cfg: DistillConfig) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-    if not cfg.temperature > 0:
-        raise InputError(f"--temperature must be > 0, got {cfg.temperature}")
-    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
-        raise InputError(f"--top-p must be in (0, 1], got {cfg.top_p}")
+    try:
+        sampled = cfg.sampling()  # the one check of temperature and top-p
+    except ValueError as e:
+        raise InputError(f"--{e}") from None
+    if sampled.greedy:
+        raise InputError("--temperature must be > 0 (the sampled records' temperature; --greedy-fraction 1 "
+                         "makes every record greedy)")
     if not 0 <= cfg.greedy_fraction <= 1:
         raise InputError(f"--greedy-fraction must be in [0, 1], got {cfg.greedy_fraction}")
     config = loading.model_config(cfg.model)  # a missing folder, or one without config.json, is named
@@ -319,17 +323,18 @@ def _as_text(data: bytes) -> str:
 def _generator(cfg: DistillConfig, tok):
     """`generate([(ids, greedy, seed), ...]) -> [(new token ids, decoding cycles or None), ...]`: plain
     batched sampling, or one prompt at a time through the speculative decoder with `--head`."""
-    from ..decoding import SpeculativeDecoder, Target
+    from ..decoding import PlainDecoder, SpeculativeDecoder
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # checked first (no custom code without trust_remote_code, safetensors only, local files only)
     dtype = loading.torch_dtype(cfg.dtype)
     model = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
     stop = stop_ids(tok)
+    sampled = cfg.sampling()
     if cfg.head is None:
-        target = Target(True, cfg.temperature, None, cfg.top_p)
-        return lambda requests: [(new, None) for new in sample_batch(model, requests, cfg.max_new_tokens, target,
-                                                                     stop, device)]
+        plain = PlainDecoder(model)
+        return lambda requests: [(new, None) for new in plain_batch(plain, requests, cfg.max_new_tokens, sampled,
+                                                                    stop, device)]
 
     from ..decoding.head_entry import load_head_entry
 
@@ -339,48 +344,35 @@ def _generator(cfg: DistillConfig, tok):
         decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers)
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"--head {cfg.head}: {e}") from None
-    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, eos_token_id=stop)
-
     def generate(requests):
         outputs = []
         for ids, greedy, seed in requests:
             generator = torch.Generator(device).manual_seed(seed)
-            out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, do_sample=not greedy,
-                                   generator=generator, **sampling)
+            out = decoder.generate(torch.tensor([ids], device=device), cfg.max_new_tokens,
+                                   GREEDY if greedy else sampled, eos_token_id=stop, generator=generator)
             outputs.append((out.sequences[0, len(ids):].tolist(), out.stats.cycles))
         return outputs
     return generate
 
 
-@torch.no_grad()
-def sample_batch(model, requests: list[tuple[list[int], bool, int]], max_new_tokens: int, target, stop: list[int],
-                 device: torch.device) -> list[list[int]]:
-    """Plain batched decoding of equal-length prompts: row `b` is greedy or a draw from `target` with its
-    own generator (seeded by its request), so a record does not depend on which records share its batch
-    (up to float rounding of batched matrix products). Rows stop at their first `stop` token; the batch
-    stops when every row has. Returns each row's new tokens, the stop token included."""
-    from transformers import DynamicCache
-
-    from ..decoding.families import WholeModelPath
-
-    ids = torch.tensor([r[0] for r in requests], dtype=torch.long, device=device)  # [B, L]
-    greedy = torch.tensor([r[1] for r in requests], device=device)  # [B]
-    generators = [torch.Generator(device).manual_seed(r[2]) for r in requests]
-    stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
-    cache = DynamicCache()
-    logits = WholeModelPath.run(model, ids, cache, keep=1)[0][:, -1]  # [B, V]; the cache grows in place
-    new, done = [], torch.zeros(len(requests), dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        probs = target.probs(logits)  # [B, V] float64
-        drawn = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(generators)])  # [B]
-        token = torch.where(greedy, logits.argmax(-1), drawn)  # [B]
-        new.append(token)
-        done |= torch.isin(token, stop_ids)
-        if bool(done.all()):
-            break
-        logits = WholeModelPath.run(model, token[:, None], cache, keep=1)[0][:, -1]
-    rows = torch.stack(new, 1).tolist()  # [B, steps]
-    return [_until_stop(row, set(stop)) for row in rows]
+def plain_batch(decoder, requests: list[tuple[list[int], bool, int]], max_new_tokens: int, sampled: Sampling,
+                stop: list[int], device: torch.device) -> list[list[int]]:
+    """Plain batched decoding of equal-length prompts (`mtpc.decoding.plain.PlainDecoder`): the greedy
+    requests together, the sampled ones together, each sampled row with its own generator (seeded by its
+    request), so a record does not depend on which records share its batch (up to float rounding of
+    batched matrix products). Rows stop at their first `stop` token. Returns each row's new tokens, the
+    stop token included."""
+    rows: list[list[int] | None] = [None] * len(requests)
+    for greedy, sampling in ((True, GREEDY), (False, sampled)):
+        chosen = [i for i, request in enumerate(requests) if request[1] == greedy]
+        if not chosen:
+            continue
+        ids = torch.tensor([requests[i][0] for i in chosen], dtype=torch.long, device=device)  # [B, L]
+        generators = [torch.Generator(device).manual_seed(requests[i][2]) for i in chosen]
+        out = decoder.generate(ids, max_new_tokens, sampling, eos_token_id=stop, generator=generators)
+        for i, row in zip(chosen, out.sequences[:, ids.shape[1]:].tolist()):
+            rows[i] = _until_stop(row, set(stop))
+    return rows
 
 
 def _until_stop(row: list[int], stop: set[int]) -> list[int]:

@@ -1,0 +1,150 @@
+"""Plain decoding: one token per row and step, the reference every speculative run is measured against.
+
+`PlainDecoder(model, compile=False).generate(ids, max_new_tokens, sampling)` is the library's one plain
+loop: `mtpc generate --compare`, the bench's plain rows (eager, compiled, batched) and `mtpc
+distill-data` all run it. A batch of left-padded prompts `[B, T]` with its `attention_mask` decodes
+together, each row at its own positions in preallocated caches (the split backbone's `SlotCache`,
+as the speculative decoder's verifier keeps them); rows advance together and a row that reached its
+EOS rides along, padded. The prompt is read by an eager forward; the one-token step runs eagerly or,
+with `compile=True`, through `torch.compile` as the speculative decoder's cycle step is compiled
+(`compile_step`: fixed shapes, the attended length its one dynamic dimension), which makes it the
+static-cache compiled plain decoding a user would pick instead of a draft head.
+
+A model mtpc has no family adapter for runs through its own forward and a dynamic cache: eager only,
+and its rows must be unpadded (equal lengths). A peft model runs with its adapters disabled (the
+verifier). Tokens follow `sampling` (`mtpc.sampling.Sampling`): the argmax, or one draw per row, from
+one generator or one per row (a row's text then depends on its own generator only).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from ..sampling import GREEDY, Sampling
+from .backbone import BackboneState, SplitBackbone, lora_depth
+from .compiling import compile_step, dynamic_length
+from .inputs import check_batch, check_budget, check_eval, eos_set
+from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
+from .verify import attended_slots, cache_length
+
+__all__ = ["PlainDecoder"]
+
+
+class PlainDecoder:
+    """Plain decoding of `model` (its verifier: a peft model's adapters off). `compile`: the one-token step
+    through `torch.compile` (needs a family adapter: fixed shapes come from the preallocated caches)."""
+
+    def __init__(self, model: nn.Module, compile: bool = False):
+        self.backbone = SplitBackbone(model, lora_depth(model))
+        if compile and self.backbone.whole_model:
+            raise ValueError(f"compiled plain decoding needs preallocated caches, and mtpc has no adapter for "
+                             f"model_type {getattr(self.backbone.config, 'model_type', None)!r}: decode it eagerly")
+        self.compile = compile
+        self.state: BackboneState | None = None
+        self.max_len, self.batch = 0, 0
+        cuda = self.backbone.parts.lm_head.weight.is_cuda if not self.backbone.whole_model else False
+        self.step = compile_step(self._step, cuda) if compile else self._step
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling = GREEDY, *,
+                 attention_mask: torch.Tensor | None = None, eos_token_id=None,
+                 generator: torch.Generator | list[torch.Generator] | None = None, streamer=None,
+                 pad_token_id: int | None = None) -> GenerateOutput:
+        """Up to `max_new_tokens` tokens after each prompt of `input_ids` (`[B, T]` or `[T]`; left-padded
+        rows marked by `attention_mask`), each row stopping after its first EOS. `sequences` `[B, T + m]`:
+        the prompts as given, each row's tokens, then `pad_token_id` (default: the model's pad id, else the
+        first EOS id, else 0). `streamer`: a transformers `BaseStreamer`, fed row 0 (its prompt, then one
+        token `[1]` per step, then `end()`, as transformers' own loop feeds it)."""
+        backbone = self.backbone
+        context = getattr(backbone.config, "max_position_embeddings", None)
+        prompt, pads = check_batch(input_ids, attention_mask, backbone.vocab_size, context)
+        check_budget(max_new_tokens)
+        check_eval(backbone.model)
+        B, T = prompt.shape
+        if isinstance(generator, (list, tuple)) and len(generator) != B:
+            raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
+        if backbone.whole_model and any(pads):
+            raise ValueError("padded prompts need preallocated per-row caches, and mtpc has no adapter for this "
+                             "model's family: decode prompts of equal lengths, or one at a time")
+        eos = eos_set(eos_token_id)
+        if streamer is not None:
+            streamer.put(prompt[:1, pads[0]:].cpu())
+        stats = DecodeStats()
+        new = [[] for _ in range(B)]
+        if max_new_tokens:
+            start = time.perf_counter()
+            logits = self._prefill(prompt, pads, max_new_tokens)  # [B, V]
+            stats.prefill_seconds = time.perf_counter() - start
+            self._decode(logits, T, max_new_tokens, sampling, eos, generator, streamer, new, stats)
+        if streamer is not None:
+            streamer.end()
+        return GenerateOutput(padded_sequences(prompt, new, pad_id(backbone.config, eos, pad_token_id)), stats)
+
+    def _decode(self, logits: torch.Tensor, T: int, budget: int, sampling: Sampling, eos: set[int], generator,
+                streamer, new: list[list[int]], stats: DecodeStats) -> None:
+        """The steps: choose each live row's token, feed the batch's tokens back, until every row is done."""
+        live = [True] * len(new)
+        for step in range(budget):
+            start = time.perf_counter()
+            token = _choose(sampling, logits, generator)  # [B]
+            chosen = token.tolist()
+            committed = [[t] if alive else [] for t, alive in zip(chosen, live)]
+            for b, tokens in enumerate(committed):
+                new[b] += tokens
+                live[b] = live[b] and chosen[b] not in eos
+            if streamer is not None and committed[0]:
+                streamer.put(token[:1].cpu())
+            done = step == budget - 1 or not any(live)
+            if not done:
+                logits = self._next(token, T + step)
+            stats.record(time.perf_counter() - start, committed, 1)
+            if done:
+                return
+
+    def _prefill(self, prompt: torch.Tensor, pads: list[int], budget: int) -> torch.Tensor:
+        """Read the prompts into fresh (or reused) caches; the logits `[B, V]` at their last column."""
+        B, T = prompt.shape
+        backbone = self.backbone
+        if backbone.whole_model:
+            self.state = backbone.new_state(draft=False)
+            return backbone(prompt, self.state, keep=1).logits[:, -1]
+        if self.state is None or cache_length(T + budget) > self.max_len or B != self.batch:
+            self.max_len, self.batch = cache_length(T + budget), B
+            self.state = backbone.new_state(draft=False, max_len=self.max_len)
+        self.starts = torch.tensor(pads, dtype=torch.long, device=prompt.device)  # [B] each row's padding
+        slots = torch.arange(T, device=prompt.device)[None].expand(B, T)  # [B, T]
+        positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
+        return backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots,
+                        starts=self.starts).logits[:, -1]
+
+    def _next(self, token: torch.Tensor, slot: int) -> torch.Tensor:
+        """Feed each row's token `[B]` at cache slot `slot`; the logits `[B, V]` after it."""
+        if self.backbone.whole_model:
+            return self.backbone(token[:, None], self.state).logits[:, -1]
+        B = token.shape[0]
+        slots = torch.full((B, 1), slot, device=token.device)  # [B, 1]
+        kv_slots = dynamic_length(attended_slots(slot + 1, self.max_len, token.device))  # [S]
+        logits = self.step(token[:, None], slots, slots - self.starts[:, None], self.starts, kv_slots)
+        return logits.clone() if self.compile else logits  # a compiled step's output may be overwritten
+
+    def _step(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor,
+              kv_slots: torch.Tensor) -> torch.Tensor:
+        """`[B, 1]` tokens at `[B, 1]` slots and positions, attending over `kv_slots` `[S]` -> `[B, V]` logits
+        (caches written in place). The function `compile=True` compiles."""
+        return self.backbone(tokens, self._view(), position_ids=positions, slots=slots, starts=starts,
+                             kv_slots=kv_slots).logits[:, -1]
+
+    def _view(self) -> BackboneState:
+        # the caches with a constant host length: the rows' places come in as tensors, so a compiled step never
+        # specialises on a position
+        return BackboneState(self.state.verifier, None, 0, False)
+
+
+def _choose(sampling: Sampling, logits: torch.Tensor, generator) -> torch.Tensor:
+    """`[B, V]` logits -> `[B]` long: the argmax, or a draw per row (from one generator, or each row's own)."""
+    if not isinstance(generator, (list, tuple)):
+        return sampling.pick(logits, generator)
+    return torch.cat([sampling.pick(row[None], g) for row, g in zip(logits, generator)])
