@@ -17,9 +17,13 @@ that do not need it):
 6. `head-btree` `mtpc train --device cuda`: BTree n=8 r=8, shared parameterisation,
 7. `bench-greedy`, `bench-sample`   `mtpc bench --device cuda --compile` with both heads (with and
                without prompt lookup) and transformers' prompt lookup and assisted generation, greedy and T=1,
-8. `bench-compiled-heads`   the heads' decoders built with `SpeculativeDecoder(..., compile=True)`
+8. `smollm2-shape`   what a cycle costs on an LM of SmolLM2-135M-Instruct's shape (its config, random
+               bf16 weights: its 98 MB GGUF file is more than a device run can carry), against a compiled
+               one-token step: compiled plain decoding and a compiled tied FF head over a 2,048-token draft
+               vocabulary at each verify width,
+9. `bench-compiled-heads`   the heads' decoders built with `SpeculativeDecoder(..., compile=True)`
                (only where the decoder accepts it),
-9. `export`    the LM and heads as bf16 safetensors.
+10. `export`   the LM and heads as bf16 safetensors.
 
 What comes back (at most 8 files of at most 16 MiB): `summary.json` (stages, times, environment, the
 bench tables), `results.tar.gz` (logs, bench.json/bench.md, training summaries and the bf16 heads;
@@ -98,7 +102,7 @@ def gpu_sizes() -> Sizes:
                "--compile", "--max-repetition", "0.9"],
         data=[], corpus="stdlib",
         timeouts={"env": 60, "tests": 130, "lm": 170, "draft-lm": 45, "head": 70, "bench-greedy": 120,
-                  "bench-sample": 90, "bench-compiled-heads": 90, "export": 45},
+                  "bench-sample": 90, "smollm2-shape": 100, "bench-compiled-heads": 90, "export": 45},
     )
 
 
@@ -122,7 +126,7 @@ def dry_sizes() -> Sizes:
                "--threads", "1"],
         data=["--data", data], corpus=data,
         timeouts={"env": 60, "tests": 120, "lm": 120, "draft-lm": 120, "head": 120, "bench-greedy": 180,
-                  "bench-sample": 180, "bench-compiled-heads": 180, "export": 60},
+                  "bench-sample": 180, "smollm2-shape": 180, "bench-compiled-heads": 180, "export": 60},
     )
 
 
@@ -165,6 +169,9 @@ def plan(sizes: Sizes, work: Path) -> list[Stage]:
                                    "--out", str(work / "bench-greedy")), t["bench-greedy"], needs),
         Stage("bench-sample", mtpc("bench", *bench, "--mode", "sample", "--temperature", "1", "--repeats", "1",
                                    "--out", str(work / "bench-sample")), t["bench-sample"], needs),
+        Stage("smollm2-shape", [sys.executable, str(Path(__file__).resolve()), "--smollm2-shape",
+                                json.dumps({"device": sizes.device, "small": sizes.device == "cpu",
+                                            "out": str(work / "smollm2-shape.json")})], t["smollm2-shape"]),
         Stage("bench-compiled-heads", [sys.executable, str(Path(__file__).resolve()), "--compiled-bench",
                                        json.dumps({"model": str(lm), "heads": [str(ff), str(btree)],
                                                    "corpus": sizes.corpus, "device": sizes.device,
@@ -258,6 +265,52 @@ def compiled_heads_bench(spec: dict) -> int:
     report = run_bench(cfg, decoder_cls=functools.partial(SpeculativeDecoder, compile=True))
     print(format_table(report))
     return 1 if report["greedy_identical"] is False else 0
+
+
+# SmolLM2-135M-Instruct's shape (the config transformers reads from its GGUF file)
+SMOLLM2_SHAPE = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                     intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True)
+SMALL_SHAPE = dict(SMOLLM2_SHAPE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=128, vocab_size=4096, max_position_embeddings=1024)
+
+
+def smollm2_shape_costs(spec: dict) -> int:
+    """Per-token cost of compiled plain decoding and per-cycle cost of a compiled tied FF n=4 head (a draft
+    vocabulary of 2,048 tokens) at verify widths 2 and 4 on an LM of SmolLM2's shape, in bf16; written to
+    `spec["out"]` as JSON. Random weights: the costs are the shape's, the tokens per cycle mean nothing."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from circuitc.load import load_graph
+    from mtpc import MTPHead, PlainDecoder, SpeculativeDecoder
+
+    device = torch.device(spec["device"])
+    torch.manual_seed(0)
+    config = LlamaConfig(**(SMALL_SHAPE if spec["small"] else SMOLLM2_SHAPE))
+    dtype = torch.float32 if spec["small"] else torch.bfloat16
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    K, new = (256, 8) if spec["small"] else (2048, 128)
+    head = MTPHead(load_graph(str(ROOT / "examples" / "ff.pc"), n=4, v=K), config.hidden_size,
+                   parameterisation="tied", vocabulary=list(range(K)), first_token_mlp=256).to(device=device,
+                                                                                             dtype=dtype)
+    head.tie_to(model.get_output_embeddings())
+    prompt = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1)).to(device)
+    compile = not spec["small"]
+    result = {"device": str(device), "dtype": str(dtype), "shape": dict(config.to_diff_dict()), "new_tokens": new}
+    plain = PlainDecoder(model, compile=compile)
+    plain.generate(prompt, new)  # compiles (untimed)
+    stats = plain.generate(prompt, new).stats
+    result["plain_step_ms"] = 1e3 * stats.mean_cycle_latency
+    for width in (2, 4):
+        decoder = SpeculativeDecoder(model, head, window=width, compile=compile)
+        decoder.generate(prompt, new)  # compiles (untimed)
+        stats = decoder.generate(prompt, new).stats
+        result[f"cycle_ms_width_{width}"] = 1e3 * stats.mean_cycle_latency
+        result[f"cycle_over_step_width_{width}"] = stats.mean_cycle_latency / max(result["plain_step_ms"] / 1e3, 1e-9)
+    Path(spec["out"]).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
 
 
 def export_bf16(work: Path) -> int:
@@ -375,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tests", default=None, help=argparse.SUPPRESS)
     p.add_argument("--compiled-bench", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--smollm2-shape", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.env:
         print(json.dumps(environment(), indent=1))
@@ -385,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         return compiled_heads_bench(json.loads(args.compiled_bench))
     if args.export is not None:
         return export_bf16(Path(args.export))
+    if args.smollm2_shape is not None:
+        return smollm2_shape_costs(json.loads(args.smollm2_shape))
 
     sizes = dry_sizes() if args.dry_run else gpu_sizes()
     work = Path(args.work or tempfile.mkdtemp(prefix="mtpc-gpu-"))

@@ -31,7 +31,7 @@ gpu = load_script()
 def test_every_stage_command_parses(sizes, tmp_path):
     stages = gpu.plan(sizes(), tmp_path)
     names = [s.name for s in stages]
-    assert names[:2] == ["env", "tests"] and {"lm", "head-ff", "head-btree", "bench-greedy", "bench-sample",
+    assert names[:2] == ["env", "tests"] and {"lm", "head-ff", "head-btree", "bench-greedy", "bench-sample", "smollm2-shape",
                                               "export"} <= set(names)
     assert all(need in names[:names.index(s.name)] for s in stages for need in s.needs)  # needs run earlier
     for stage in stages:
