@@ -413,7 +413,7 @@ def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache(monkeypatch):
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head, compile=True)
     monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    ids = torch.tensor([[1 + i % 11 for i in range(56)]])
-    out = decoder.generate(ids, 3)  # 56 + 3 + n = 63 positions: a 64-slot cache
-    assert decoder.verifier.max_len == 64
+    ids = torch.tensor([[1 + i % 11 for i in range(120)]])
+    out = decoder.generate(ids, 3)  # 120 + 3 + n = 127 positions: a 128-slot cache
+    assert decoder.verifier.max_len == 128
     assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 3).sequences)
