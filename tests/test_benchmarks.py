@@ -481,3 +481,36 @@ def test_bench_features_times_training_from_the_store_and_on_the_live_lm(lab, tm
     [row] = json.loads(out.read_text())["rows"]
     assert row["head"] == "ff4" and row["tokens_per_step"] == 64 and row["speedup"] > 0
     assert set(row["tokens_per_second"]) == {"features", "live LM"}
+
+
+def test_smollm2_heads_sh_dry_run_commands_parse():
+    """benchmarks/smollm2_heads.sh --dry-run prints one `mtpc train` per head of the RQ2 table, each parsing
+    with today's flags and each writing the run folder benchmarks/smollm2_heads.py collects."""
+    run = subprocess.run(["bash", str(BENCHMARKS / "smollm2_heads.sh"), "--dry-run"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    commands = [shlex.split(line) for line in run.stdout.splitlines()]
+    assert all(c[:2] == ["mtpc", "train"] for c in commands)
+    parser = build_parser()
+    for argv in commands:
+        parser.parse_args(argv[1:])
+    module = script("smollm2_heads")
+    assert [Path(c[c.index("--out") + 1]).name for c in commands] == list(module.RUNS)
+    bad = subprocess.run(["bash", str(BENCHMARKS / "smollm2_heads.sh"), "--now"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_smollm2_heads_collects_each_runs_record(tmp_path, monkeypatch):
+    module = script("smollm2_heads")
+    monkeypatch.setattr(module, "RECORD", tmp_path / "record.json")
+    folder = tmp_path / "runs" / "h-cp4"
+    folder.mkdir(parents=True)
+    (folder / "head.safetensors").write_bytes(b"\0" * 2_500_000)
+    (folder / "train_config.json").write_text(json.dumps({
+        "draft_vocab": 2048, "minutes": 7.0, "steps": 62, "train_tokens": 253952, "tokens_per_second": 604,
+        "val_loss": 7.66381, "val_accepted": 1.53218, "val_accept_hist": [0, 600, 300, 74, 50],
+        "draft_vocabulary": {"val_coverage": 0.934}, "dtype": "bf16", "loss": "kl", "first_token_mlp": 1024}))
+    data = module.collect(tmp_path / "runs")
+    assert [h["run"] for h in data["heads"]] == ["h-cp4"]  # the runs not made are left out
+    assert json.loads((tmp_path / "record.json").read_text()) == data
+    assert module.table(data).splitlines()[2] == "| CP | 4 | 8 | 2,048 | 7 | 253,952 | 604 | 2.5 | 7.66 | 1.53 |"
