@@ -11,6 +11,7 @@ import torch
 from _tiny import save_subword_llama, write_source_corpus
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
+from circuitc.cli import main as circuitc_main
 from mtpc.cli import main
 from mtpc.decoding import PlainDecoder
 from mtpc.sampling import GREEDY, Sampling
@@ -148,3 +149,12 @@ def test_a_draft_vocabulary_that_does_not_fit_is_refused_before_any_work(subword
     assert "more than the model's 600 tokens" in capsys.readouterr().err
     assert main([*base, "--draft-vocab", "32", "-D", "v=16"]) == 2
     assert "the circuit has 16 states" in capsys.readouterr().err
+    plan = tmp_path / "btree.plan.json"  # `circuitc compile` elaborated it: its v is fixed, and checked
+    assert circuitc_main(["compile", "examples/btree.pc", "-D", "n=4", "-D", "r=2", "-D", "v=32", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    plan_base = [a for a in base if a not in ("-D", "n=4", "r=2")]
+    plan_base[plan_base.index("examples/btree.pc")] = str(plan)
+    assert main([*plan_base, "--draft-vocab", "48"]) == 2
+    assert "the circuit has 32 states" in capsys.readouterr().err
+    assert main([*plan_base, "--draft-vocab", "32", "--seq-len", "64", "--val-sequences", "2", "--no-progress"]) == 0
+    assert load_head(tmp_path / "h").num_states == 32  # the plan's circuit, over the 32 chosen tokens

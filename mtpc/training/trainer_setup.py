@@ -290,8 +290,9 @@ def device_memory(device: str) -> tuple[int, str]:
 
 
 def circuit_bindings(cfg: TrainConfig) -> dict:
-    """The circuit's `-D` bindings; with `--draft-vocab K`, `v = K` unless `-D v=` is given."""
-    if cfg.draft_vocab is None or "v" in cfg.bindings:
+    """The circuit's `-D` bindings; with `--draft-vocab K` and a `.pc` source, `v = K` unless `-D v=` is
+    given (a graph spec or plan file is already elaborated: its `v` is checked against K instead)."""
+    if cfg.draft_vocab is None or "v" in cfg.bindings or not str(cfg.circuit).endswith(".pc"):
         return dict(cfg.bindings)
     return {**cfg.bindings, "v": cfg.draft_vocab}
 
@@ -308,7 +309,8 @@ def check_draft_vocabulary(cfg: TrainConfig, graph, init, info) -> None:
         raise InputError(f"--draft-vocab {cfg.draft_vocab} is more than the model's {info.vocab_size:,} tokens")
     if graph.states != cfg.draft_vocab:
         raise InputError(f"--draft-vocab {cfg.draft_vocab}, but the circuit has {graph.states} states per variable "
-                         "(a .pc with `param v` takes K itself; otherwise give -D v=K or a circuit of K states)")
+                         "(a .pc with `param v` takes K itself; otherwise give -D v=K, or compile the .pc with "
+                         "-D v=K for a plan file)")
 
 
 def check_features(cfg: TrainConfig, init, info) -> None:
