@@ -14,7 +14,7 @@ from mtpc import MTPHead, SpeculativeDecoder
 from circuitc.cli import main as circuitc_main
 from mtpc.cli import main
 from mtpc.decoding import PlainDecoder
-from mtpc.sampling import GREEDY, Sampling
+from mtpc.sampling import Sampling
 from mtpc.errors import InputError
 from mtpc.heads import load_head, save_head
 from test_decode import PROMPT, VOCAB, AcceptAlways, chi_square_pvalue, exact_joint, speculative_samples, tiny_lm

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from mtpc.sampling import GREEDY, Sampling
+from mtpc.sampling import Sampling
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import AdaptiveWidth

@@ -12,7 +12,7 @@ from _tiny import family_lm, planted_remote_model, save_subword_llama, write_sou
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.sampling import GREEDY, Sampling
+from mtpc.sampling import Sampling
 from test_decode import PROMPT, VOCAB, AcceptAlways, chi_square_pvalue, exact_joint, speculative_samples, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
