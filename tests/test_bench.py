@@ -352,3 +352,23 @@ def test_a_bf16_greedy_run_says_why_it_may_differ_and_fp32_claims_exactness(setu
     assert "check exactness with --dtype fp32" in bf16["greedy_exactness_note"]
     fp32 = run_bench(config(setup, heads=[setup["heads"]["ff"]]))
     assert fp32["greedy_exactness_note"] is None and fp32["greedy_identical"] is True
+
+
+@pytest.mark.slow
+def test_the_compiled_plain_decoder_compiles_outside_its_timed_steps():
+    """Compiled plain decoding traces its step before the first timed step, for new caches too (a longer
+    generation after a short warm-up), and decodes as the eager one does."""
+    from mtpc.decoding import PlainDecoder
+    from test_decode import tiny_lm
+
+    model = tiny_lm(12, scale=3.0)
+    compiled, eager = PlainDecoder(model, compile=True), PlainDecoder(model)
+    ids = torch.tensor([[1, 2, 3]])
+    warm = compiled.generate(ids, 4)  # caches of 128 slots
+    assert warm.stats.compile_seconds > 0
+    long = compiled.generate(ids, 140)  # more than they hold: new caches
+    assert compiled.allocations == 2 and long.stats.compile_seconds > 0
+    again = compiled.generate(ids, 140)
+    assert again.stats.compile_seconds == 0  # the same caches: nothing to trace
+    assert max(long.stats.cycle_seconds) < long.stats.compile_seconds
+    assert torch.equal(again.sequences, eager.generate(ids, 140).sequences)

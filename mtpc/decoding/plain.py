@@ -8,7 +8,9 @@ as the speculative decoder's verifier keeps them); rows advance together and a r
 EOS rides along, padded. The prompt is read by an eager forward; the one-token step runs eagerly or,
 with `compile=True`, through `torch.compile` as the speculative decoder's cycle step is compiled
 (`compile_step`: fixed shapes, the attended length its one dynamic dimension), which makes it the
-static-cache compiled plain decoding a user would pick instead of a draft head.
+static-cache compiled plain decoding a user would pick instead of a draft head. A compiled step is
+traced before the first timed step on caches it has not run on (`stats.compile_seconds`, out of the
+steps' times, as the speculative decoder's).
 
 A model mtpc has no family adapter for runs through its own forward and a dynamic cache: eager only,
 and its rows must be unpadded (equal lengths). A peft model runs with its adapters disabled (the
@@ -45,6 +47,7 @@ class PlainDecoder:
         self.compile = compile
         self.state: BackboneState | None = None
         self.max_len, self.batch = 0, 0
+        self.allocations, self.compiled_for = 0, 0  # cache allocations; the one the compiled step last ran on
         cuda = self.backbone.parts.lm_head.weight.is_cuda if not self.backbone.whole_model else False
         self.step = compile_step(self._step, cuda) if compile else self._step
 
@@ -78,6 +81,7 @@ class PlainDecoder:
             start = time.perf_counter()
             logits = self._prefill(prompt, pads, max_new_tokens)  # [B, V]
             stats.prefill_seconds = time.perf_counter() - start
+            stats.compile_seconds = self._warm(B, T, prompt.device)
             self._decode(logits, T, max_new_tokens, sampling, eos, generator, streamer, new, stats)
         if streamer is not None:
             streamer.end()
@@ -114,11 +118,23 @@ class PlainDecoder:
         if self.state is None or cache_length(T + budget) > self.max_len or B != self.batch:
             self.max_len, self.batch = cache_length(T + budget), B
             self.state = backbone.new_state(draft=False, max_len=self.max_len)
+            self.allocations += 1
         self.starts = torch.tensor(pads, dtype=torch.long, device=prompt.device)  # [B] each row's padding
         slots = torch.arange(T, device=prompt.device)[None].expand(B, T)  # [B, T]
         positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
         return backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots,
                         starts=self.starts).logits[:, -1]
+
+    def _warm(self, B: int, T: int, device: torch.device) -> float:
+        """Seconds spent compiling the step for these caches before the first timed step (compiled, on caches
+        it has not run on: a first call traces, new caches may trace again). It writes slot `T` of every
+        row, which the first step overwrites."""
+        if not self.compile or self.compiled_for == self.allocations:
+            return 0.0
+        start = time.perf_counter()
+        self._next(torch.zeros(B, dtype=torch.long, device=device), T)
+        self.compiled_for = self.allocations
+        return time.perf_counter() - start
 
     def _next(self, token: torch.Tensor, slot: int) -> torch.Tensor:
         """Feed each row's token `[B]` at cache slot `slot`; the logits `[B, V]` after it."""
