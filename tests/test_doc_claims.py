@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import io
 import itertools
+import json
 import re
 import tomllib
 
@@ -567,3 +568,19 @@ def test_the_smollm2_table_is_the_recorded_runs():
     spec.loader.exec_module(module)
     made = module.table(ROOT / "docs" / "bench" / "smollm2")
     assert made.count("\n") >= 8 and made in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_the_smollm2_structures_table_is_the_recorded_run():
+    """docs/results.md's RQ2 table on SmolLM2 is what benchmarks/smollm2_heads.py makes of its record
+    (benchmarks/results/smollm2_heads.json), and the prose's numbers are that record's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_heads", ROOT / "benchmarks" / "smollm2_heads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = json.loads(module.RECORD.read_text())
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert module.table(data) in text
+    heads = {h["run"]: h for h in data["heads"]}
+    assert f"reaches {heads['h-ff4-21min']['teacher_forced_tokens_per_cycle']:.2f} tokens per cycle against " \
+           f"{heads['h-ff4']['teacher_forced_tokens_per_cycle']:.2f}" in " ".join(text.split())
