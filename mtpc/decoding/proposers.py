@@ -146,7 +146,7 @@ class LookupProposer:
 
     def observe(self, outcome: Outcome) -> None:
         state = self.states[outcome.row]
-        if outcome.proposer != self.name:
+        if outcome.proposer == CircuitProposer.name:  # the circuit's running acceptance, which `use` compares with
             state.record_circuit(outcome.accepted - 1)
         state.extend(outcome.committed[1:] if self.first_added[outcome.row] else outcome.committed)
         self.first_added[outcome.row] = False
