@@ -420,8 +420,9 @@ def test_bad_input_gets_a_clear_error():
                                       (1.0, -2, None), (1.0, 2.5, None), (1.0, None, 0.0), (1.0, None, 1.5)):
         with pytest.raises(ValueError, match="temperature|top-k|top-p"):
             Sampling(temperature, top_k, top_p)
-    with pytest.raises(TypeError, match="sampling must be a mtpc.sampling.Sampling"):
-        decoder.generate(torch.tensor([[3]]), 2, sampling={"do_sample": True})
+    for plain_or_not in (decoder, PlainDecoder(model)):
+        with pytest.raises(TypeError, match="sampling must be a mtpc.sampling.Sampling"):
+            plain_or_not.generate(torch.tensor([[3]]), 2, sampling={"do_sample": True})
     assert Sampling(0.0, top_k=5, top_p=0.5) == GREEDY  # greedy keeps no shaping: one greedy value
     for bad in (0, -1.0, float("inf"), float("nan"), "1", True):
         with pytest.raises(ValueError, match="draft_temperature must be a positive number or None"):

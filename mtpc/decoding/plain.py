@@ -61,6 +61,9 @@ class PlainDecoder:
         the prompts as given, each row's tokens, then `pad_token_id` (default: the model's pad id, else the
         first EOS id, else 0). `streamer`: a transformers `BaseStreamer`, fed row 0 (its prompt, then one
         token `[1]` per step, then `end()`, as transformers' own loop feeds it)."""
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a mtpc.sampling.Sampling (GREEDY, or Sampling(temperature=...)), "
+                            f"got {type(sampling).__name__}")
         backbone = self.backbone
         context = getattr(backbone.config, "max_position_embeddings", None)
         prompt, pads = check_batch(input_ids, attention_mask, backbone.vocab_size, context)
