@@ -10,17 +10,10 @@ import pytest
 
 import circuitc
 from circuitc import CircuitError, Limits, load_graph
-from circuitc.cli import main
 from circuitc.load import load_plan
+from test_hostile_circuitc import cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    status = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return status, out, err
 
 
 @pytest.fixture

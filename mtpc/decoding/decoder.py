@@ -109,8 +109,7 @@ class SpeculativeDecoder:
         self.host_reads = HostReads()
 
     @property
-    def width(self) -> int:
-        """The widest verify width of a circuit window."""
+    def width(self) -> int:  # the widest verify width of a circuit window
         return self.widths[-1]
 
     # ----------------------------------------------------------------- public API
@@ -229,9 +228,10 @@ class SpeculativeDecoder:
                  ) -> tuple[Window, list[int], list[int], list[str]]:
         """The cycle's windows: the circuit's, with a row's replaced by the first host proposer that
         proposes one. Returns (windows, per row the verify width, the real tokens, the proposer's name)."""
-        window, widths = pending.window, [row.width for row in rows]
+        window, widths, drafted_by = pending.window, [row.width for row in rows], [self.circuit.name] * len(rows)
         lengths = [min(w, self.n) for w in widths]
-        drafted_by = [self.circuit.name] * len(rows)
+        if not self.proposers:  # the circuit's windows as drafted: no per-row views to build
+            return window, widths, lengths, drafted_by
         temperature = self.draft_temperature_for(sampling)
         for b in (b for b, v in enumerate(verify) if v):
             draws = None if uniforms is None else uniforms[b, self.n:2 * self.n]  # never the next window's draws
