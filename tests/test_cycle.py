@@ -289,18 +289,19 @@ def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
 
 
 @pytest.mark.slow
-def test_one_compiled_graph_serves_every_attended_length(monkeypatch):
+def test_one_compiled_graph_serves_every_attended_length():
     """Each cycle attends over one more stretch of the cache (`Places.kv_slots`); that length is the
     compiled step's one dynamic dimension, so cycles after the warm-up never compile again."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
     decoder = SpeculativeDecoder(model, head, compile=True)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8, 9]])):  # one cache allocation for both
-        out = decoder.generate(ids, 40)
-        assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
-        assert out.stats.cycles > 10
+    torch._dynamo.reset()  # a torch without isolate_recompiles (2.11) keeps earlier tests' variants in one list
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8, 9]])):  # one cache allocation for both
+            out = decoder.generate(ids, 40)
+            assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
+            assert out.stats.cycles > 10
     assert decoder.verifier.allocations == 1
 
 
@@ -327,6 +328,36 @@ def test_every_compiled_step_keeps_its_own_variants():
         compiled = compile_step(step.__call__, False)
         assert torch.equal(compiled(x), x * step.k) and torch.equal(compiled(x), x * step.k)
     assert [s.eager_calls for s in steps] == [0] * 12
+
+
+
+def test_isolation_options_follow_what_torch_compile_takes():
+    from mtpc.decoding.compiling import RECOMPILE_LIMIT, isolation_options
+
+    torch_2_11 = ("model", "fullgraph", "dynamic", "backend", "mode", "options", "disable")
+    torch_2_13 = (*torch_2_11, "name", "recompile_limit", "isolate_recompiles")
+    assert isolation_options(torch_2_11) == {"dynamic": False}  # an unknown keyword would be a TypeError there
+    assert isolation_options(torch_2_13) == {"dynamic": False, "isolate_recompiles": True,
+                                             "recompile_limit": RECOMPILE_LIMIT}
+
+
+@pytest.mark.slow
+def test_a_raised_recompile_limit_keeps_shared_variants_compiled_where_torch_cannot_isolate_them():
+    """What a torch without `isolate_recompiles` (2.11) gets: one code object's variants in dynamo's shared
+    list, its limit raised around each call; the control, the default limit, falls back to eager."""
+    from mtpc.decoding.compiling import with_recompile_limit
+
+    def run(wrap) -> list[int]:
+        torch._dynamo.reset()
+        steps = [ScaledStep(k) for k in range(12)]  # past dynamo's default limit of 8 variants per code object
+        x = torch.ones(3)
+        for step in steps:
+            compiled = wrap(torch.compile(step.__call__, dynamic=False))
+            assert torch.equal(compiled(x), x * step.k) and torch.equal(compiled(x), x * step.k)
+        return [s.eager_calls for s in steps]
+
+    assert run(with_recompile_limit) == [0] * 12
+    assert sum(run(lambda compiled: compiled)) > 0
 
 
 PROBE_COUNT = """
@@ -405,15 +436,16 @@ def test_a_call_attends_over_the_filled_slots_only():
 
 
 @pytest.mark.slow
-def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache(monkeypatch):
+def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache():
     """A budget that ends within the last rounding of the cache: the warm-up's attended length is as long as
     any later one can be, and it must not become the graph's constant (the spare slot of `cache_length`)."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head, compile=True)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     ids = torch.tensor([[1 + i % 11 for i in range(120)]])
-    out = decoder.generate(ids, 3)  # 120 + 3 + n = 127 positions: a 128-slot cache
+    torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out = decoder.generate(ids, 3)  # 120 + 3 + n = 127 positions: a 128-slot cache
     assert decoder.verifier.max_len == 128
     assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 3).sequences)

@@ -10,30 +10,45 @@ CUDA graphs, whose outputs live in memory the next replay overwrites, so they ar
 On the CPU the decoder's cycle step is compiled ahead of time (`precompiled_step`) and kept on disk:
 inductor's own cache keeps the kernels between processes, but dynamo would trace the step again in
 every process (2-3 s of a `mtpc generate --compile` run), so the traced step, its guards and its
-kernels are saved together and a later process loads them instead.
+kernels are saved together and a later process loads them instead (with a torch that has `aot_compile`;
+an older one, 2.11 say, traces the step in every process).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import inspect
 import os
 import sys
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 __all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "compile_step", "dynamic_length",
-           "precompiled_step", "savable_guards", "step_store", "tensor_layout"]
+           "isolation_options", "precompiled_step", "savable_guards", "step_store", "steps_can_be_stored",
+           "tensor_layout"]
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
 # a code object in one list, checks their guards in turn on every call and stops compiling at 8, so the
 # decoders of a bench (one `cycle_step` code object, a few variants each) would fall back to eager.
-ISOLATED = {"dynamic": False, "isolate_recompiles": True, "recompile_limit": 64}
+RECOMPILE_LIMIT = 64
+
+
+def isolation_options(compile_parameters) -> dict:
+    """`torch.compile`'s options for one step, given the names of the parameters it takes. A torch whose
+    `torch.compile` has no `isolate_recompiles` (2.11 has not) gets none: its steps share dynamo's list and
+    limit, which `compile_step` raises around each call instead."""
+    if "isolate_recompiles" in compile_parameters:
+        return {"dynamic": False, "isolate_recompiles": True, "recompile_limit": RECOMPILE_LIMIT}
+    return {"dynamic": False}
+
+
+ISOLATED = isolation_options(inspect.signature(torch.compile).parameters)
 
 # Inductor options on a CPU. `cpp_wrapper`: a C++ wrapper around the kernels (measured 0.14-0.20 ms a call
 # where the Python one took 0.21-0.31). `cpp.vec_isa_ok`: inductor otherwise proves, in every process, that
@@ -47,12 +62,28 @@ CPU_OPTIONS = {"cpp_wrapper": True, "cpp.vec_isa_ok": True}
 def compile_step(step: Callable, cuda: bool) -> Callable:
     """`step` compiled for fixed shapes (`dynamic=False`), with its own cache of compiled variants; on CUDA
     its tensor outputs are cloned."""
+    if cuda:
+        compiled = torch.compile(step, mode="reduce-overhead", **ISOLATED)
+    else:
+        compiled = torch.compile(step, options=CPU_OPTIONS, **ISOLATED)
+    if "isolate_recompiles" not in ISOLATED:
+        compiled = with_recompile_limit(compiled)
     if not cuda:
-        return torch.compile(step, options=CPU_OPTIONS, **ISOLATED)
-    compiled = torch.compile(step, mode="reduce-overhead", **ISOLATED)
+        return compiled
 
     def call(*args):
         return copied(compiled(*args))
+
+    return call
+
+
+def with_recompile_limit(compiled: Callable) -> Callable:
+    """`compiled` called with dynamo's recompile limit raised to `RECOMPILE_LIMIT` (for a torch without
+    `isolate_recompiles`: a few microseconds a call, against a step's milliseconds)."""
+
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args)
 
     return call
 
@@ -104,6 +135,13 @@ class CompiledStep:
         return partial(self.aot.fn, self.owner)
 
 
+@cache  # a fact of the torch installed; asked only when compiling (the first torch.compile imports dynamo)
+def steps_can_be_stored() -> bool:
+    """Whether this torch compiles a step ahead of time (`aot_compile`; 2.11 does not): else `precompiled_step`
+    compiles every step for its process only, as `compile_step` does."""
+    return hasattr(torch.compile(lambda x: x), "aot_compile")
+
+
 def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic: Sequence[torch.Tensor] = (),
                      store: Path | None = None) -> CompiledStep:
     """`step` (a bound method: a pure step of fixed-shape tensors, one graph) compiled ahead of time on
@@ -118,7 +156,10 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
     torch cannot save is compiled by `compile_step` (traced again in each process)."""
     owner, function = step.__self__, step.__func__
-    path = None if identity is None else (store or step_store()) / f"{_step_key(function, identity)}.bin"
+    storable = steps_can_be_stored()
+    path = None
+    if identity is not None and storable:
+        path = (store or step_store()) / f"{_step_key(function, identity)}.bin"
     compiled = None if path is None else _load(path, function, owner, args)
     if compiled is not None:
         return CompiledStep(owner, aot=compiled)
@@ -127,7 +168,7 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
     # version): those are traced in every process, as every step was before, and a marker file says so
     unsaved = None if path is None else path.with_suffix(".unsaved")
-    if unsaved is None or not unsaved.exists():
+    if storable and (unsaved is None or not unsaved.exists()):
         try:
             options = {**CPU_OPTIONS, "guard_filter_fn": savable_guards}
             compiled = torch.compile(function, fullgraph=True, dynamic=False, options=options).aot_compile(
