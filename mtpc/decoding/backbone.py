@@ -46,6 +46,7 @@ __all__ = [
     "SplitBackbone",
     "attach_draft_lora",
     "family_for",
+    "forget_last",
     "is_peft",
     "WholeModelPath",
     "lora_depth",
@@ -217,9 +218,9 @@ class SplitBackbone:
             raise ValueError(f"cannot crop a cache of {state.length} tokens to {length}")
         remove = state.length - length
         if remove:
-            state.verifier.crop(-remove)
+            forget_last(state.verifier, remove)
             if state.draft is not None:
-                state.draft.crop(-remove)
+                forget_last(state.draft, remove)
         state.length = length
 
     # ----------------------------------------------------------------- forward
@@ -280,3 +281,15 @@ class SplitBackbone:
         return BackboneOutput(logits, parts.norm(draft[:, start:]))  # hidden [B, T', d]
 
     __call__ = forward
+
+
+def forget_last(cache: Cache, tokens: int) -> None:
+    """Forget the last `tokens` tokens of every layer of `cache` that holds any. The layers of a
+    `DynamicCache` a path never ran are skipped: transformers 5.17's `crop` fails on them (5.25 skips them
+    itself)."""
+    if isinstance(cache, DynamicCache):
+        for layer in cache.layers:
+            if layer.is_initialized:
+                layer.crop(-tokens)
+    else:
+        cache.crop(-tokens)

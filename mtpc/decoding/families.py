@@ -200,8 +200,8 @@ class LayeredFamily(BackboneFamily):
         if isinstance(cache, SlotCache):
             made = {kind: cache.mask(config, embeds.dtype, kind) for kind in set(kinds)}
             return [made[kind] for kind in kinds[:num_layers]]
-        made = {kind: MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                  position_ids=position_ids) for kind in set(kinds)}
+        # the cache by position: its parameter is past_key_values in transformers 5.17, cache in 5.25
+        made = {kind: MASKS[kind](config, embeds, None, cache, position_ids=position_ids) for kind in set(kinds)}
         return [made[kind] for kind in kinds[:num_layers]]
 
     def position_embeddings(self, config, parts, hidden, position_ids, num_layers):

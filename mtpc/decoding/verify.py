@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backbone import BackboneState, SplitBackbone
+from .backbone import BackboneState, SplitBackbone, forget_last
 
 __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length"]
 
@@ -123,7 +123,7 @@ class Verifier:
         """The whole-model path's `DynamicCache`: forget every token after the first `length`."""
         remove = self.state.verifier.get_seq_length() - length
         if remove > 0:
-            self.state.verifier.crop(-remove)
+            forget_last(self.state.verifier, remove)
 
     def _view(self) -> BackboneState:
         # a view of the same caches whose host length is a constant: the rows' lengths live here, so a
