@@ -166,15 +166,15 @@ def test_mtpc_commands_of_the_docs_parse(command):
 
 
 def test_install_versions_are_the_packages():
-    """"Python 3.10 or newer ..., torch 2.4 up to 3, transformers 5.x" is pyproject.toml's."""
+    """"Python 3.10 or newer, torch 2.11 up to 3, transformers 5.17 or a later 5.x" is pyproject.toml's."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    said = re.search(r"Python (\d+\.\d+) or newer .*?, torch (\d+\.\d+) up to (\d+), transformers (\d+)\.x",
-                     " ".join(_readme.README.read_text().split()))
+    said = re.search(r"Python (\d+\.\d+) or newer, torch (\d+\.\d+) up to (\d+), transformers (\d+)\.(\d+) or a "
+                     r"later (\d+)\.x", " ".join(_readme.README.read_text().split()))
     assert said, "the README's install section no longer gives the versions"
-    python, torch_low, torch_high, transformers = said.groups()
-    assert project["requires-python"] == f">={python}"
+    python, torch_low, torch_high, transformers, transformers_minor, major = said.groups()
+    assert project["requires-python"] == f">={python}" and major == transformers
     assert f"torch>={torch_low},<{torch_high}" in project["dependencies"]
-    assert f"transformers>={transformers}.0,<{int(transformers) + 1}" in project["dependencies"]
+    assert f"transformers>={transformers}.{transformers_minor},<{int(transformers) + 1}" in project["dependencies"]
 
 
 def test_the_recorded_files_the_docs_cite_exist():
