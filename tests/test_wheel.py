@@ -8,7 +8,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["mtpc", "mtpc.errors", "mtpc.checks", "mtpc.tokenizer", "mtpc.loading", "mtpc.heads", "mtpc.decoding",

@@ -584,7 +584,7 @@ class TiedHead(MTPHead):
     def input_logits(self, h: torch.Tensor, leaves: slice | torch.Tensor = slice(None)) -> torch.Tensor:
         if self._tied is None:
             raise ValueError("this tied head has no output layer; call head.tie_to(model.get_output_embeddings())")
-        Q, a, d, v = self.num_leaves, self.adapter_rank, self.hidden_size, self.num_states
+        Q, a, d = self.num_leaves, self.adapter_rank, self.hidden_size
         chosen = torch.arange(Q, device=h.device)[leaves]  # [Qc]
         qa = Q * a
         down_w = self.proj_weight[:qa].view(Q, a, d)[chosen].reshape(-1, d)  # [Qc*a, d]
