@@ -330,7 +330,6 @@ def test_every_compiled_step_keeps_its_own_variants():
     assert [s.eager_calls for s in steps] == [0] * 12
 
 
-
 def test_isolation_options_follow_what_torch_compile_takes():
     from mtpc.decoding.compiling import RECOMPILE_LIMIT, isolation_options
 
