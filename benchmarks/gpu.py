@@ -130,9 +130,9 @@ def mtpc(*args: str) -> list[str]:
     return [sys.executable, "-m", "mtpc.cli", *args]
 
 
-def own(flag: str, spec: dict) -> list[str]:
-    """This script run as one of its in-process stages."""
-    return [sys.executable, str(Path(__file__).resolve()), flag, json.dumps(spec)]
+def own(flag: str, spec: dict | None = None) -> list[str]:
+    """This script run as one of its in-process stages (`spec`: the stage's arguments, as JSON)."""
+    return [sys.executable, str(Path(__file__).resolve()), flag, *([] if spec is None else [json.dumps(spec)])]
 
 
 def plan(sizes: Sizes, work: Path) -> list[Stage]:
@@ -141,7 +141,7 @@ def plan(sizes: Sizes, work: Path) -> list[Stage]:
     bench = ["--model", str(BYTE_LM), "--heads", *map(str, BYTE_HEADS), "--corpus", sizes.corpus,
              "--device", sizes.device, "--peers", "prompt-lookup", *sizes.bench, "--no-progress"]
     return [
-        Stage("env", [sys.executable, str(Path(__file__).resolve()), "--env"], t["env"]),
+        Stage("env", own("--env"), t["env"]),
         Stage("tests", own("--tests", {"cuda": sizes.cuda_tests}), t["tests"]),
         Stage("smollm2-shape", own("--smollm2-shape", {**sizes.smollm2, "out": str(work / "smollm2-shape.json")}),
               t["smollm2-shape"]),
