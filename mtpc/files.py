@@ -5,7 +5,8 @@
   fill the memory.
 - `read_json(path, what)`: every JSON file mtpc opens (config.json, tokenizer files, head.json,
   train_config.json, adapter_config.json, a distill `.meta.json`) goes through it: a regular file,
-  at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` deep, holding an object. Every failure
+  at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` deep, no integer longer than
+  `MAX_JSON_INT_DIGITS` digits (refused while parsing), holding an object. Every failure
   is one `InputError` naming the file; messages never quote the file's content (a symlink planted in
   a folder could point at a credentials file).
 - `inside(path, folder)`: a file of a model or head folder must not be a symlink out of the folder
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -27,6 +29,10 @@ from .errors import InputError
 
 MAX_JSON_BYTES = 64 * 2**20  # a tokenizer.json of a 256k vocabulary is ~20 MB
 MAX_JSON_DEPTH = 64  # config and head files nest a few levels; a graph spec inline in head.json ~6
+# Integer literals longer than this are refused before int() runs (Python refuses 4,300+ digits with a bare
+# ValueError, and converting thousands is slow); a 256-bit circuit binding (circuitc's int_bits, 78 digits)
+# saved in train_config.json fits, as circuitc's command line allows 100 digits.
+MAX_JSON_INT_DIGITS = 100
 LOCK_FILE = ".mtpc.lock"
 
 
@@ -79,10 +85,48 @@ def json_depth(data) -> int:
     return deepest
 
 
+class _HugeInteger(Exception):
+    """Raised by `_bounded_int` out of the JSON parser: an integer literal of `digits` digits."""
+
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _bounded_int(literal: str) -> int:
+    """`json.loads`' `parse_int`: the literal converted only when it has at most `MAX_JSON_INT_DIGITS` digits."""
+    digits = len(literal) - literal.startswith("-")
+    if digits > MAX_JSON_INT_DIGITS:
+        raise _HugeInteger(digits)
+    return int(literal)
+
+
+# a JSON string (skipped whole: digits inside it are text) or an integer literal too long to read
+_STRING_OR_HUGE_INTEGER = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\d.eE+-])-?\d{%d,}(?![\d.eE])'
+                                     % (MAX_JSON_INT_DIGITS + 1))
+
+
+def _huge_integer_position(text: str | bytes) -> str:
+    """" at line L column C" of the first too-long integer literal (its key is the file's own text, never
+    quoted), or "" when it cannot be placed."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    for match in _STRING_OR_HUGE_INTEGER.finditer(text):
+        if not match.group().startswith('"'):
+            start = match.start()
+            line, column = text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+            return f" at line {line} column {column}"
+    return ""
+
+
 def parse_json(text: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH):
-    """`json.loads(text)` with every failure as one `InputError` naming `where` and the position."""
+    """`json.loads(text)` with every failure as one `InputError` naming `where` and the position; an
+    integer of more than `MAX_JSON_INT_DIGITS` digits is refused while parsing."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_bounded_int)
+    except _HugeInteger as e:
+        raise InputError(f"{where}: an integer of {e.digits:,} digits{_huge_integer_position(text)}; mtpc reads "
+                         f"integers of at most {MAX_JSON_INT_DIGITS} digits") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except UnicodeDecodeError:

@@ -66,7 +66,7 @@ def trim_log(path: Path, step: int) -> None:
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or an integer too long to convert
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
             kept.append(line)

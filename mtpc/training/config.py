@@ -26,6 +26,8 @@ LOSSES = ("nll", "kl", "nll+kl", "tv")
 PRECISIONS = ("auto", "fp32", "bf16")  # autocast dtypes (auto: bf16 where the hardware runs it natively)
 # tiny-lm's joint head copies the fresh LM's unembedding rows; a tied head would read the output layer itself
 JOINT_PARAMETERISATIONS = tuple(p for p in PARAMETERISATIONS if p != "tied")
+# mtpc features --max-tokens: a quadrillion tokens, far past any corpus (a bf16 store of d = 576: an exabyte)
+MAX_FEATURE_TOKENS = 10**15
 
 # help texts of options that several commands share (generate and bench use them too)
 HELP_MODEL = ("local Hugging Face checkpoint folder (e.g. from mtpc tiny-lm), or a GGUF file (dequantized once "
@@ -228,7 +230,8 @@ class FeaturesConfig:
     data: str | None = setting(None, help=HELP_DATA)  # None: the Python standard library sources
     seq_len: int = setting(512, type=positive_int, help="tokens per sequence (mtpc train --seq-len must match)")
     max_tokens: int | None = setting(  # None: every training sequence of --data
-        None, type=positive_int, help="stop after this many training tokens (default: all of --data)")
+        None, type=int_in(1, MAX_FEATURE_TOKENS),
+        help="stop after this many training tokens (default: all of --data)")
     val_sequences: int = setting(64, type=positive_int, help="held-out sequences cached for validation")
     shard_sequences: int = setting(  # a shard is written whole, then recorded: a kill loses at most one
         64, type=positive_int, help="sequences per shard file (a killed run redoes at most one shard)")

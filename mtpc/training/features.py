@@ -10,13 +10,18 @@ held-out split): `tokens`, `loss_mask`, `doc_ids` and the LM's final-norm hidden
 teacher is the LM's own output layer applied to these hidden states (`DraftModel.teacher`, computed
 while training: storing a 49,152-token distribution per position would cost 85x the disk).
 
-`DIR/features.json` records the settings, the model's fingerprint (`loading.model_fingerprint`) and
-each finished shard with its size and SHA-256. A shard is written whole (a temporary file, then a
-rename) before it is recorded, so a killed run, rerun with the same command, redoes at most one shard;
-a larger `--max-tokens` extends the store (training sequences are taken in one fixed shuffled order).
-`FeatureSet` reads a split back: every shard checked against its record and the store against the
-model (a shard of another model, a truncated or altered one is refused), then one sequence at a time
-through safetensors' memory map.
+`DIR/features.json` records the settings, the model's fingerprint (`loading.model_fingerprint`), the
+data's (`data.packed_fingerprint`: a rerun on changed `--data` text is refused, never mixing two texts
+in one store) and each finished shard with its size and SHA-256. A shard is written whole (a temporary
+file, then a rename) before it is recorded, so a killed run, rerun with the same command, redoes at
+most one shard; a recorded shard that is gone (removed, as the refusal of a damaged one advises) or
+truncated is computed again; a larger `--max-tokens` extends the store (training sequences are taken
+in one fixed shuffled order). `--out` must be new, empty or such a store: a folder holding files the
+store did not write is refused, so none of the user's files is overwritten.
+`FeatureSet` reads a split back: every shard checked against its record (size, SHA-256, shapes, and
+dtypes: `hidden` in the manifest's `dtype`) and the store against the model (a shard of another model,
+a truncated or altered one is refused), then one sequence at a time through safetensors' memory map.
+A store of any `--dtype` trains any head: `DraftModel` hands the head its input in the head's dtype.
 
 Bounds: memory, one forward of `--batch-size` sequences and one shard's hidden states
 (`shard_sequences x L x d` values); disk, the estimate printed before the first forward.
@@ -25,8 +30,8 @@ Bounds: memory, one forward of `--batch-size` sequences and one shard's hidden s
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -37,9 +42,9 @@ import torch
 from .. import checks, loading
 from ..decoding.families import OutputLayer
 from ..errors import InputError
-from ..files import atomic_write, field, file_sha256, inside, regular_file
+from ..files import LOCK_FILE, atomic_write, field, file_sha256, inside, regular_file
 from .config import FeaturesConfig
-from .data import PackedDataset, load_documents, spread, split_documents
+from .data import PackedDataset, load_documents, packed_fingerprint, spread, split_documents
 from .outputs import guarded_output
 from .progress import progress_bar
 
@@ -50,6 +55,14 @@ MANIFEST = "features.json"
 SPLITS = ("val", "train")
 ORDER_SEED = 0  # the fixed shuffled order of training sequences (a --max-tokens prefix of it is cached)
 MAX_SHARDS = 1 << 20
+DATA_KEY = "data_sha256"  # the settings' fingerprint of the packed text (`data.packed_fingerprint`)
+# a stored shard's tensors: the safetensors dtype of each (`hidden`: the store's --dtype, `HIDDEN_DTYPES`)
+SHARD_DTYPES = {"greedy": "I32", "tokens": "I32", "loss_mask": "U8", "doc_ids": "I32"}
+HIDDEN_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float64": "F64"}  # --dtype's torch names -> safetensors
+SHARD_NAME = re.compile(r"(train|val)-\d{5}\.safetensors")
+# what a killed run leaves: `atomic_write`'s and `_write_shard`'s temporary files, `.NAME.PID.tmp`
+TEMPORARY_NAME = re.compile(r"\.(features\.json|(train|val)-\d{5}\.safetensors)\.\d+\.tmp")
+MANIFEST_TEMPORARY = re.compile(r"\.features\.json\.\d+\.tmp")
 
 
 # ------------------------------------------------------------------ writing
@@ -59,6 +72,7 @@ def write_features(cfg: FeaturesConfig, announce: Callable[[str], None] = print)
     """Cache the LM's final hidden states of `cfg.data` in `cfg.out` (completing an earlier run of the
     same settings); returns a summary. Every input is checked before the model is loaded."""
     checks.output_folder(cfg.out)
+    check_store_folder(Path(cfg.out))
     checks.data_source(cfg.data)
     info = loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     context = loading.model_config(info.path).get("max_position_embeddings")
@@ -76,8 +90,12 @@ def write_features(cfg: FeaturesConfig, announce: Callable[[str], None] = print)
         train_docs, val_docs = split_documents(docs, cfg.val_fraction)
         sets = {"train": PackedDataset(train_docs, cfg.seq_len, tok.pad_id),
                 "val": PackedDataset(val_docs, cfg.seq_len, tok.pad_id)}
-        settings = store_settings(cfg, info, tok)
+        settings = {**store_settings(cfg, info, tok), DATA_KEY: packed_fingerprint(sets)}
         manifest = _start_manifest(out, settings)
+        lost = _forget_lost_shards(out, manifest)
+        if lost:
+            announce(f"mtpc features: {lost} recorded shard{'s' if lost > 1 else ''} missing or truncated in "
+                     f"{out}: computing again")
         plan = _plan(cfg, sets, manifest)
         todo = [shard for shard in plan if shard["name"] not in manifest["shards"]]
         bytes_per_sequence = cfg.seq_len * (info.hidden_size * dtype.itemsize + 4 + 4 + 4 + 1)  # hidden, tokens, greedy, doc ids, mask
@@ -125,11 +143,59 @@ def _start_manifest(out: Path, settings: dict) -> dict:
     manifest = read_manifest(out)
     stored = manifest["settings"]
     differing = [f"{k} {_shown(stored.get(k))} there, {_shown(settings[k])} now" for k in sorted(settings)
-                 if stored.get(k) != settings[k]]
+                 if k != DATA_KEY and stored.get(k) != settings[k]]
     if differing:
         raise InputError(f"{out} holds features made with other settings ({'; '.join(differing)}); use another "
                          "--out, or remove the folder to start over")
+    if stored.get(DATA_KEY) != settings[DATA_KEY]:  # the same --data path, another text: never mixed in a store
+        older = "" if stored.get(DATA_KEY) else " (or the folder predates mtpc's record of its text)"
+        raise InputError(f"the --data text changed since the features in {out} were made: its tokens differ from "
+                         f"those the store holds{older}; use a new --out, or remove the folder to start over")
     return manifest
+
+
+def _forget_lost_shards(out: Path, manifest: dict) -> int:
+    """Drop the records of shards whose file is gone or no longer of its recorded size (removed as a damaged
+    shard's refusal advises, or truncated), so the plan computes them again; returns how many."""
+    lost = [name for name, record in manifest["shards"].items()
+            if not (out / name).is_file() or (out / name).stat().st_size != record["bytes"]]
+    for name in lost:
+        del manifest["shards"][name]
+    if lost:
+        atomic_write(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return len(lost)
+
+
+def check_store_folder(out: Path) -> None:
+    """`--out` is new, empty, or a store of mtpc features: it holds only the files the store writes (the
+    manifest, shards, the lock, a killed run's temporary files), so no file of the user's is overwritten."""
+    if not out.is_dir():
+        return
+    entries = sorted(out.iterdir())
+    store = (out / MANIFEST).is_file()
+    recorded = {LOCK_FILE, MANIFEST, *read_manifest(out)["shards"]} if store else set()
+    foreign = [p.name for p in entries if p.is_dir() or not _written_by_store(p.name, store, recorded)]
+    if foreign:
+        more = f" and {len(foreign) - 1:,} more" if len(foreign) > 1 else ""
+        what = "beside its features.json" if store else "without a features.json"
+        raise InputError(f"--out {out} holds files mtpc features did not write ({_shown_name(foreign[0])}"
+                         f"{more}, {what}); give a new or empty folder, or one mtpc features made")
+
+
+def _written_by_store(name: str, store: bool, recorded: set[str]) -> bool:
+    """Whether a file named `name` in `--out` is one mtpc features writes: in a store (`store`: it has a
+    manifest), a file the manifest records (`recorded`), a shard file not yet recorded (a killed run's last,
+    which the rerun writes again) or a killed write's temporary file; in a folder without a manifest
+    (written before any shard), only the lock or a killed first manifest write."""
+    if not store:
+        return name == LOCK_FILE or bool(MANIFEST_TEMPORARY.fullmatch(name))
+    return name in recorded or bool(SHARD_NAME.fullmatch(name) or TEMPORARY_NAME.fullmatch(name))
+
+
+def _shown_name(name: str) -> str:
+    """A file name of the user's folder for a message: quoted, cut at 60 characters (one line, whatever it
+    holds)."""
+    return ascii(name[:60] + ("..." if len(name) > 60 else ""))
 
 
 def _shown(value) -> str:
@@ -143,7 +209,8 @@ def _plan(cfg: FeaturesConfig, sets: dict[str, PackedDataset], manifest: dict) -
     prefix of the training sequences in one fixed shuffled order, `shard_sequences` to a shard."""
     val = spread(len(sets["val"]), cfg.val_sequences)
     order = torch.randperm(len(sets["train"]), generator=torch.Generator().manual_seed(ORDER_SEED)).tolist()
-    wanted = len(order) if cfg.max_tokens is None else min(len(order), math.ceil(cfg.max_tokens / cfg.seq_len))
+    # integer ceiling division: a float quotient of a huge --max-tokens (the Python API's) would overflow
+    wanted = len(order) if cfg.max_tokens is None else min(len(order), -(-cfg.max_tokens // cfg.seq_len))
     plan = []
     for split, indices in (("val", val), ("train", order[:wanted])):
         for k in range(0, len(indices), cfg.shard_sequences):
@@ -199,6 +266,9 @@ def read_manifest(folder: Path) -> dict:
     for key in ("hidden_size", "vocab_size", "seq_len"):
         field(settings, key, path, "int", low=1, high=2**31)
     field(settings, "model_fingerprint", path, "str")
+    field(settings, DATA_KEY, path, "str", default=None)
+    if settings.get("dtype") not in HIDDEN_DTYPES:
+        raise InputError(f"{path}: dtype must be one of {', '.join(HIDDEN_DTYPES)} (the stored features' dtype)")
     shards = field(manifest, "shards", path, "object")
     if len(shards) > MAX_SHARDS:
         raise InputError(f"{path}: more than {MAX_SHARDS:,} shards")
@@ -217,8 +287,8 @@ def read_manifest(folder: Path) -> dict:
 class FeatureSet(torch.utils.data.Dataset):
     """One split (`train` or `val`) of a feature folder, checked against `model_folder`'s model; item `i`
     is a dict like `PackedDataset`'s (`tokens`, `loss_mask`, `doc_ids`: `[L]` long/bool) plus `hidden`
-    `[L, d]` (the stored dtype). `info`: the checked model the head trains for; `tokenizer`: the class
-    name of the tokenizer training reads text through."""
+    `[L, d]` (the stored dtype; `DraftModel` casts it to the head's). `info`: the checked model the head
+    trains for; `tokenizer`: the class name of the tokenizer training reads text through."""
 
     def __init__(self, folder: str | Path, split: str, info: loading.ModelInfo, tokenizer: str | None = None):
         from safetensors import safe_open
@@ -286,22 +356,39 @@ def check_shard(folder: Path, name: str, record: dict, settings: dict) -> Path:
     path = regular_file(inside(folder / name, folder), "a feature shard", max_bytes=2**50)
     if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:
         raise InputError(f"{path} is not the shard mtpc features wrote (its size or contents changed: damaged "
-                         "or replaced); remove it and rerun mtpc features to write it again")
+                         "or replaced); remove it and rerun the same mtpc features command to write it again")
     shapes = safetensors_header(path)
     S, L, d = record["sequences"], settings["seq_len"], settings["hidden_size"]
     expected = {"hidden": (S, L, d), "greedy": (S, L), "tokens": (S, L), "loss_mask": (S, L), "doc_ids": (S, L)}
     if shapes != expected:
         raise InputError(f"{path}: its tensors are not those of {S} sequences of {L} tokens and {d} features")
-    check_ids(path, settings["vocab_size"])
+    check_contents(path, settings)
     return path
 
 
-def check_ids(path: Path, vocab_size: int) -> None:
-    """Token ids in the vocabulary and document ids >= -1 (padding), so no index is out of range later."""
+def check_contents(path: Path, settings: dict) -> None:
+    """The shard's dtypes are the store's (`hidden` in the manifest's dtype: a shard of another --dtype run
+    is refused, not fed to training), token ids in the vocabulary and document ids >= -1 (padding), so no
+    index is out of range later."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        tokens, doc_ids = torch.cat([f.get_tensor("tokens"), f.get_tensor("greedy")]), f.get_tensor("doc_ids")
+        hidden = f.get_slice("hidden").get_dtype()
+        if hidden != HIDDEN_DTYPES[settings["dtype"]]:
+            stored = {code: name for name, code in HIDDEN_DTYPES.items()}.get(hidden, "another dtype")
+            raise InputError(f"{path}: its hidden states are {stored}, but {MANIFEST} says {settings['dtype']} (a "
+                             "shard of another --dtype run?); remove it and rerun the same mtpc features command to "
+                             "write it again")
+        wrong = [name for name, code in SHARD_DTYPES.items() if f.get_slice(name).get_dtype() != code]
+        if wrong:
+            raise InputError(f"{path}: its {wrong[0]} tensor is not of the dtype mtpc features writes "
+                             f"({SHARD_DTYPES[wrong[0]]}); remove it and rerun the same mtpc features command")
+        check_ids(path, f, settings["vocab_size"])
+
+
+def check_ids(path: Path, f, vocab_size: int) -> None:
+    """Token ids in the vocabulary and document ids >= -1 (padding); `f`: the shard, opened."""
+    tokens, doc_ids = torch.cat([f.get_tensor("tokens"), f.get_tensor("greedy")]), f.get_tensor("doc_ids")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size) or \
             doc_ids.numel() and int(doc_ids.min()) < -1:
         raise InputError(f"{path}: token or document ids out of range for a {vocab_size:,}-token vocabulary")

@@ -82,7 +82,10 @@ class DraftModel(nn.Module):
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
                       chunk_elements=self.chunk_elements, first_given=self.head.reads_first_token)
         with autocast(tokens.device, self.amp), record_function("mtpc.loss"):
-            x = self.head_input(h, states)  # [B, T, d]
+            # the head reads its input in its own dtype, whatever the LM's (--dtype) or the store's (mtpc features
+            # --dtype) is: autocast leaves float64 as it is, so fp64 states would meet fp32 or bf16 weights; the
+            # teacher reads `h` as it came (`lm_teacher` casts it to the output layer's dtype)
+            x = self.head_input(h.to(self.head.dtype), states)  # [B, T, d]
             nll = mtp_loss(self.head, x, states, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss or self.loss == "tv":
                 kl = kl_loss(self.head, x, self.teacher(tokens, h), states, doc_ids, loss_mask,
