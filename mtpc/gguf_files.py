@@ -4,11 +4,19 @@ content, so that every later run reads that folder instead.
 
     model_folder_for("SmolLM2-135M-Instruct.Q4_1.gguf")  # -> ~/.cache/mtpc/gguf/<sha256>/
 
-A GGUF is outside input. `check_gguf` reads it with bounded work: the fixed header first (magic,
-version, counts under caps), then the `gguf` package's reader, which maps the file and parses values
-only (nothing in it is executed), then every tensor's data checked to lie inside the file (a truncated
-copy is refused) and the architecture and tokenizer checked to be ones transformers can build. Errors
-are one `InputError` naming the file; nothing from the file is echoed but short identifiers.
+A GGUF is outside input. `check_gguf` walks it with bounded work (`mtpc.gguf_format`: every count,
+length and offset checked against the bytes there, the model's sizes against its tensors) before
+transformers' loader, which believes what the file claims, sees it; the loader gets the file's absolute
+path (given a bare name it looks in the working folder first).
+
+The converted folder is trusted only with proof: it is a real folder (not a symlink) owned by this user
+and writable by no one else, its files likewise, and its record (`mtpc_gguf.json`, written last) names
+the SHA-256 of the file's bytes. A folder owned by someone else is refused; one of ours whose record
+names other bytes is converted afresh. The digest itself is remembered per file identity: path, size,
+modification and change times, device and inode (`touch` can restore an mtime, never a ctime or an
+inode). Conversions killed midway leave `<digest>.part-<pid>` folders; the next conversion sweeps those
+whose process is gone. Errors are one `InputError` naming the file; nothing from the file is echoed but
+short identifiers.
 
 The `gguf` package is an optional extra (`pip install "circuitc[gguf]"`); without it a GGUF path is
 one clear error.
@@ -21,21 +29,21 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, first_line
-from .files import file_sha256, regular_file
+from .files import file_sha256, read_json, regular_file
+from .gguf_format import GGUF_MAGIC, read_gguf_layout
 
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSIONS = (2, 3)
 MAX_GGUF_BYTES = 2**40  # 1 TiB
-MAX_GGUF_TENSORS = 1 << 16
-MAX_GGUF_KEYS = 1 << 16
 CACHE_ENV = "MTPC_CACHE_DIR"  # where converted models are kept (default: $XDG_CACHE_HOME/mtpc or ~/.cache/mtpc)
 DONE_FILE = "mtpc_gguf.json"  # written last into a converted folder: the folder is whole
 INSTALL_HINT = 'pip install "circuitc[gguf]" (or pip install gguf)'
+PART = re.compile(r"[0-9a-f]{32}\.part-(\d{1,10})")  # a conversion's temporary folder, by its process id
 
 log = logging.getLogger(__name__)
 
@@ -80,56 +88,11 @@ def require_gguf_package() -> None:
 def check_gguf(file: str | Path) -> GGUFSummary:
     """The GGUF file checked as described in the module's docstring; an `InputError` otherwise."""
     file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES)
-    size = file.stat().st_size
-    _check_header(file, size)
-    require_gguf_package()
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(file), "r")
-    except Exception as e:  # noqa: BLE001 -- the reader reports a damaged file in many classes
-        raise InputError(f"{file} is damaged or truncated (not a readable GGUF file: {type(e).__name__})") from None
-    for tensor in reader.tensors:
-        if tensor.data_offset + int(tensor.n_bytes) > size:
-            raise InputError(f"{file} is truncated: tensor data ends past the end of the file ({size:,} bytes)")
-    architecture = _string_field(reader, "general.architecture", file)
-    tokenizer = _string_field(reader, "tokenizer.ggml.model", file)
+    require_gguf_package()  # the quantization types' block sizes are the gguf package's
+    layout = read_gguf_layout(file)
+    architecture = layout.string("general.architecture")
     _check_supported(architecture, file)
-    return GGUFSummary(architecture, tokenizer, len(reader.tensors), size)
-
-
-def _check_header(file: Path, size: int) -> None:
-    """Magic, version and the tensor and key counts, from the fixed 24-byte header."""
-    with open(file, "rb") as f:
-        head = f.read(24)
-    if head[:4] != GGUF_MAGIC:
-        raise InputError(f"{file} is not a GGUF file (it does not start with GGUF's magic bytes)")
-    if len(head) < 24:
-        raise InputError(f"{file} is truncated: {size} bytes, shorter than a GGUF header")
-    version = int.from_bytes(head[4:8], "little")
-    tensors, keys = int.from_bytes(head[8:16], "little"), int.from_bytes(head[16:24], "little")
-    if version not in GGUF_VERSIONS:
-        raise InputError(f"{file}: GGUF version {version} is not one transformers reads "
-                         f"({', '.join(map(str, GGUF_VERSIONS))})")
-    if tensors > MAX_GGUF_TENSORS or keys > MAX_GGUF_KEYS:
-        raise InputError(f"{file} is damaged: its header claims {tensors:,} tensors and {keys:,} metadata keys "
-                         f"(at most {MAX_GGUF_TENSORS:,} each)")
-
-
-def _string_field(reader, key: str, file: Path) -> str:
-    """A short identifier-like string value of the GGUF metadata (never a long or odd one echoed)."""
-    field = reader.fields.get(key)
-    value = None
-    if field is not None:
-        try:  # gguf >= 0.11 decodes a value itself; before, a string is the bytes of its last part
-            value = field.contents() if hasattr(field, "contents") else bytes(field.parts[field.data[0]]).decode()
-        except Exception:  # noqa: BLE001 -- a damaged field
-            value = None
-    if not isinstance(value, str) or not value:
-        raise InputError(f"{file}: no {key} in its metadata (not a language model GGUF that transformers reads)")
-    if len(value) > 40 or not value.replace("-", "_").replace(".", "_").isidentifier():
-        raise InputError(f"{file}: its {key} is not a name transformers knows")
-    return value
+    return GGUFSummary(architecture, layout.string("tokenizer.ggml.model"), len(layout.tensors), layout.size)
 
 
 def _check_supported(architecture: str, file: Path) -> None:
@@ -140,49 +103,128 @@ def _check_supported(architecture: str, file: Path) -> None:
                          f"(it builds: {', '.join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ('general', 'tokenizer')))})")
 
 
+# ------------------------------------------------------------------ the cache and its trust rule
+
+def owned_privately(path: Path) -> bool:
+    """`path` itself (never a symlink's target) belongs to this user and no one else can write it."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    kind_ok = stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)
+    return kind_ok and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def file_identity(file: Path) -> str:
+    """What tells one file's bytes from another's without reading them: its path, size, modification and
+    change times, device and inode (replacing a file changes its inode or ctime, which `touch` cannot
+    restore)."""
+    info = file.stat()
+    return (f"{file.resolve()}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ctime_ns}\0{info.st_dev}"
+            f"\0{info.st_ino}")
+
+
 def content_digest(file: Path) -> str:
-    """The SHA-256 of the file's bytes, remembered per (path, size, modification time) in the cache, so a
-    large file is read once."""
-    stat = file.stat()
-    memo_key = hashlib.sha256(f"{file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
-    memo = cache_root() / "gguf" / "digests" / memo_key
-    if memo.is_file() and memo.stat().st_size == 64:
-        return memo.read_text()
+    """The SHA-256 of the file's bytes, remembered per `file_identity` in the cache (a private file of
+    ours), so a large file is read once."""
+    memo = cache_root() / "gguf" / "digests" / hashlib.sha256(file_identity(file).encode()).hexdigest()[:32]
+    if owned_privately(memo) and memo.stat().st_size == 64:
+        value = memo.read_text(errors="replace")
+        if re.fullmatch(r"[0-9a-f]{64}", value):
+            return value
     value = file_sha256(file)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(value)
+        memo.unlink(missing_ok=True)
+        fd = os.open(memo, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
     except OSError:
         pass  # a read-only cache only costs the hash next time
     return value
 
 
+def converted_folder_state(folder: Path, digest: str) -> str:
+    """"missing", "trusted" (whole, ours, private, its record naming `digest`), "stale" (ours, but half
+    made or made from other bytes: convert afresh) or "foreign" (not ours alone: never read)."""
+    if not folder.exists() and not folder.is_symlink():
+        return "missing"
+    if not owned_privately(folder) or not stat.S_ISDIR(folder.lstat().st_mode):
+        return "foreign"
+    if any(not owned_privately(entry) for entry in folder.iterdir()):
+        return "foreign"
+    record = folder / DONE_FILE
+    if not record.is_file():
+        return "stale"
+    try:
+        named = read_json(record, "a converted model's record", folder=folder).get("sha256")
+    except InputError:
+        return "stale"
+    return "trusted" if named == digest else "stale"
+
+
 def model_folder_for(file: str | Path) -> Path:
     """The checkpoint folder of a GGUF model: made once (checked, dequantized to float32 by transformers,
-    saved with its tokenizer and chat template), then found by the file's content digest."""
-    file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES)
-    folder = cache_root() / "gguf" / content_digest(file)[:32]
-    if (folder / DONE_FILE).is_file():
+    saved with its tokenizer and chat template), then found by the file's content digest and used while
+    the cache's trust rule (module docstring) holds."""
+    file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES).resolve()
+    digest = content_digest(file)
+    folder = cache_root() / "gguf" / digest[:32]
+    state = converted_folder_state(folder, digest)
+    if state == "trusted":
         return folder  # these bytes were checked and converted before (the check costs seconds on a large file)
+    if state == "foreign":
+        raise InputError(f"{folder} (the converted copy of {file.name}) is a symlink, or is owned by another user "
+                         f"or writable by others, so mtpc does not load a model from it; remove it, or set "
+                         f"{CACHE_ENV} to a folder of your own")
     summary = check_gguf(file)
+    if state == "stale":
+        log.warning("mtpc: %s holds no whole conversion of %s (its record names other bytes); converting afresh",
+                    folder, file.name)
     log.warning("mtpc: dequantizing %s once into %s (later runs read that folder)", file.name, folder)
-    _convert(file, folder, summary)
+    sweep_stale_parts(folder.parent)
+    _convert(file, folder, summary, digest)
     return folder
 
 
-def _convert(file: Path, folder: Path, summary: GGUFSummary) -> None:
+def sweep_stale_parts(gguf_cache: Path) -> None:
+    """Remove the temporary folders of conversions whose process is gone (killed midway)."""
+    try:
+        entries = list(gguf_cache.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = PART.fullmatch(entry.name)
+        if match and owned_privately(entry) and not _process_alive(int(match.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid < 2**22  # another user's live process (or a pid no system gives out: gone)
+    return True
+
+
+def _convert(file: Path, folder: Path, summary: GGUFSummary, digest: str) -> None:
     """transformers' loader into a temporary folder beside `folder`, renamed into place when whole (two
-    runs converting at once both finish; the first rename wins)."""
+    runs converting at once both finish; the first rename wins). The loader gets absolute paths: given a
+    bare file name it would read a file of that name in the working folder first."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     temporary = folder.with_name(f"{folder.name}.part-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        temporary.mkdir(parents=True)
+        temporary.mkdir(parents=True, mode=0o755)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+            model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=str(file), dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=str(file))
         except Exception as e:  # noqa: BLE001 -- transformers reports a model it cannot build in many classes
             raise InputError(f"{file}: transformers cannot build a model from it: {type(e).__name__}: "
                              f"{first_line(e)[:200]}") from None
@@ -192,15 +234,17 @@ def _convert(file: Path, folder: Path, summary: GGUFSummary) -> None:
         model.hf_quantizer = None
         model.save_pretrained(str(temporary), safe_serialization=True)
         tokenizer.save_pretrained(str(temporary))
-        done = {"source": file.name, "sha256": content_digest(file), "bytes": summary.size,
+        done = {"source": file.name, "sha256": digest, "bytes": summary.size,
                 "architecture": summary.architecture, "tokenizer": summary.tokenizer}
         (temporary / DONE_FILE).write_text(json.dumps(done, indent=1) + "\n")
-        if folder.exists() and not (folder / DONE_FILE).is_file():
-            shutil.rmtree(folder, ignore_errors=True)  # a folder left half-made by hand or by an old version
+        for entry in [temporary, *temporary.iterdir()]:
+            entry.chmod(entry.stat().st_mode & ~0o022)  # private, whatever the umask: the trust rule reads this
+        if folder.exists() and converted_folder_state(folder, digest) != "trusted":
+            shutil.rmtree(folder, ignore_errors=True)  # half made, by hand, or from other bytes: ours to replace
         try:
             temporary.rename(folder)
         except OSError:
-            if not (folder / DONE_FILE).is_file():
+            if converted_folder_state(folder, digest) != "trusted":
                 raise
     finally:
         shutil.rmtree(temporary, ignore_errors=True)

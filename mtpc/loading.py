@@ -276,6 +276,9 @@ def _config_value(config: dict, name: str):
 
 
 def _byte_level(folder: Path, vocab: int) -> bool:
+    """Ids 0..255 are the bytes: the folder says so (mtpc_tokenizer.json), or it has no tokenizer of its own
+    and a vocabulary of bytes and a few specials. A folder's own tokenizer files always win over the size
+    (a converted GGUF of 300 tokens is not a byte model)."""
     path = folder / TOKENIZER_FILE
     if path.exists():
         try:
@@ -285,7 +288,7 @@ def _byte_level(folder: Path, vocab: int) -> bool:
                 raise
             raise InputError(str(e)) from None
         return True
-    return MIN_BYTE_VOCAB <= vocab <= MAX_BYTE_VOCAB
+    return MIN_BYTE_VOCAB <= vocab <= MAX_BYTE_VOCAB and not has_hf_tokenizer(folder)
 
 
 def _check_weights(folder: Path, config: dict) -> None:
@@ -299,17 +302,20 @@ def _check_weights(folder: Path, config: dict) -> None:
         raise InputError(f"{folder} holds no model weights (*.safetensors)" + (
             "; pickled weights (*.bin) are refused because loading them can run code: convert them with "
             "save_pretrained(..., safe_serialization=True)" if pickled else ""))
-    stored = sum(safetensors_numel(inside(file, folder)) for file in files)
+    headers = [safetensors_header(inside(file, folder)) for file in files]
+    stored = sum(_numel(shape) for header in headers for shape in header.values())
     implied = implied_parameters(config)
     if implied > 2 * stored + 2**20:
         raise InputError(f"{folder / 'config.json'}: its sizes imply {implied:,} parameters, but the weights hold "
                          f"only {stored:,}; config.json does not describe these weights")
+    vocab = model_sizes(config)["vocab_size"]
+    for name, shape in ((n, s) for header in headers for n, s in header.items()):
+        if name.endswith(EMBEDDING_NAMES) and len(shape) == 2 and shape[0] < vocab:
+            raise InputError(f"{folder / 'config.json'}: vocab_size is {vocab:,}, but the embedding ({name}) has "
+                             f"only {shape[0]:,} rows")
 
 
-def safetensors_numel(file: Path) -> int:
-    """The number of values a safetensors file holds, from its header (checked whole)."""
-    header = safetensors_header(file)
-    return sum(_numel(shape) for shape in header.values())
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")  # the families' input embeddings
 
 
 def _numel(shape) -> int:

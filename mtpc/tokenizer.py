@@ -32,6 +32,7 @@ NUM_BYTES = 256
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 ROLES = ("system", "user", "assistant", "tool")
 TOKENIZER_FILE = "mtpc_tokenizer.json"
+TINY_LM_RECORD = "tiny_lm.json"  # written by `mtpc tiny-lm` beside the LM it trained
 MAX_VOCAB = 2**22  # ids a byte tokenizer may describe (its Hugging Face view names every one)
 
 
@@ -94,6 +95,10 @@ class ByteTokenizer:
         if add_eos:
             ids.append(self.eos_id)
         return ids
+
+    def encode_prompt(self, text: str | bytes) -> list[int]:
+        """A prompt's ids: <bos>, then the bytes (mtpc's byte LMs saw their documents so)."""
+        return self.encode(text, add_bos=True)
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The bytes among `ids`, special and unused ids dropped: the exact inverse of `encode`."""
@@ -238,6 +243,7 @@ class SubwordTokenizer:
         self.hf, self.vocab_size = hf, vocab_size
         self.bos_id, self.eos_id = bos, eos if eos is not None else bos
         self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_id
+        self.trained_by_mtpc = False  # an LM of `mtpc tiny-lm`: its prompts start with <bos>, as its documents did
 
     @classmethod
     def load(cls, directory: str | Path, vocab_size: int | None, trust_remote_code: bool = False) -> "SubwordTokenizer":
@@ -245,7 +251,9 @@ class SubwordTokenizer:
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
-        return cls(hf, vocab_size, str(directory))
+        tok = cls(hf, vocab_size, str(directory))
+        tok.trained_by_mtpc = (Path(directory) / TINY_LM_RECORD).is_file()
+        return tok
 
     def encode(self, text: str | bytes, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         if isinstance(text, (bytes, bytearray, memoryview)):
@@ -254,6 +262,17 @@ class SubwordTokenizer:
         # never read as the special id (user text cannot forge a turn or an end)
         ids = self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def encode_prompt(self, text: str | bytes) -> list[int]:
+        """A prompt's ids: what the model's own tokenizer makes of the text under its own special-token rule
+        (SmolLM2's adds nothing, Llama's a bos), as transformers' `generate`, vLLM and llama.cpp give a
+        pretrained model; an LM `mtpc tiny-lm` trained gets its <bos> first, as its documents had.
+        Special-token names in the text stay characters, as in `encode`."""
+        if self.trained_by_mtpc:
+            return self.encode(text, add_bos=True)
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        return list(self.hf(text, add_special_tokens=True, split_special_tokens=True)["input_ids"])
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True, errors: str = "replace") -> str:
         # the tokens' own text: no clean-up of spaces before punctuation (it would change the text)

@@ -42,7 +42,7 @@ def llama_cpp_order(weight: torch.Tensor, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tokenizer) -> Path:
+def write_gguf(path, model, tokenizer, add_bos: bool = False) -> Path:
     import gguf
 
     c = model.config
@@ -75,7 +75,7 @@ def write_gguf(path, model, tokenizer) -> Path:
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos)
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
     state = {k: v.detach() for k, v in model.state_dict().items()}

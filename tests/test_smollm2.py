@@ -31,7 +31,8 @@ def smollm2_gguf() -> Path:
 
 
 PROMPTS = ["def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n",
-           "import os\n\n\ndef list_python_files(folder):\n"]
+           "import os\n\n\ndef list_python_files(folder):\n",
+           "import os\nimport sys\n\n\ndef main("]  # the README's prompt: with a bos first it continued "args):"
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -49,8 +50,7 @@ def test_generate_with_the_shipped_head_is_plain_greedy_and_transformers_generat
     folder = loading.model_folder(file)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(folder)
-    ids = torch.tensor([[tok.bos_token_id, *tok.encode(prompt)]]) if tok.bos_token_id is not None \
-        else torch.tensor([tok.encode(prompt)])
+    ids = tok(prompt, return_tensors="pt").input_ids  # the prompt as its own tokenizer makes it (no bos here)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=tok.eos_token_id)
     assert captured.out.rstrip("\n") == tok.decode(out[0, ids.shape[1]:]).rstrip("\n")

@@ -197,7 +197,7 @@ def test_bench_prompts_a_subword_lm_through_its_tokenizer(subword, corpus, tmp_p
     lengths = tok.byte_lengths()
     spelled = 0
     for text in ("def load(path):", "    return path"):
-        ids = torch.tensor([tok.encode(text, add_bos=True)])
+        ids = torch.tensor([tok.encode_prompt(text)])
         new = PlainDecoder(lm).generate(ids, 12, eos_token_id=tok.eos_id).sequences[0, ids.shape[1]:]
         spelled += sum(lengths[int(t)] for t in new)
     assert first["bytes"] == spelled

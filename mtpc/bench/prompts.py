@@ -42,11 +42,12 @@ def check_chat_source(cfg) -> None:
 
 def encode_prompts(texts: list[str], tok: ByteTokenizer | SubwordTokenizer,
                    chat_model: str | None = None) -> list[list[int]]:
-    """Each text's ids after `<bos>`, like the training documents; with `chat_model` (a `--model`) one user
+    """Each text's ids as `mtpc generate` takes a prompt (`encode_prompt`: a byte LM's after `<bos>`, a
+    pretrained model's as its own tokenizer makes them); with `chat_model` (a `--model`) one user
     turn through that model's own chat template, as `mtpc generate --chat` renders it (`mtpc.chat.chat_ids`:
     the text stays text, never a special id)."""
     if chat_model is None:
-        return [tok.encode(text, add_bos=True) for text in texts]
+        return [tok.encode_prompt(text) for text in texts]
     from ..chat import chat_ids
 
     folder = loading.model_folder(chat_model)  # a GGUF file's converted folder holds its chat template
@@ -64,7 +65,7 @@ def answer_end_ids(cfg, tok: ByteTokenizer | SubwordTokenizer) -> set[int]:
 
 
 def prompts_from_file(path: Path, tok: ByteTokenizer | SubwordTokenizer) -> list[list[int]]:
-    """The prompts of `prompt_texts(path)`, each starting with `<bos>`, like the training documents."""
+    """The prompts of `prompt_texts(path)`, each encoded as `mtpc generate` takes a prompt."""
     return encode_prompts(prompt_texts(path), tok)
 
 

@@ -6,8 +6,8 @@
     mtpc generate --model DIR --head DIR --prompts FILE [--batch-size B] [...]
 
 The prompt is taken as bytes (a file or stdin exactly as stored) after a `<bos>`, as `mtpc tiny-lm`
-and `mtpc train` saw their documents (a subword model's prompt: its own tokenizer's ids after its bos
-token; `TokenStreamer` writes their text); `--chat` renders it as one user turn with the model's chat
+saw its documents (a pretrained subword model's prompt: what its own tokenizer makes of the text, as
+transformers' `generate` would get it; `TokenStreamer` writes their text); `--chat` renders it as one user turn with the model's chat
 template (the tokenizer files in the model folder) and stops at the end of the assistant's turn.
 Temperature 0 (the default) decodes greedily; above 0 it samples the shaped target exactly.
 
@@ -37,7 +37,7 @@ from typing import TextIO
 import torch
 
 from .. import loading
-from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE
+from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE, check_sampling_settings
 from ..errors import InputError, MtpcError
 from ..files import regular_file
 from ..sampling import Sampling
@@ -107,10 +107,7 @@ class TokenStreamer:
 def check_config(cfg: GenerateConfig) -> None:
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
-    try:
-        cfg.sampling()  # the one check of temperature, top-k and top-p
-    except ValueError as e:
-        raise InputError(f"--{e}") from None
+    check_sampling_settings(cfg)  # the one check of temperature, top-k, top-p and the draft temperature
     if cfg.temperature == 0 and (cfg.top_k is not None or cfg.top_p is not None):
         raise InputError("--top-k/--top-p shape sampling: give a --temperature above 0 too")
     if cfg.head is None and (cfg.lora or cfg.lora_layers):
@@ -211,10 +208,10 @@ def load_prompts(path: str) -> list[bytes]:
 def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTokenizer) -> tuple[list[int], set[int]]:
     """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.chat`, the template
     rendered bounded and the prompt kept as text: bytes, or a subword model's own tokens of it, never a
-    special id). A subword model's prompt is its own tokenizer's ids after its bos token, as `mtpc train`
-    read its documents; with `--chat` its own chat template, and the answer ends at any special token."""
+    special id). A subword model's prompt is `encode_prompt`'s: its own tokenizer's ids under its own
+    special-token rule; with `--chat` its own chat template, and the answer ends at any special token."""
     if not cfg.chat:
-        return tok.encode(text, add_bos=True), {tok.eos_id}
+        return tok.encode_prompt(text), {tok.eos_id}
     from ..chat import chat_ids
 
     folder = loading.model_folder(cfg.model)  # a GGUF file's converted folder holds its chat template

@@ -1,0 +1,336 @@
+"""GGUF files (llama.cpp's format) read with bounded work, before any library parses them.
+
+    layout = read_gguf_layout(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))  # -> GGUFLayout, or InputError
+
+A GGUF is a header, metadata (key, type, value; arrays of values), tensor descriptions (name, shape,
+quantization type, offset) and the tensors' data. Every count and length in it is a number the file
+claims, and the `gguf` package's reader (which transformers' loader uses) believes them: it builds one
+Python object per array element, about 1 KB and 11 us each (measured on SmolLM2's file: 147,204
+elements, 1.7 s and 190 MB). So the file is walked here first, through a read-only memory map, and
+nothing it claims is believed before it is checked against the bytes that are there:
+
+- every count and string length against the bytes left (a string takes at least its 8-byte length, an
+  element of a numeric array its own size), in Python integers (no wraparound);
+- the tokenizer's arrays at most `MAX_GGUF_VOCAB` tokens, and no more tokens than the embedding has
+  rows; its merges at most `MAX_MERGES_PER_TOKEN` per token; every other array together at most
+  `MAX_OTHER_ARRAY_ELEMENTS` elements; no arrays of arrays (no language-model GGUF has them);
+- every tensor's bytes inside the data section, aligned, not overlapping another's;
+- the sizes the metadata gives the model (layers, width, feed-forward width, heads, context) in range,
+  tensors present for every layer it claims, and the weights they imply present in the file (a
+  90-byte file must not make transformers build and initialise a default-size model).
+
+Bounds, for a file of S bytes: memory is the map (page cache, not the heap) plus one small record per
+metadata key and tensor (at most 65,536 of each); time is one step per key, tensor and string array
+element, at most S / 8 steps and at most 4 + 3 * `MAX_GGUF_VOCAB` + `MAX_OTHER_ARRAY_ELEMENTS`
+elements; numeric arrays are skipped in one step. The real 98 MB SmolLM2 file is walked in about 0.1 s.
+Errors are one `InputError` naming the file; nothing from the file is echoed but short identifiers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InputError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+MAX_GGUF_TENSORS = 1 << 16
+MAX_GGUF_KEYS = 1 << 16
+MAX_NAME_BYTES = 1024  # a metadata key or tensor name ("blk.29.ffn_down.weight")
+MAX_KEPT_STRING = 256  # longer string values (a chat template) are checked, not kept
+MAX_GGUF_VOCAB = 1 << 19  # 524,288 tokens: the largest published vocabularies have 262,144
+MAX_MERGES_PER_TOKEN = 4  # BPE merges per token (SmolLM2 1.0, Llama 3 2.2)
+MAX_OTHER_ARRAY_ELEMENTS = 1 << 16  # all arrays besides the tokenizer's, together
+MAX_TENSOR_DIMS = 4
+MAX_LAYERS = 1024
+MAX_HIDDEN = 1 << 16
+MAX_CONTEXT = 1 << 22
+DEFAULT_ALIGNMENT = 32
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+MERGES = "tokenizer.ggml.merges"
+LAYER = re.compile(r"blk\.(\d{1,9})\.")
+
+STRING, ARRAY = 8, 9
+FIXED = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor description: GGUF's dimension order (the fastest-varying first) and its bytes' place."""
+
+    shape: tuple[int, ...]
+    quantization: int
+    start: int  # absolute offset in the file
+    size: int  # bytes
+
+    @property
+    def numel(self) -> int:
+        total = 1
+        for n in self.shape:
+            total *= n
+        return total
+
+
+@dataclass
+class GGUFLayout:
+    """What `read_gguf_layout` found: small metadata values by key (long strings and arrays as their
+    lengths, `array_lengths`), and the tensors by name."""
+
+    size: int
+    version: int
+    values: dict[str, object] = field(default_factory=dict)
+    array_lengths: dict[str, int] = field(default_factory=dict)
+    tensors: dict[str, GGUFTensor] = field(default_factory=dict)
+
+    def string(self, key: str) -> str | None:
+        value = self.values.get(key)
+        return value if isinstance(value, str) else None
+
+    def integer(self, key: str) -> int | None:
+        value = self.values.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Cursor:
+    """A position in the mapped file; every read checks the bytes are there first."""
+
+    def __init__(self, data, file: Path):
+        self.data, self.pos, self.end, self.file = data, 0, len(data), file
+
+    def left(self) -> int:
+        return self.end - self.pos
+
+    def damaged(self, what: str) -> InputError:
+        return InputError(f"{self.file} is damaged or truncated: {what} (at byte {self.pos:,} of {self.end:,})")
+
+    def fixed(self, kind: int):
+        fmt = FIXED[kind]
+        size = struct.calcsize(fmt)
+        if size > self.left():
+            raise self.damaged("a value runs past the end of the file")
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def skip(self, count: int, size: int, what: str) -> None:
+        if count * size > self.left():
+            raise self.damaged(f"{what} claims {count:,} values, more than the bytes left hold")
+        self.pos += count * size
+
+    def string(self, max_kept: int) -> str | None:
+        """A string value, kept when at most `max_kept` bytes of UTF-8, else skipped (None)."""
+        length = self.fixed(10)
+        if length > self.left():
+            raise self.damaged(f"a string claims {length:,} bytes, more than the file has left")
+        raw = self.data[self.pos:self.pos + length] if length <= max_kept else None
+        self.pos += length
+        try:
+            return raw.decode("utf-8") if raw is not None else None
+        except UnicodeDecodeError:
+            return None
+
+
+def read_gguf_layout(file: Path) -> GGUFLayout:
+    """The file walked and checked as the module's docstring says; an `InputError` otherwise."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(24)
+        _check_header(file, head, size)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            cursor = _Cursor(data, file)
+            cursor.pos = 24
+            layout = GGUFLayout(size, int.from_bytes(head[4:8], "little"))
+            keys, tensors = int.from_bytes(head[16:24], "little"), int.from_bytes(head[8:16], "little")
+            _read_metadata(cursor, layout, keys)
+            _read_tensors(cursor, layout, tensors)
+    check_model_shape(layout, file)
+    return layout
+
+
+def _check_header(file: Path, head: bytes, size: int) -> None:
+    """Magic, version and the tensor and key counts, from the fixed 24-byte header."""
+    if head[:4] != GGUF_MAGIC:
+        raise InputError(f"{file} is not a GGUF file (it does not start with GGUF's magic bytes)")
+    if len(head) < 24:
+        raise InputError(f"{file} is truncated: {size} bytes, shorter than a GGUF header")
+    version = int.from_bytes(head[4:8], "little")
+    tensors, keys = int.from_bytes(head[8:16], "little"), int.from_bytes(head[16:24], "little")
+    if version not in GGUF_VERSIONS:
+        raise InputError(f"{file}: GGUF version {version} is not one transformers reads "
+                         f"({', '.join(map(str, GGUF_VERSIONS))})")
+    if tensors > MAX_GGUF_TENSORS or keys > MAX_GGUF_KEYS:
+        raise InputError(f"{file} is damaged: its header claims {tensors:,} tensors and {keys:,} metadata keys "
+                         f"(at most {MAX_GGUF_TENSORS:,} each)")
+
+
+def _name(cursor: _Cursor, what: str) -> str:
+    name = cursor.string(MAX_NAME_BYTES)
+    if name is None or not name.isprintable():
+        raise cursor.damaged(f"a {what} is not a short printable name")
+    return name
+
+
+def _read_metadata(cursor: _Cursor, layout: GGUFLayout, keys: int) -> None:
+    other_elements = 0
+    for _ in range(keys):
+        key = _name(cursor, "metadata key")
+        if key in layout.values or key in layout.array_lengths:
+            raise cursor.damaged("a metadata key appears twice")
+        kind = cursor.fixed(4)
+        if kind in FIXED:
+            layout.values[key] = cursor.fixed(kind)
+        elif kind == STRING:
+            layout.values[key] = cursor.string(MAX_KEPT_STRING)
+        elif kind == ARRAY:
+            layout.array_lengths[key] = count = _skip_array(cursor, key, layout)
+            if key not in TOKENIZER_ARRAYS and key != MERGES:
+                other_elements += count
+                if other_elements > MAX_OTHER_ARRAY_ELEMENTS:
+                    raise InputError(f"{cursor.file} is damaged: its metadata arrays besides the tokenizer's hold "
+                                     f"more than {MAX_OTHER_ARRAY_ELEMENTS:,} values")
+        else:
+            raise cursor.damaged("a metadata value has an unknown type")
+
+
+def _skip_array(cursor: _Cursor, key: str, layout: GGUFLayout) -> int:
+    """Check an array value's elements are there and step over them; returns its length."""
+    kind, count = cursor.fixed(4), cursor.fixed(10)
+    cap = MAX_GGUF_VOCAB if key in TOKENIZER_ARRAYS else \
+        MAX_MERGES_PER_TOKEN * MAX_GGUF_VOCAB if key == MERGES else MAX_OTHER_ARRAY_ELEMENTS
+    if count > cap:
+        raise InputError(f"{cursor.file} is damaged: its metadata array {key[:MAX_KEPT_STRING]!r} claims "
+                         f"{count:,} values (at most {cap:,})")
+    if kind in FIXED:
+        cursor.skip(count, struct.calcsize(FIXED[kind]), f"array {key[:MAX_KEPT_STRING]!r}")
+    elif kind == STRING:
+        if count * 8 > cursor.left():
+            raise cursor.damaged(f"array {key[:MAX_KEPT_STRING]!r} claims {count:,} strings, more than the bytes left hold")
+        for _ in range(count):
+            cursor.string(0)
+    else:
+        raise cursor.damaged("a metadata array holds arrays or values of an unknown type")
+    return count
+
+
+def _read_tensors(cursor: _Cursor, layout: GGUFLayout, count: int) -> None:
+    """The tensor descriptions, then every tensor's bytes placed inside the data section."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    described = []
+    for _ in range(count):
+        name = _name(cursor, "tensor name")
+        dims = cursor.fixed(4)
+        if not 1 <= dims <= MAX_TENSOR_DIMS:
+            raise cursor.damaged(f"tensor {name[:80]!r} claims {dims:,} dimensions")
+        shape = tuple(cursor.fixed(10) for _ in range(dims))
+        quantization, offset = cursor.fixed(4), cursor.fixed(10)
+        if name in layout.tensors or any(name == n for n, *_ in described):
+            raise cursor.damaged(f"tensor {name[:80]!r} appears twice")
+        if quantization not in GGML_QUANT_SIZES:
+            raise cursor.damaged(f"tensor {name[:80]!r} has an unknown quantization type")
+        described.append((name, shape, quantization, offset))
+    alignment = layout.integer("general.alignment") or DEFAULT_ALIGNMENT
+    if alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 16:
+        raise InputError(f"{cursor.file} is damaged: general.alignment must be a power of two up to 65,536")
+    data_start = -(-cursor.pos // alignment) * alignment
+    for name, shape, quantization, offset in described:
+        layout.tensors[name] = _place(cursor.file, name, shape, quantization, offset, data_start, alignment,
+                                      layout.size, GGML_QUANT_SIZES[quantization])
+    _check_no_overlap(cursor.file, layout.tensors)
+
+
+def _place(file: Path, name: str, shape, quantization: int, offset: int, data_start: int, alignment: int,
+           size: int, block: tuple[int, int]) -> GGUFTensor:
+    """A tensor's bytes: `offset` from the data section's start, a whole number of quantization blocks,
+    ending inside the file (Python integers: an offset of 2^64 - 64 cannot wrap around to the metadata)."""
+    shown = name[:80]
+    block_size, block_bytes = block
+    if any(n < 1 for n in shape) or shape[0] % block_size:
+        raise InputError(f"{file} is damaged: tensor {shown!r} has shape {shape}, not whole blocks of its type")
+    if offset % alignment:
+        raise InputError(f"{file} is damaged: tensor {shown!r} is not aligned to {alignment} bytes")
+    numel = 1
+    for n in shape:
+        numel *= n
+    start, nbytes = data_start + offset, numel // block_size * block_bytes
+    if start + nbytes > size:
+        raise InputError(f"{file} is truncated or damaged: tensor {shown!r} ends past the end of the file "
+                         f"({size:,} bytes)")
+    return GGUFTensor(shape, quantization, start, nbytes)
+
+
+def _check_no_overlap(file: Path, tensors: dict[str, GGUFTensor]) -> None:
+    end = 0
+    for name, tensor in sorted(tensors.items(), key=lambda kv: kv[1].start):
+        if tensor.start < end:
+            raise InputError(f"{file} is damaged: tensor {name[:80]!r} overlaps the one before it")
+        end = tensor.start + tensor.size
+
+
+def check_model_shape(layout: GGUFLayout, file: Path) -> None:
+    """The sizes the metadata gives the model against the tensors the file holds."""
+    architecture = layout.string("general.architecture")
+    if not architecture or len(architecture) > 40 or not architecture.replace("-", "_").isidentifier():
+        raise InputError(f"{file}: no general.architecture in its metadata (not a language model GGUF that "
+                         "transformers reads)")
+    embedding = layout.tensors.get("token_embd.weight")
+    if embedding is None or len(embedding.shape) != 2:
+        raise InputError(f"{file}: no token embedding (token_embd.weight, two dimensions); not a language model")
+    width, rows = embedding.shape
+    layers = _size(layout, f"{architecture}.block_count", MAX_LAYERS, file)
+    _size(layout, f"{architecture}.embedding_length", MAX_HIDDEN, file, equal=width)
+    _size(layout, f"{architecture}.context_length", MAX_CONTEXT, file, required=False)
+    feed_forward = _size(layout, f"{architecture}.feed_forward_length", 1 << 20, file, required=False) or 4 * width
+    _check_layers_present(layout, layers, file)
+    implied = rows * width + layers * (4 * width * width + 3 * width * feed_forward)
+    stored = sum(t.numel for t in layout.tensors.values())
+    if implied > 2 * stored + (1 << 20):
+        raise InputError(f"{file}: its metadata implies a model of about {implied:,} weights, but its tensors hold "
+                         f"only {stored:,}; the metadata does not describe these tensors")
+    _check_tokenizer(layout, rows, file)
+
+
+def _size(layout: GGUFLayout, key: str, high: int, file: Path, *, required: bool = True,
+          equal: int | None = None) -> int | None:
+    value = layout.values.get(key)
+    if value is None and key not in layout.values and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+        raise InputError(f"{file}: {key} must be an integer in 1..{high:,} in its metadata")
+    if equal is not None and value != equal:
+        raise InputError(f"{file}: {key} is {value:,}, but token_embd.weight is {equal:,} wide")
+    return value
+
+
+def _check_layers_present(layout: GGUFLayout, layers: int, file: Path) -> None:
+    found = {int(m.group(1)) for name in layout.tensors if (m := LAYER.match(name))}
+    missing = [i for i in range(layers) if i not in found]
+    if missing:
+        raise InputError(f"{file}: its metadata claims {layers:,} layers, but it holds no tensors for layer "
+                         f"{missing[0]}{f' and {len(missing) - 1:,} more' if len(missing) > 1 else ''}")
+    if found and max(found) >= layers:
+        raise InputError(f"{file}: it holds tensors for layer {max(found)}, but its metadata claims {layers:,} layers")
+
+
+def _check_tokenizer(layout: GGUFLayout, rows: int, file: Path) -> None:
+    """A tokenizer of the model's own: its tokens, no more of them than the embedding has rows, its
+    other per-token arrays as long, its merges bounded by its tokens."""
+    model = layout.string("tokenizer.ggml.model")
+    if not model or len(model) > 40 or not model.replace("-", "_").isidentifier():
+        raise InputError(f"{file}: no tokenizer.ggml.model in its metadata (not a language model GGUF that "
+                         "transformers reads)")
+    tokens = layout.array_lengths.get(TOKENIZER_ARRAYS[0])
+    if not tokens:
+        raise InputError(f"{file}: no tokenizer.ggml.tokens in its metadata (its tokenizer is missing)")
+    if tokens > rows:
+        raise InputError(f"{file}: its tokenizer has {tokens:,} tokens, more than the {rows:,} rows of its "
+                         "embedding (ids past the embedding cannot be decoded)")
+    for key in TOKENIZER_ARRAYS[1:]:
+        if key in layout.array_lengths and layout.array_lengths[key] != tokens:
+            raise InputError(f"{file}: {key} has {layout.array_lengths[key]:,} values for {tokens:,} tokens")
+    if layout.array_lengths.get(MERGES, 0) > MAX_MERGES_PER_TOKEN * tokens + 1024:
+        raise InputError(f"{file}: {MERGES} has {layout.array_lengths[MERGES]:,} merges for {tokens:,} tokens")
