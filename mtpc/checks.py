@@ -1,10 +1,12 @@
 """Checks of user input, run before any slow work; each failure is one `InputError` naming the fix.
 
-Two kinds live here:
+Three kinds live here:
 
 - argparse `type=` functions for numeric flags (`positive_int`, `positive_float`, `probability`, ...):
   they refuse NaN, infinities and out-of-range values while the command line is parsed, and
   `parse_defines` for the `-D NAME=VALUE` bindings of a circuit's parameters;
+- `check_sampling_settings`: every command's temperature, top-k, top-p and draft temperatures by
+  `mtpc.sampling`'s rules, once, right after parsing;
 - checks of paths the user names for output or data (`output_folder`, `data_source`) and of how
   loaded things fit together (`states_fit_vocabulary`, `hidden_sizes_match`).
 
@@ -21,8 +23,10 @@ from pathlib import Path
 
 from .errors import InputError
 from .files import glob_paths
+from .sampling import check_draft_temperature, check_temperature, check_top_k, check_top_p
 
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
+MAX_INT_CHARACTERS = 100  # an integer flag's text, as circuitc's command line bounds its numbers
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}  # a --dtype name -> its torch dtype's name
 ROUNDING_DTYPES = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
 ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
@@ -36,6 +40,8 @@ HELP_DTYPE = ("the LM's dtype: fp32 (float32), bf16 (bfloat16) or fp64 (float64)
 
 def _number(text: str, kind: type, what: str, accepts) -> int | float:
     """`text` parsed as `kind` (floats finite), refused with one message naming `what` unless `accepts` it."""
+    if kind is int and len(text) > MAX_INT_CHARACTERS:  # before int(): slow on thousands of digits, refused past 4,300
+        raise argparse.ArgumentTypeError(f"expected {what}, got a number of {len(text):,} characters")
     try:
         value = kind(text)
     except ValueError:
@@ -135,6 +141,39 @@ def _scalar(text: str) -> int | float | str:
         except ValueError:
             pass
     return text
+
+
+# ------------------------------------------------------------------ sampling settings
+
+SAMPLING_RULES = {"temperature": check_temperature, "top_k": check_top_k, "top_p": check_top_p}
+
+
+def check_sampling_settings(config) -> None:
+    """The one check of a command's sampling settings: whichever of `temperature`, `top_k`, `top_p` and the
+    draft temperature(s) its config has, by `mtpc.sampling`'s own rules, whatever mode will use them (a
+    greedy bench still refuses `--temperature 1e-9`); a refusal is one `InputError` naming the flag. The
+    command line runs it on every command's config right after parsing, before any model loads, and the
+    commands' own checks run it for the Python API."""
+    for name, rule in SAMPLING_RULES.items():
+        if hasattr(config, name):
+            _apply(rule, getattr(config, name), "--")
+    for t in _draft_temperatures(config):
+        _apply(check_draft_temperature, t, "--draft-")
+
+
+def _draft_temperatures(config) -> list:
+    """The draft temperatures a config asks for (generate: one, bench: several; None: the target's)."""
+    several = getattr(config, "draft_temperatures", None) or ()
+    return [t for t in (getattr(config, "draft_temperature", None), *several) if t is not None]
+
+
+def _apply(rule, value, prefix: str) -> None:
+    """`rule(value)`, its `ValueError` (a message starting with the setting's name) as an `InputError`
+    naming the flag (`prefix` + the message: `--temperature ...`, `--draft-temperature ...`)."""
+    try:
+        rule(value)
+    except ValueError as e:
+        raise InputError(f"{prefix}{e}") from None
 
 
 # ------------------------------------------------------------------ paths and fits

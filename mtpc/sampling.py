@@ -3,8 +3,10 @@
 Greedy is a value of it (`GREEDY`, temperature 0), not an absent argument: a config builds one
 `Sampling` (`GenerateConfig.sampling()`, `BenchConfig.sampling()`, `DistillConfig.sampling()`), and
 the plain decoder, the speculative decoder, its acceptance rule and the bench's transformers peers all
-take it unchanged. It is checked here and nowhere else. Torch-free: the configs import it; its tensor
-methods use only the tensors they are given.
+take it unchanged. It is checked here and nowhere else: `check_temperature`, `check_top_k`, `check_top_p`
+(and `check_draft_temperature`, a draft head's) are the rules, which `Sampling` applies to its fields and
+`mtpc.checks.check_sampling_settings` to every command's flags right after parsing. Torch-free: the
+configs import it; its tensor methods use only the tensors they are given.
 
 The shaped target follows transformers' warpers and their order: logits / temperature, then top-k, then
 top-p (the smallest set of most likely tokens whose mass reaches `top_p`).
@@ -15,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["GREEDY", "MIN_TEMPERATURE", "Sampling"]
+__all__ = ["GREEDY", "MIN_TEMPERATURE", "Sampling", "check_draft_temperature", "check_temperature", "check_top_k",
+           "check_top_p"]
 
 MIN_TEMPERATURE = 1e-3  # below it 1/T overflows float32 logits into inf/NaN probabilities
 
@@ -32,18 +35,10 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
-        if 0 < t < MIN_TEMPERATURE:
-            raise ValueError(f"temperature {t:g} is too small to sample with (1/T overflows); use 0 for greedy "
-                             f"decoding or at least {MIN_TEMPERATURE:g}")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-            raise ValueError(f"top-k must be a positive integer (None or 0: no top-k), got {k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
-            raise ValueError(f"top-p must be in (0, 1] (None: no nucleus), got {p!r}")
+        check_temperature(self.temperature)
+        check_top_k(self.top_k)
+        check_top_p(self.top_p)
+        t, k, p = self.temperature, self.top_k, self.top_p
         object.__setattr__(self, "temperature", float(t))
         if t == 0 or k == 0:
             object.__setattr__(self, "top_k", None)
@@ -106,6 +101,39 @@ class Sampling:
         if self.top_p is not None:
             parts.append(f"top-p {self.top_p:g}")
         return ", ".join(parts)
+
+
+# The rules of each setting, one function each: `Sampling` checks its fields with them, and a draft
+# temperature (what a draft head samples its conditionals at, overflowing as the target's would) with the
+# first. Each message starts with the setting's name, so a command line can put `--` before it.
+
+def check_temperature(t) -> None:
+    """A temperature: 0 (greedy) or a finite number of at least `MIN_TEMPERATURE`."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+    if 0 < t < MIN_TEMPERATURE:
+        raise ValueError(f"temperature {t:g} is too small to sample with (1/T overflows float32 logits): use at "
+                         f"least {MIN_TEMPERATURE:g}")
+
+
+def check_draft_temperature(t) -> None:
+    """A draft head's temperature: a temperature above 0 (a draft of a greedy target is its argmax, no
+    temperature)."""
+    check_temperature(t)
+    if t == 0:
+        raise ValueError("temperature must be above 0 (the temperature a draft head samples at), got 0")
+
+
+def check_top_k(k) -> None:
+    """A top-k: None or 0 (no top-k), or a positive integer."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise ValueError(f"top-k must be a positive integer (None or 0: no top-k), got {k!r}")
+
+
+def check_top_p(p) -> None:
+    """A nucleus mass: None (no nucleus) or a number in (0, 1]."""
+    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
+        raise ValueError(f"top-p must be in (0, 1] (None: no nucleus), got {p!r}")
 
 
 GREEDY = Sampling()

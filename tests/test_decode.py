@@ -424,8 +424,8 @@ def test_bad_input_gets_a_clear_error():
         with pytest.raises(TypeError, match="sampling must be a mtpc.sampling.Sampling"):
             plain_or_not.generate(torch.tensor([[3]]), 2, sampling={"do_sample": True})
     assert Sampling(0.0, top_k=5, top_p=0.5) == GREEDY  # greedy keeps no shaping: one greedy value
-    for bad in (0, -1.0, float("inf"), float("nan"), "1", True):
-        with pytest.raises(ValueError, match="draft_temperature must be a positive number or None"):
+    for bad in (0, -1.0, float("inf"), float("nan"), "1", True, 1e-9):
+        with pytest.raises(ValueError, match="draft_temperature "):
             SpeculativeDecoder(model, head, draft_temperature=bad)
     with pytest.raises(ValueError, match="hidden size 16, the model's is 32"):
         SpeculativeDecoder(model, MTPHead(builders.cp_graph(3, 2, 12), 16))

@@ -103,6 +103,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
 def _check_config(cfg: BenchConfig) -> None:
     if cfg.mode not in MODES:
         raise InputError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
+    checks.check_sampling_settings(cfg)  # whatever the mode: a greedy bench's --temperature is still checked
     if not cfg.heads:
         raise InputError("give at least one head folder")
     if cfg.dtype not in DTYPES or cfg.head_dtype not in (None, *DTYPES):

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from ..bench.config import BenchConfig
+from ..checks import check_sampling_settings
 from ..errors import InputError, MtpcError, first_line
 from ..settings import add_settings, config_from_args
 from ..training.config import DistillConfig, FeaturesConfig, TinyLMConfig, TrainConfig
@@ -69,9 +70,12 @@ def add_command(sub, name: str, config: type, run, help: str, description: str) 
 
 
 def command_config(args: argparse.Namespace, **given):
-    """The config of the command `args` were parsed for (`args.config`), built from its options;
-    `given`: the fields the command reads its own way (`generate`'s standard input)."""
-    return config_from_args(args.config, args, **given)
+    """The config of the command `args` were parsed for (`args.config`), built from its options, its
+    sampling settings checked (`check_sampling_settings`: one rule for every command that has them, before
+    any model loads); `given`: the fields the command reads its own way (`generate`'s standard input)."""
+    config = config_from_args(args.config, args, **given)
+    check_sampling_settings(config)
+    return config
 
 
 def add_tiny_lm(sub) -> None:
@@ -209,7 +213,8 @@ def run_features(args) -> int:
 def add_generate(sub) -> None:
     add_command(sub, "generate", GenerateConfig, run_generate,
                 help="write text with the model, plainly or with a draft head",
-                description="Decode a prompt (argument, --prompt-file or standard input) after <bos> and "
+                description="Decode a prompt (argument, --prompt-file or standard input) as the model's "
+                            "tokenizer reads it (mtpc's byte LMs: after <bos>) and "
                             "print the continuation as cycles commit it. With --head it decodes "
                             "speculatively (lossless: greedy output equals plain greedy decoding).")
 

@@ -12,25 +12,37 @@ inductor's own cache keeps the kernels between processes, but dynamo would trace
 every process (2-3 s of a `mtpc generate --compile` run), so the traced step, its guards and its
 kernels are saved together and a later process loads them instead (with a torch that has `aot_compile`;
 an older one, 2.11 say, traces the step in every process).
+
+Loading a stored step unpickles it, so it runs whatever the file says: a store is used only when no one
+but this user (or root) could have put or changed anything on the way to it (`check_store`: every folder
+of its real path), and a step file is read through one descriptor opened without following a link and
+checked on that descriptor (`read_stored_step`), so nothing can be swapped between the check and the
+read. A store that fails is skipped with a warning and the step traced afresh.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import inspect
+import io
+import logging
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "compile_step", "dynamic_length",
-           "isolation_options", "precompiled_step", "savable_guards", "step_store", "steps_can_be_stored",
-           "tensor_layout"]
+__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "UntrustedStore", "check_store",
+           "compile_step", "dynamic_length", "isolation_options", "precompiled_step", "read_stored_step",
+           "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
+
+log = logging.getLogger(__name__)
 
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
@@ -154,12 +166,15 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     compiled for this process only. `dynamic`: tensors of `args` whose first dimension the compiled step leaves symbolic
     (`dynamic_length`; marked only to compile: a loaded step's guards refuse marked tensors). A stored step
     that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
-    torch cannot save is compiled by `compile_step` (traced again in each process)."""
+    torch cannot save is compiled by `compile_step` (traced again in each process). A store others could
+    have written (`check_store`, `read_stored_step`) is neither read nor written: a warning, and the step
+    is compiled for this process."""
     owner, function = step.__self__, step.__func__
     storable = steps_can_be_stored()
     path = None
-    if identity is not None and storable:
-        path = (store or step_store()) / f"{_step_key(function, identity)}.bin"
+    folder = None if identity is None or not storable else _trusted_store(store or step_store())
+    if folder is not None:  # its real path, checked: what is opened is what was judged
+        path = folder / f"{_step_key(function, identity)}.bin"
     compiled = None if path is None else _load(path, function, owner, args)
     if compiled is not None:
         return CompiledStep(owner, aot=compiled)
@@ -285,38 +300,164 @@ def _stateless_local_module(value) -> bool:
 
 
 def _save(compiled, path: Path | None) -> None:
-    """Save `compiled` at `path` (None: an empty marker file; no `path`: nothing to save)."""
+    """Save `compiled` at `path` (None: an empty marker file; no `path`: nothing to save), in a store this
+    process would read back (`check_store` once the folder is made: another user may have made it first)."""
     if path is None:
         return
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_store(path.parent)
         if compiled is None:
             path.touch()
         else:
             compiled.save_compiled_function(str(path))  # written to a temporary file, then renamed
+    except UntrustedStore as e:
+        _warn(e)
     except OSError:  # a read-only cache: this process still has its step
         pass
 
 
 def _load(path: Path, function: Callable, owner, args: tuple):
-    """The step stored at `path` if it loads and its guards accept `(owner, *args)`, else None. Loading
-    unpickles the file, so it is read only when this user wrote it and no one else can write it, the trust
-    inductor gives the kernels beside it."""
+    """The step stored at `path` if this user wrote it and no one else could have (`read_stored_step`), it
+    loads and its guards accept `(owner, *args)`, else None. Loading unpickles the bytes that were checked,
+    never the file again."""
     try:
-        status = path.stat()
-    except OSError:
+        data = read_stored_step(path)
+    except UntrustedStore as e:
+        _warn(e)
         return None
-    if status.st_uid != os.getuid() or status.st_mode & 0o022 or not path.is_file():
+    if data is None:
         return None
     import torch._inductor.config as inductor_config
 
     try:
-        with path.open("rb") as file, inductor_config.patch(CPU_OPTIONS):
+        with inductor_config.patch(CPU_OPTIONS):
             scope = sys.modules[function.__module__].__dict__  # the globals the step's code reads
-            compiled = torch.compiler.load_compiled_function(file, f_globals=scope)
+            compiled = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=scope)
         return compiled if compiled.guard_check(owner, *args) else None
     except Exception:  # noqa: BLE001 -- a stale or damaged file, whatever torch raises for it: compile afresh
         return None
+
+
+# ------------------------------------------------------------------ trusting a store before unpickling from it
+
+class UntrustedStore(Exception):
+    """A step store, or a step file in it, that someone other than this user (or root) could have written:
+    never unpickled. The message names the path and why, never the file's content."""
+
+
+def check_store(folder: Path, owners: Collection[int] | None = None) -> Path:
+    """The real path of `folder`, to open files below it by; `UntrustedStore` unless every folder of that
+    path, from the root down, is owned by one of `owners` (default: this user and root) and writable by no
+    one else (`_others_can_write`) unless sticky (as /tmp: there no one renames or removes what they do not
+    own, and the next folder down is judged by its own owner). Links are resolved first, so a folder reached
+    through one (macOS's /tmp, a linked home or `TORCHINDUCTOR_CACHE_DIR`) is judged where it is; open files
+    through the path returned, never through the links again. Folders not made yet pass: this process makes
+    them its own."""
+    real = Path(os.path.realpath(folder))
+    trusted = _trusted_owners(owners)
+    for part in reversed((real, *real.parents)):  # the root first
+        try:
+            status = os.lstat(part)
+        except FileNotFoundError:
+            break
+        except OSError as e:
+            raise UntrustedStore(f"{part} cannot be examined ({e.strerror})") from None
+        problem = _folder_problem(status, trusted)
+        if problem is not None:
+            raise UntrustedStore(f"{part} {problem}")
+    return real
+
+
+def read_stored_step(path: Path, user: int | None = None) -> bytes | None:
+    """The bytes of the step file at `path` (None: there is none), read through one descriptor opened
+    without following a link (`O_NONBLOCK`: nor hanging on a FIFO) and checked on that descriptor: a
+    regular file of `user` (default: this user) that no one else can write, else `UntrustedStore`. Its
+    folder is `check_store`'s to judge, and `path` a file of the real path it returned."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ELOOP (EMLINK on some BSDs): the file is a link
+        why = "is a symbolic link" if e.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened ({e.strerror})"
+        raise UntrustedStore(f"{path} {why}") from None
+    with os.fdopen(fd, "rb") as file:
+        problem = _file_problem(os.fstat(file.fileno()), os.getuid() if user is None else user)
+        if problem is not None:
+            raise UntrustedStore(f"{path} {problem}")
+        return file.read()
+
+
+def _trusted_owners(owners: Collection[int] | None) -> frozenset[int]:
+    """The uids a folder of a store may belong to: `owners`, by default this user and root."""
+    return frozenset((os.getuid(), 0) if owners is None else owners)
+
+
+def _folder_problem(status: os.stat_result, owners: frozenset[int]) -> str | None:
+    """Why a folder of a store's real path could hold someone else's file, or None."""
+    if stat.S_ISLNK(status.st_mode):  # resolved away, so put there since: someone is racing us
+        return "is a symbolic link"
+    if not stat.S_ISDIR(status.st_mode):
+        return "is not a folder"
+    if status.st_uid not in owners:
+        return f"belongs to another user (uid {status.st_uid})"
+    if _others_can_write(status) and not status.st_mode & stat.S_ISVTX:
+        return "is writable by other users"
+    return None
+
+
+def _file_problem(status: os.stat_result, user: int) -> str | None:
+    """Why an open step file could hold someone else's bytes, or None."""
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file"
+    if status.st_uid != user:
+        return f"belongs to another user (uid {status.st_uid})"
+    if _others_can_write(status):
+        return "is writable by other users"
+    return None
+
+
+def _others_can_write(status: os.stat_result) -> bool:
+    """Whether anyone but the owner may write: everyone, or a group that is not the owner's own."""
+    if status.st_mode & 0o002:
+        return True
+    return bool(status.st_mode & 0o020) and not _own_group(status.st_gid, status.st_uid)
+
+
+def _own_group(gid: int, uid: int) -> bool:
+    """Whether group `gid` is user `uid`'s private group (named as the user, no other member): the scheme
+    behind a umask of 002 (Debian's and Ubuntu's default for users), whose group-writable folders, inductor's
+    cache among them, let no one else in."""
+    import grp
+    import pwd
+
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:  # a group or user without a name: nothing says it is private
+        return False
+    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+
+
+def _trusted_store(folder: Path) -> Path | None:
+    """The real path of `folder` if steps may be read from and saved in it (`check_store`), else None and
+    a warning."""
+    try:
+        return check_store(folder)
+    except UntrustedStore as e:
+        _warn(e)
+        return None
+
+
+_warned: set[str] = set()
+
+
+def _warn(problem: UntrustedStore) -> None:
+    """One warning per problem and process (a bench compiles many steps from one store)."""
+    if str(problem) not in _warned:
+        _warned.add(str(problem))
+        log.warning("warning: compiled-step store not used: %s (a stored step is unpickled only where no one "
+                    "but you or root could have written it); the step is traced afresh", problem)
 
 
 def _step_key(function: Callable, identity: str) -> str:

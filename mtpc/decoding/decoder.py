@@ -57,7 +57,7 @@ from torch import nn
 from circuitc.runtime.kernels import inverse_cdf
 
 from ..heads import MTPHead
-from ..sampling import GREEDY, Sampling
+from ..sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import AcceptanceRule, BlockVerification, accept_window, cycle_uniforms
 from .backbone import SplitBackbone
 from .compiling import StepVariant, StepVariants, tensor_layout
@@ -338,9 +338,13 @@ def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
 
 
 def checked_draft_temperature(value: float | None) -> float | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0 < value < float("inf")):
-        raise ValueError(f"draft_temperature must be a positive number or None, got {value!r}")
+    """None (the target's own temperature) or a temperature a draft head can sample at (`mtpc.sampling`'s
+    rule, the one every command applies)."""
+    if value is not None:
+        try:
+            check_draft_temperature(value)
+        except ValueError as e:
+            raise ValueError(f"draft_{e}") from None
     return value
 
 
