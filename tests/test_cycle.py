@@ -3,6 +3,8 @@ every tensor -> Python conversion of a whole generation), static caches reused a
 device acceptance against a loop over positions, fixed and adaptive verify widths, and the compiled cycle
 step giving the eager output."""
 
+import logging
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -89,6 +91,27 @@ def test_static_caches_are_reused_and_grown_only_when_needed():
     long = decoder.generate(ids, 300)  # past the first allocation (rounded up to CACHE_ROUNDING = 64 positions)
     assert decoder.verifier.state is not state and decoder.verifier.max_len >= 3 + 300
     assert long.stats.new_tokens == 300
+
+
+def test_caches_hold_max_context_from_the_first_generation_on():
+    """`max_context`: one allocation for every generation within it (what lets a compiled decoder compile once;
+    its compiled run is test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths), growth past it."""
+    model = tiny_lm(12, scale=3.0)
+    head = random_head("hmm", 3, 12, seed=2, init_from=model.lm_head.weight)
+    speculative, plain = SpeculativeDecoder(model, head, max_context=700), PlainDecoder(model, max_context=700)
+    for length, budget in GROWING:
+        ids = torch.tensor([[1 + i % 11 for i in range(length)]])
+        assert torch.equal(speculative.generate(ids, budget).sequences, plain.generate(ids, budget).sequences)
+    assert speculative.verifier.allocations == plain.allocations == 1
+    assert speculative.verifier.max_len == plain.max_len == 701
+    speculative.generate(torch.tensor([[1, 2]]), 800)  # past max_context: the caches grow as before
+    assert speculative.verifier.allocations == 2 and speculative.verifier.max_len == 1024
+    assert [cache_length(need, 700) for need in (5, 700, 701)] == [701, 701, 1024]
+    assert SpeculativeDecoder(model, head).verifier.reserve == 0  # eager: what each generation needs
+    assert SpeculativeDecoder(model, head, compile=True).verifier.reserve == 128  # compiled: the model's context
+    for bad in (0, -1, 2.5, True, 2**23):
+        with pytest.raises(ValueError, match="max_context must be an integer"):
+            PlainDecoder(model, max_context=bad)
 
 
 def loop_acceptance(target, rule, window, logits, limit, eos, rows, u):
@@ -305,6 +328,32 @@ def test_one_compiled_graph_serves_every_attended_length():
     assert decoder.verifier.allocations == 1
 
 
+# prompt lengths and budgets whose totals cross 128, 256 and 512 positions
+GROWING = ((3, 40), (100, 100), (120, 300), (60, 600))
+
+
+@pytest.mark.slow
+def test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths(caplog):
+    """Caches that hold `max_context` positions from the first generation: totals crossing several powers of
+    two never allocate or compile again (they did at each doubling), and the one compile says so in a line."""
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
+    decoder = SpeculativeDecoder(model, head, compile=True, max_context=1024)
+    torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length
+    with caplog.at_level(logging.WARNING, logger="mtpc.decoding.decoder"):
+        first = decoder.generate(torch.tensor([[1, 2, 3]]), 40)
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "for caches of 1,025 positions" in notices[0], notices
+    assert "later generations in this process reuse it" in notices[0] and first.stats.compile_seconds > 0
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for length, budget in GROWING[1:]:
+            ids = torch.tensor([[1 + i % 11 for i in range(length)]])
+            out = decoder.generate(ids, budget)
+            assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, budget).sequences)
+    assert decoder.verifier.allocations == 1 and len(caplog.records) == 1
+
+
 class ScaledStep:
     """A step whose variants share one code object (the guard on `self.k` tells them apart), like the
     `cycle_step` of many decoders in one process."""
@@ -441,7 +490,7 @@ def test_a_compiled_warm_up_that_reaches_the_end_of_the_cache():
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
-    decoder = SpeculativeDecoder(model, head, compile=True)
+    decoder = SpeculativeDecoder(model, head, compile=True, max_context=127)
     ids = torch.tensor([[1 + i % 11 for i in range(120)]])
     torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length
     with torch._dynamo.config.patch(error_on_recompile=True):

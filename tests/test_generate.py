@@ -156,6 +156,8 @@ def test_prompt_from_a_file_and_from_stdin(folders, tmp_path, capsys):
     (["a", "--top-k", "5"], "give a --temperature"),
     (["a", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["a", "--lora", "x"], "give --head"),
+    (["a", "--max-context", "512"], "--max-context sets the room a compiled decoder's caches hold: give --compile"),
+    (["a", "--compile", "--max-context", "0"], "--max-context"),
     (["a", "--prompt-file", "p.txt"], "not both"),
     (["--prompt-file", "MISSING.txt"], "no such file"),
 ])

@@ -120,6 +120,8 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError(f"--lookup must be a positive integer (tokens a match proposes), got {cfg.lookup!r}")
     if cfg.compile and cfg.head is None:
         raise InputError("--compile compiles the speculative decoder's cycle step: give --head too")
+    if cfg.max_context is not None and not cfg.compile:
+        raise InputError("--max-context sets the room a compiled decoder's caches hold: give --compile too")
     if cfg.window is not None and cfg.head is None:
         raise InputError("--window is the draft head's verify width: give --head too")
     if cfg.window is not None and (isinstance(cfg.window, bool) or not isinstance(cfg.window, int) or cfg.window < 2):
@@ -283,7 +285,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         if head is not None:
             decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
                                            cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
-                                           cfg.draft_temperature, dtype)
+                                           cfg.draft_temperature, dtype, cfg.max_context)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:
@@ -300,7 +302,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         err.write(format_stats("speculative" if head is not None else "plain", run, tok) + "\n")
     if cfg.compare:
         # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
-        baseline = _plain(base, sampling, eos, compile=cfg.compile)
+        baseline = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
         plain = _measure(baseline, prompt, cfg, None)
         summary["plain"] = plain
         summary["compare"] = comparison(run, plain, greedy=cfg.sampling().greedy,
@@ -391,13 +393,13 @@ def check_logits(model, prompt: torch.Tensor) -> None:
         raise MtpcError("the model's logits are not finite (NaN or inf); its weights are damaged")
 
 
-def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False):
+def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_context: int | None = None):
     """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding (`compile`: its
     step compiled as the speculative cycle is, preallocated caches: what a compiled decoder is measured
     against; the phase clock then has no hooks, which a compiled step would trace)."""
     from ..decoding import PhaseClock, PlainDecoder, backbone_marks
 
-    decoder = PlainDecoder(base, compile=compile)
+    decoder = PlainDecoder(base, compile=compile, max_context=max_context)
     embed, ends = backbone_marks(base) if not compile else (None, [])
 
     def decode(ids, budget, generator, streamer):
@@ -411,7 +413,8 @@ def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False):
 
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: Sampling, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
-                 trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None):
+                 trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None,
+                 max_context: int | None = None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
     its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
     the decoder then stamps its steps (no hooks in a compiled call)."""
@@ -423,7 +426,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     if lora is not None:
         model = loading.load_lora(model, lora)
     decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
-                                 draft_temperature=draft_temperature)
+                                 draft_temperature=draft_temperature, max_context=max_context)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer, attention_mask=None):

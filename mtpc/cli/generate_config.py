@@ -61,6 +61,10 @@ class GenerateConfig:
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
         False, help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph (static "
                     "caches, one graph per verify width; compiled before the first cycle)")
+    max_context: int | None = setting(  # None: the model's context, at most 8,192 (decoding.verify.context_reserve)
+        None, type=int_in(1, 2**22), metavar="N",
+        help="with --compile: positions the decoder's caches hold from the start (default: the model's context, "
+             "at most 8,192), so no generation within them compiles again; a notice states what they take")
     prompts: str | None = setting(
         None, metavar="FILE",
         help="with --head: decode the prompts of FILE (one per line, or .jsonl: a string or {\"prompt\": ...} per "

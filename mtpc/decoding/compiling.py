@@ -225,6 +225,7 @@ class StepVariants:
         self.step, self.identity = step, identity
         self.compiled: dict[tuple, CompiledStep] = {}  # (variant, tensor layout) -> compiled step
         self.ready: dict[StepVariant, Callable] = {}  # this generation's variants, guards checked
+        self.fresh = 0  # variants this generation compiled (or loaded from the store)
 
     def __reduce__(self):
         return StepVariants, (self.step, self.identity)
@@ -232,6 +233,7 @@ class StepVariants:
     def start(self) -> None:
         """A new generation: every variant's guards are checked again (`make_ready`)."""
         self.ready.clear()
+        self.fresh = 0
 
     def make_ready(self, variant: StepVariant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]) -> None:
         """Ready `variant` for calls like `step(*args)` (`dynamic`: tensors of `args` whose first dimension
@@ -241,6 +243,7 @@ class StepVariants:
         ready = None if compiled is None else compiled.checked(*args)
         if ready is None:  # not compiled yet, or its guards refuse (a constant it read changed since)
             self.compiled[variant, layout] = compiled = self._compile(variant, layout, args, dynamic)
+            self.fresh += 1
             # a step is not refused by its own arguments; if it were, it would run with its guards
             ready = compiled.checked(*args) or compiled
         self.ready[variant] = ready

@@ -47,6 +47,7 @@ in a batch it streams row 0.
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 from typing import Iterable, Sequence
@@ -68,9 +69,11 @@ from .inputs import available_memory, check_batch, check_budget, check_eval, che
 from .proposals import PromptLookup
 from .proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
-from .verify import Places, Verifier
+from .verify import Places, Verifier, context_reserve
 
 __all__ = ["AdaptiveWidth", "SpeculativeDecoder"]
+
+log = logging.getLogger(__name__)
 
 
 class SpeculativeDecoder:
@@ -81,15 +84,16 @@ class SpeculativeDecoder:
     the circuit windows' verify width (2 .. n; default n) or an `AdaptiveWidth`. `compile`: the cycle step
     through `torch.compile`, one graph per verify width, kept for later generations (on the CPU also on
     disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
-    token by token). `draft_temperature`: what the circuit samples its conditionals at (None: the target's
-    temperature; any is exact). `family`: a `BackboneFamily` for a model family mtpc does not know. The
-    host reads one small tensor per cycle through `host_reads`, and one after the prefill.
+    token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
+    is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
+    `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one small tensor per cycle
+    through `host_reads`, and one after the prefill.
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
                  proposers: Sequence[HostProposer] = (), window: int | AdaptiveWidth | None = None,
                  compile: bool = False, acceptance: AcceptanceRule | None = None,
-                 draft_temperature: float | None = None, family=None):
+                 draft_temperature: float | None = None, max_context: int | None = None, family=None):
         self.backbone = SplitBackbone(model, lora_layers, family=family)
         check_head(head, self.backbone)
         self.head, self.n = head, head.num_variables
@@ -103,7 +107,7 @@ class SpeculativeDecoder:
         self.circuit = CircuitProposer(self.drafter)
         lookups = [LookupProposer(self.lookup, self.drafter, self.widths)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
-        self.verifier = Verifier(self.backbone)
+        self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
         self.compile = compile
         self.steps = StepVariants(self.cycle_step, partial(step_identity, self))
         self.host_reads = HostReads()
@@ -177,6 +181,7 @@ class SpeculativeDecoder:
             self._warm(h, sampling)
             stats.compile_seconds = time.perf_counter() - compiling
             start += stats.compile_seconds
+            announce_compile(self.verifier, stats.compile_seconds, self.steps.fresh)
         stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         for proposer in self.proposers:
             proposer.start([prompt[b, pads[b]:].tolist() for b in range(len(rows))])
@@ -275,8 +280,7 @@ class SpeculativeDecoder:
         return cycle_uniforms(h.shape[0], 2 * self.n + self.span, generator, h.device)
 
     def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
-        """Refuse (`ValueError`) a batch of `B` prompts `[B, T]` this decoder cannot run, before anything is
-        allocated for it (see `refuse_batch`)."""
+        """Refuse (`ValueError`, `refuse_batch`) a batch `[B, T]` this decoder cannot run, before allocating."""
         refuse_batch(self.backbone, self.span, B, T, max_new_tokens, device, generator)
 
     # ----------------------------------------------------------------- compiled steps
@@ -285,9 +289,8 @@ class SpeculativeDecoder:
         return StepVariant(sampling, self.eos_ids.numel(), self.verifier.allocations, width, batch)
 
     def _warm(self, h: torch.Tensor, sampling: Sampling) -> None:
-        """Make ready, on this generation's caches and on inputs of the cycles' shapes, the step variant of
-        every verify width a window may take (only the attended length grows from cycle to cycle: the step's
-        one dynamic dimension). The rows written here are overwritten by the first cycle."""
+        """Make ready, on this generation's caches and cycle-shaped inputs, the step variant of every verify width
+        (the growing attended length is its one dynamic dimension); the first cycle overwrites rows written here."""
         B = h.shape[0]
         uniforms = self._uniforms(sampling, None, h)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
@@ -360,6 +363,18 @@ def refuse_batch(backbone: SplitBackbone, span: int, B: int, T: int, max_new_tok
     if isinstance(generator, (list, tuple)) and len(generator) != B:
         raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
     check_memory(batch_bytes(backbone, span, B, T, max_new_tokens), available_memory(device), B)
+
+
+def announce_compile(verifier: Verifier, seconds: float, variants: int) -> None:
+    """One line when a generation compiled (or loaded) step variants (`variants` > 0): how long, for which
+    caches, what they take, and whether a later generation will compile again."""
+    if not variants:
+        return
+    later = ("later generations in this process reuse it" if verifier.reserve else
+             "a later generation needing more room compiles again (max_context sets the room)")
+    log.warning("mtpc: compiled decoding cycle ready in %.1f s (%d step variant%s, traced or loaded from the step "
+                "store), for caches of %s positions (%.0f MiB); %s", seconds, variants, "" if variants == 1 else "s",
+                f"{verifier.max_len:,}", verifier.cache_bytes() / 2**20, later)
 
 
 def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tuple) -> str | None:

@@ -30,17 +30,20 @@ from .backbone import BackboneState, SplitBackbone, lora_depth
 from .compiling import compile_step, dynamic_length
 from .inputs import check_batch, check_budget, check_eval, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
-from .verify import attended_slots, cache_length
+from .verify import attended_slots, cache_length, context_reserve
 
 __all__ = ["PlainDecoder"]
 
 
 class PlainDecoder:
     """Plain decoding of `model` (its verifier: a peft model's adapters off). `compile`: the one-token step
-    through `torch.compile` (needs a family adapter: fixed shapes come from the preallocated caches)."""
+    through `torch.compile` (needs a family adapter: fixed shapes come from the preallocated caches), whose
+    caches hold `max_context` positions from the start (default: the model's context, up to 8,192), so
+    that no generation within them compiles the step again."""
 
-    def __init__(self, model: nn.Module, compile: bool = False):
+    def __init__(self, model: nn.Module, compile: bool = False, max_context: int | None = None):
         self.backbone = SplitBackbone(model, lora_depth(model))
+        self.reserve = context_reserve(self.backbone.config, max_context, compile)  # see `cache_length`
         if compile and self.backbone.whole_model:
             raise ValueError(f"compiled plain decoding needs preallocated caches, and mtpc has no adapter for "
                              f"model_type {getattr(self.backbone.config, 'model_type', None)!r}: decode it eagerly")
@@ -118,8 +121,8 @@ class PlainDecoder:
         if backbone.whole_model:
             self.state = backbone.new_state(draft=False)
             return backbone(prompt, self.state, keep=1).logits[:, -1]
-        if self.state is None or cache_length(T + budget) > self.max_len or B != self.batch:
-            self.max_len, self.batch = cache_length(T + budget), B
+        if self.state is None or cache_length(T + budget, self.reserve) > self.max_len or B != self.batch:
+            self.max_len, self.batch = cache_length(T + budget, self.reserve), B
             self.state = backbone.new_state(draft=False, max_len=self.max_len)
             self.allocations += 1
         self.starts = torch.tensor(pads, dtype=torch.long, device=prompt.device)  # [B] each row's padding

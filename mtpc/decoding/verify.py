@@ -24,20 +24,48 @@ import torch
 
 from .backbone import BackboneState, SplitBackbone, forget_last
 
-__all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length"]
+__all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes"]
 
 MIN_CACHE = 128  # the shortest cache: lengths are powers of two from here
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
+DEFAULT_MAX_CONTEXT = 8192  # a compiled decoder's caches hold the model's context, up to this many positions
+MAX_CONTEXT = 2**22  # what `max_context` may ask for
 
 
-def cache_length(need: int) -> int:
-    """Slots for `need` positions: one more than they fill (never written), rounded up to a power of two (at
-    least `MIN_CACHE`). The spare slot keeps every attended length below the cache's: a compiled step traced
-    on a call that attends over the whole cache would specialise its dynamic length to it. Powers of two:
-    a compiled step specialises on its caches, so a process decoding prompts of many lengths allocates (and
-    compiles) again only when a prompt needs twice the room of every one before it, at most twice the
-    memory the longest needs (on the CPU a call attends only up to its furthest slot, whatever the cache)."""
+def cache_length(need: int, reserve: int = 0) -> int:
+    """Slots for `need` positions: one more than they fill (never written). Within `reserve` (a compiled
+    decoder's context, `context_reserve`) exactly `reserve + 1`: the first allocation is the last, so the
+    step compiled on it serves every later generation. Past it (or with no reserve: an eager decoder),
+    rounded up to a power of two (at least `MIN_CACHE`): a process decoding prompts of many lengths
+    allocates again only when a prompt needs twice the room of every one before it, at most twice the
+    memory the longest needs. The spare slot keeps every attended length below the cache's: a compiled
+    step traced on a call that attends over the whole cache would specialise its dynamic length to it
+    (on the CPU a call attends only up to its furthest slot, whatever the cache)."""
+    if need <= reserve:
+        return reserve + 1
     return max(MIN_CACHE, 1 << need.bit_length())
+
+
+def context_reserve(config, max_context: int | None, compile: bool) -> int:
+    """The positions a decoder's caches hold from their first allocation: `max_context` when given, else for
+    a compiled decoder the model's context (`max_position_embeddings`) up to `DEFAULT_MAX_CONTEXT`, else 0
+    (an eager decoder allocates what each generation needs: it compiles nothing)."""
+    if max_context is not None:
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context <= MAX_CONTEXT:
+            raise ValueError(f"max_context must be an integer in 1..{MAX_CONTEXT:,} (positions), got {max_context!r}")
+        return max_context
+    context = getattr(config, "max_position_embeddings", None)
+    if not compile or not isinstance(context, int) or context < 1:
+        return 0
+    return min(context, DEFAULT_MAX_CONTEXT)
+
+
+def cache_bytes(config, layers: int, slots: int, batch: int, element: int) -> int:
+    """The bytes of keys and values `layers` cache layers of `slots` positions take for `batch` rows."""
+    heads = getattr(config, "num_attention_heads", 1) or 1
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * layers * batch * kv_heads * head_dim * slots * element
 
 
 def attended_slots(furthest: int, max_len: int, device: torch.device) -> torch.Tensor:
@@ -68,8 +96,9 @@ torch.utils._pytree.register_dataclass(Places)  # a compiled step takes it as te
 
 
 class Verifier:
-    def __init__(self, backbone: SplitBackbone):
+    def __init__(self, backbone: SplitBackbone, reserve: int = 0):
         self.backbone = backbone
+        self.reserve = reserve  # positions the caches hold from the first allocation (`cache_length`)
         self.state: BackboneState | None = None
         self.max_len = 0
         self.batch = 0
@@ -82,8 +111,8 @@ class Verifier:
         into caches with room for `budget` more positions. Returns the logits `[B, V]` and draft hidden
         states `[B, d]` at its last column."""
         B, T = prompt.shape
-        if self.state is None or cache_length(T + budget) > self.max_len or B != self.batch:
-            self.max_len = cache_length(T + budget)
+        if self.state is None or cache_length(T + budget, self.reserve) > self.max_len or B != self.batch:
+            self.max_len = cache_length(T + budget, self.reserve)
             self.state = self.backbone.new_state(max_len=self.max_len)
             self.batch = B
             self.allocations += 1
@@ -99,6 +128,12 @@ class Verifier:
         out = self.backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots, starts=self.starts,
                             kv_slots=kv_slots)
         return out.logits[:, -1], out.hidden[:, -1]
+
+    def cache_bytes(self) -> int:
+        """What the allocated caches (verifier and draft path) take."""
+        backbone = self.backbone
+        element = backbone.parts.lm_head.weight.element_size()
+        return cache_bytes(backbone.config, backbone.num_layers + backbone.k, self.max_len, self.batch, element)
 
     def places(self, width: int) -> Places:
         """The `Places` of the next `width` slots of every row."""
