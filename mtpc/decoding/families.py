@@ -257,14 +257,14 @@ class SlotCache(Cache):
         self.max_len = max_len
         self.slots: torch.Tensor | None = None
         self.starts: torch.Tensor | None = None
-        self.index: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
         self.kv_slots: torch.Tensor | None = None
 
     def place(self, slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor | None = None) -> None:
         """Where the next call writes (`slots` `[B, T]`), where each row's text begins (`starts` `[B]`) and
         which slots it attends over (`kv_slots` `[S]`, `arange(S)`; None: all)."""
         self.slots, self.starts = slots, starts
-        self.index = slots[:, None, :, None]  # [B, 1, T, 1], made once for every layer's write
+        self.rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)  # [B, T]
         if kv_slots is None:
             kv_slots = torch.arange(self.max_len, device=slots.device)
         self.kv_slots = kv_slots
@@ -274,8 +274,8 @@ class SlotCache(Cache):
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
-        layer.keys.scatter_(2, self.index.expand_as(key_states), key_states)
-        layer.values.scatter_(2, self.index.expand_as(value_states), value_states)
+        layer.keys[self.rows, :, self.slots] = key_states.transpose(1, 2)  # [B, T, H, D] at [B, T] places
+        layer.values[self.rows, :, self.slots] = value_states.transpose(1, 2)
         S = self.kv_slots.shape[0]
         return layer.keys[:, :, :S], layer.values[:, :, :S]
 
