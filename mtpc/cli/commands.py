@@ -119,6 +119,7 @@ def add_train(sub) -> None:
 
 def run_train(args) -> int:
     from ..training.trainer import train
+    from ..training.trainer_validation import depth_line
 
     s = train(command_config(args), announce=print)  # a subword model: which head reads its vocabulary, first
     if "steps" not in s:  # --stop-after: stopped before the end, the checkpoint is kept (nothing saved yet)
@@ -128,6 +129,8 @@ def run_train(args) -> int:
     if s.get("val_windows"):
         line += (f"; held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
                  f"over {s['val_windows']} windows")
+        depths = depth_line(s)  # e.g. "top-1 by depth 1..3: 0.36 0.16 0.08; top-8: 0.71 0.52 0.40"
+        line += f" ({depths})" if depths else ""
     elif "val_windows" in s:  # a tiny held-out part holds no whole window: say so, not "nan over 0 windows"
         line += "; no held-out window to validate on (the held-out documents are shorter than a window)"
     print(line)

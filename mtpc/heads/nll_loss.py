@@ -326,3 +326,62 @@ def teacher_forced_accepted(head, h: torch.Tensor, x: torch.Tensor, first_given:
         accepted[alive[hit]] += 1
         alive = alive[hit]
     return accepted
+
+
+# ------------------------------------------------------------------ per-depth top-k acceptance
+
+
+DEPTH_TOPK = (1, 2, 4, 8)  # the k of `depth_topk`: top-1, top-2, top-4, top-8
+
+
+@torch.no_grad()
+def teacher_forced_ranks(head, h: torch.Tensor, x: torch.Tensor, first_given: bool = False) -> torch.Tensor:
+    """`[N, D]` the rank of the true token at each drafted depth of windows `x` [N, n] (the windows and
+    positions `teacher_forced_accepted` scores): depth `j` runs over `first_given .. n-1` (`D = n -
+    first_given`; depth 0 is `x_0` itself, drafted only by a head that does not read it), and the rank is
+    the number of states strictly more probable than `x_j` under the circuit's exact conditional
+    `q(s | x_0..x_{j-1}) = q(x_0..x_{j-1}, s) / q(x_0..x_{j-1})` given the *true* preceding tokens
+    (teacher forcing). So `rank < k` is "x_j is among the k most probable states" (ties counted in its
+    favour) and `rank == 0` is `teacher_forced_accepted`'s greedy match. A target outside the circuit's
+    states (`x < 0` or `>= v`: a token outside a draft vocabulary) has rank `v`, a miss at every `k`,
+    and is summed out of the later depths' conditioning rather than conditioned on. `h` is the head's
+    input (with `x_0`'s embedding when it reads it); one conditional pass per depth over the `N`
+    windows, so callers bound memory by passing a block of windows at a time."""
+    N, n = x.shape
+    v, first = head.num_states, int(first_given)
+    ranks = torch.full((N, n - first), v, dtype=torch.long, device=x.device)
+    if N == 0:
+        return ranks
+    valid = (x >= 0) & (x < v)
+    x = torch.where(valid, x, torch.zeros_like(x))
+    theta = at_least_float32(head(h))  # [N, P]
+    for j in range(first, n):
+        keep = valid.clone()
+        keep[:, j:] = False  # condition on the true x_0..x_{j-1} (those that are states)
+        dist = head.circ.conditional_log_distribution(x, keep, theta, j)  # [N, v]
+        true = dist.gather(1, x[:, j:j + 1])  # [N, 1]
+        rank = (dist > true).sum(-1)  # [N]
+        hit = valid[:, j] & ~true[:, 0].isnan()  # a NaN conditional is a miss, never a match
+        ranks[:, j - first] = torch.where(hit, rank, torch.full_like(rank, v))
+    return ranks
+
+
+def depth_topk(ranks: torch.Tensor, first_depth: int, ks: tuple[int, ...] = DEPTH_TOPK) -> dict:
+    """Per-depth top-k acceptance from `teacher_forced_ranks` `[N, D]` (depths `first_depth ..`):
+    `token[d][i]`, the fraction of windows whose true token at depth `d` is among the `ks[i]` most
+    probable under the teacher-forced conditional; `path[d][i]`, the fraction whose true tokens at every
+    depth from `first_depth` through `d` all are (what a `ks[i]`-ary draft tree of that depth could at
+    most accept; summed over depths, `path[d][0]` is `teacher_forced_accepted`'s mean less
+    `first_depth`, exact ties aside). Rounded to 4 decimals; `None` where there is no window."""
+    N, D = ranks.shape
+    k = torch.tensor(ks, dtype=torch.long, device=ranks.device)
+
+    def fractions(r: torch.Tensor) -> list:  # [N, D] -> [D][K]
+        if N == 0:
+            return [[None] * len(ks) for _ in range(D)]
+        hit = (r.unsqueeze(-1) < k).double().mean(0)  # [D, K]
+        return [[round(float(f), 4) for f in row] for row in hit]
+
+    path = ranks.cummax(1).values if D else ranks  # the worst rank so far along the path
+    return {"k": list(ks), "depth": list(range(first_depth, first_depth + D)), "windows": N,
+            "token": fractions(ranks), "path": fractions(path)}

@@ -16,7 +16,8 @@
 - Under `torchrun --nproc_per_node N` the same command trains with DistributedDataParallel (NCCL on
   GPUs, gloo on CPUs); each rank takes every N-th sequence of each micro-batch.
 - Validation (rank 0) reports the loss and the teacher-forced mean accepted length of the circuit's
-  greedy draft on held-out windows.
+  greedy draft on held-out windows, and on the same windows the top-1/2/4/8 acceptance at each drafted
+  depth (`val_depth_topk` in the summary, `train_config.json`).
 - `OUT/checkpoint.pt` holds everything needed to resume exactly (trainable weights, optimizer, step
   and schedule, data position, RNG states: tensors and plain values only, loaded with
   `torch.load(weights_only=True)`, so a planted file cannot run code). Rerunning the same command
