@@ -56,7 +56,8 @@ class TrainConfig:
     features: str | None = setting(  # mtpc features' shards: the LM is not run while training
         None, metavar="DIR",
         help="train from the LM's cached final hidden states in DIR (written by mtpc features for this --model) "
-             "instead of running the LM on --data: same loss, far faster; the sequences are the ones DIR holds")
+             "instead of running the LM on --data: same loss, far faster; the sequences are the ones DIR holds "
+             "(with --lora-layers K, a store made with --draft-layers K: only the last K layers run)")
     draft_vocab: int | None = setting(  # mtpc.training.vocabulary; None: state s = token id s
         None, type=positive_int, metavar="K",
         help="draft over the K tokens the LM most often outputs on the training text (with --features; else the "
@@ -236,6 +237,10 @@ class FeaturesConfig:
     shard_sequences: int = setting(  # a shard is written whole, then recorded: a kill loses at most one
         64, type=positive_int, help="sequences per shard file (a killed run redoes at most one shard)")
     batch_size: int = setting(4, type=positive_int, help="sequences per LM forward")
+    draft_layers: int = setting(  # 0: the final hidden states only; mtpc.training.features, "inner"
+        0, type=non_negative_int, metavar="K",
+        help="also store the input of the LM's last K decoder layers, so that mtpc train --features --lora-layers K "
+             "trains a LoRA draft path without running the first layers (K x d more values a token on disk)")
     dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE + "; the features are stored in it")
     device: str = setting("auto", help=HELP_DEVICE)
     threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")

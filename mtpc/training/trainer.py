@@ -106,7 +106,8 @@ class Trainer:
         if self.cfg.features is not None:  # the LM's cached hidden states of the store's own sequences
             self.data_stats = None
             tokenizer = type(self.tok).__name__
-            return tuple(FeatureSet(self.cfg.features, split, self.info, tokenizer) for split in ("train", "val"))
+            inner = self.cfg.lora_layers > 0  # the LoRA layers run from their cached input (--draft-layers)
+            return tuple(FeatureSet(self.cfg.features, split, self.info, tokenizer, inner) for split in ("train", "val"))
         docs, self.data_stats = load_documents(self.cfg.data, self.tok)
         train_docs, val_docs = split_documents(docs, self.cfg.val_fraction)
         L = self.cfg.seq_len
@@ -153,7 +154,7 @@ class Trainer:
             sync = m == cfg.grad_accum - 1 or d.world == 1
             with self._no_sync(not sync):
                 loss, _, _ = self.ddp(part["tokens"], part["doc_ids"], part["loss_mask"], normalizer,
-                                      part["window_mask"], hidden=part.get("hidden"))
+                                      part["window_mask"], hidden=part.get("hidden"), inner=part.get("inner"))
                 with record_function("mtpc.backward"):  # phase labels: benchmarks/bench_train_step.py
                     (loss * d.world).backward()  # DDP averages over ranks; each loss is a share of the sum
             loss_sum += loss.detach()

@@ -42,11 +42,34 @@ class DraftModel(nn.Module):
         self.gamma, self.chunk_elements, self.amp, self.loss = gamma, chunk_elements, amp, loss
         self.trains_lm = any(p.requires_grad for p in lm.parameters())
 
+    @property
+    def base(self) -> nn.Module:
+        """The causal LM itself (a peft model's base, its LoRA modules injected into it)."""
+        return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` final-norm hidden states of the draft path."""
-        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
         with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(tokens.device, self.amp):
-            return base.get_decoder()(input_ids=tokens).last_hidden_state
+            return self.base.get_decoder()(input_ids=tokens).last_hidden_state
+
+    def hidden_from_inner(self, inner: torch.Tensor) -> torch.Tensor:
+        """`[B, T, d]` the draft path's final-norm hidden states from `inner` `[B, T, d]`, the cached input of
+        its LoRA layers (`mtpc features --draft-layers k`): only those `k` layers run, adapters on."""
+        from ..decoding.backbone import lora_depth
+
+        k = lora_depth(self.lm)
+        if not k:
+            raise ValueError("inner-layer features need a LoRA draft path (--lora-layers k)")
+        with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(inner.device, self.amp):
+            return run_last_layers(self.base, inner, k)
+
+    def draft_hidden(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None,
+                     inner: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, T, d]` the head's hidden states of a batch: from the cached input of the LoRA layers
+        (`inner`), else the cached final states (`hidden`: the frozen LM's, no adapters), else the live LM."""
+        if inner is not None:
+            return self.hidden_from_inner(inner)
+        return self.hidden(tokens) if hidden is None else hidden
 
     def teacher_hidden(self, tokens: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` the verifier path's final hidden states: the draft path's own when it has no
@@ -58,14 +81,15 @@ class DraftModel(nn.Module):
                 record_function("mtpc.teacher_lm_forward"):
             return base.get_decoder()(input_ids=tokens).last_hidden_state
 
-    def teacher(self, tokens: torch.Tensor, draft: torch.Tensor):
+    def teacher(self, tokens: torch.Tensor, draft: torch.Tensor, verifier: torch.Tensor | None = None):
         """The KL loss's teacher: flat positions -> the verifier's logits, as the model's own forward
         computes them from its final hidden states (`OutputLayer`: Gemma's soft-capping included), over
-        the head's draft vocabulary when it has one (the LM renormalised over the tokens it drafts)."""
+        the head's draft vocabulary when it has one (the LM renormalised over the tokens it drafts).
+        `verifier` `[B, T, d]`: those final states when cached (`mtpc features`), else computed here."""
         from ..decoding.families import OutputLayer
 
-        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
-        return lm_teacher(OutputLayer(base, rows=self.head.state_tokens), self.teacher_hidden(tokens, draft))
+        hidden = self.teacher_hidden(tokens, draft) if verifier is None else verifier
+        return lm_teacher(OutputLayer(self.base, rows=self.head.state_tokens), hidden)
 
     def head_input(self, h: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` what the head reads at each position: `h`, with the embedding of the window's first
@@ -73,11 +97,13 @@ class DraftModel(nn.Module):
         following = torch.cat([states[:, 1:], states[:, -1:]], 1)  # [B, T]
         return self.head.with_first_token(h, following)
 
-    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None, hidden=None):
+    def forward(self, tokens, doc_ids, loss_mask, normalizer, window_mask=None, hidden=None, inner=None):
         """The loss pieces of a batch; `hidden` `[B, T, d]`: the LM's cached final hidden states of
-        `tokens` (`mtpc features`), which stand in for the LM's forward."""
+        `tokens` (`mtpc features`), which stand in for the LM's forward: the head's input and the KL
+        teacher's; with `inner` `[B, T, d]` (`--draft-layers k`), the cached input of the LoRA layers, from
+        which the draft path runs its last k layers for the head, `hidden` staying the teacher's."""
         with record_function("mtpc.lm_forward"):  # phase labels: benchmarks/bench_train_step.py
-            h = self.hidden(tokens) if hidden is None else hidden  # [B, T, d]
+            h = self.draft_hidden(tokens, hidden, inner)  # [B, T, d]
         states = self.head.states_of(tokens)  # [B, T]: a token outside a draft vocabulary is no valid target
         kwargs = dict(gamma=self.gamma, normalizer=normalizer, window_mask=window_mask,
                       chunk_elements=self.chunk_elements, first_given=self.head.reads_first_token)
@@ -88,13 +114,33 @@ class DraftModel(nn.Module):
             x = self.head_input(h.to(self.head.dtype), states)  # [B, T, d]
             nll = mtp_loss(self.head, x, states, doc_ids, loss_mask, **kwargs) if "nll" in self.loss else None
             if "kl" in self.loss or self.loss == "tv":
-                kl = kl_loss(self.head, x, self.teacher(tokens, h), states, doc_ids, loss_mask,
+                kl = kl_loss(self.head, x, self.teacher(tokens, h, hidden), states, doc_ids, loss_mask,
                              divergence="tv" if self.loss == "tv" else "kl", **kwargs)
         if self.loss == "nll":
             return nll.loss, nll.term_sums, nll.counts
         if self.loss in ("kl", "tv"):
             return kl.loss, kl.term_sums, kl.counts
         return nll.loss + kl.loss, nll.term_sums, nll.counts
+
+
+def run_last_layers(model: nn.Module, inner: torch.Tensor, k: int) -> torch.Tensor:
+    """`[B, T, d]` the final-norm hidden states of causal LM `model` from `inner` `[B, T, d]`, the input of
+    its last `k` decoder layers, for sequences at positions 0..T-1 under plain causal attention (how
+    `mtpc features` ran them: `features.INNER_POSITIONS`). The layers are called as the split backbone
+    calls them (`mtpc.decoding.families`: the family's rotary embedding and causal masks, no cache), so
+    whatever adapters are enabled in them run."""
+    from ..decoding.families import split_family
+
+    family = split_family(model.config, "training from inner-layer features")
+    parts = family.parts(model)
+    n = len(parts.layers)
+    positions = torch.arange(inner.shape[1], device=inner.device)[None]  # [1, T]
+    h = inner.to(model.dtype)  # a store of another --dtype than the LM's: the layers read their own
+    masks = family.masks(model.config, h, None, positions, n)
+    rotary = family.position_embeddings(model.config, parts, h, positions, n)
+    for i in range(n - k, n):
+        h = family.call_layer(parts.layers[i], h, masks[i], rotary[i], positions, None)  # [B, T, d]
+    return parts.norm(h)
 
 
 def load_lm(cfg: TrainConfig, device: torch.device):
@@ -324,15 +370,36 @@ def check_features(cfg: TrainConfig, init, info) -> None:
     if cfg.data is not None:
         raise InputError("--data and --features both name the training text; the features hold their own "
                          "(mtpc features --data), so give one")
-    if cfg.lora_layers > 0 or (init is not None and init_adapter(cfg) is not None):
-        raise InputError("--features holds the frozen LM's hidden states; a LoRA draft path changes them, so "
-                         "train LoRA adapters on the live LM (without --features)")
     folder = loading.readable_folder(cfg.features, "features folder (--features)")
     stored = read_manifest(folder)["settings"]
     check_model(folder, stored, info, None)
     if stored["seq_len"] != cfg.seq_len:
         raise InputError(f"--seq-len {cfg.seq_len}, but the features in {cfg.features} are of "
                          f"{stored['seq_len']}-token sequences (pass --seq-len {stored['seq_len']})")
+    adapter = init_adapter(cfg) if init is not None else None
+    check_inner_features(cfg, folder, stored, adapter_layers(adapter) if adapter is not None else cfg.lora_layers)
+
+
+def check_inner_features(cfg: TrainConfig, folder: Path, stored: dict, k: int) -> None:
+    """A LoRA draft path on the last `k` layers changes their output, so it trains from the cached input
+    of exactly those layers (`mtpc features --draft-layers k`), computed as it replays them; a store
+    without it, or of another `k`, is refused with the command that makes the right one."""
+    from .features import INNER_POSITIONS, draft_layers_of
+
+    if not k:
+        return
+    path = f"--lora-layers {k}" if cfg.lora_layers else f"the LoRA adapter of {cfg.init_head}"
+    command = (f"mtpc features --model {cfg.model} --out NEW_DIR --draft-layers {k} --seq-len {cfg.seq_len} (the "
+               "same --data and --dtype as this store), then pass --features NEW_DIR")
+    have = draft_layers_of(stored)
+    if have != k:
+        what = "no inner-layer features (made without --draft-layers)" if not have else \
+            f"the input of the last {have} layer{'s' if have > 1 else ''}"
+        raise InputError(f"{path} (a LoRA draft path) trains from the input of the LM's last {k} layer"
+                         f"{'s' if k > 1 else ''}, but {folder} holds {what}; run {command}")
+    if stored.get("inner_positions") != INNER_POSITIONS:
+        raise InputError(f"{folder}: its inner-layer features were computed another way than mtpc train runs the "
+                         f"last layers (inner_positions in its features.json); run {command}")
 
 
 def check_step_memory(cfg: TrainConfig, graph, hidden: int, world: int, init=None) -> None:

@@ -25,8 +25,9 @@ def validate(module: DraftModel, val_set: torch.utils.data.Dataset, cfg: TrainCo
     batch = to_device(collate(val_set[i] for i in picks), device)
     module.eval()
     cached = batch.get("hidden")  # [B, T, d] the LM's cached hidden states (mtpc train --features), or None
-    loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None, hidden=cached)
-    h = (module.hidden(batch["tokens"]) if cached is None else cached).float()  # [B, T, d]
+    inner = batch.get("inner")  # [B, T, d] the last layers' input (a store made with --draft-layers), or None
+    loss, _, _ = module(batch["tokens"], batch["doc_ids"], batch["loss_mask"], None, hidden=cached, inner=inner)
+    h = module.draft_hidden(batch["tokens"], cached, inner).float()  # [B, T, d] what the head reads
     states = head.states_of(batch["tokens"])  # [B, T] (a token outside a draft vocabulary: no state)
     valid = target_validity(batch["doc_ids"], batch["loss_mask"], n)  # [B, T, n]
     valid &= window_targets(states, n, fill=-1) < head.num_states
