@@ -124,23 +124,36 @@ def file_identity(file: Path) -> str:
             f"\0{info.st_ino}")
 
 
+def private_cache_folder(folder: Path) -> bool:
+    """`folder` made if missing (0o700: ours alone, whatever the umask), and whether it is ours alone."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    return owned_privately(folder)
+
+
 def content_digest(file: Path) -> str:
-    """The SHA-256 of the file's bytes, remembered per `file_identity` in the cache (a private file of
-    ours), so a large file is read once."""
-    memo = cache_root() / "gguf" / "digests" / hashlib.sha256(file_identity(file).encode()).hexdigest()[:32]
-    if owned_privately(memo) and memo.stat().st_size == 64:
+    """The SHA-256 of the file's bytes, remembered per `file_identity` in the cache, so a large file is
+    read once. A memo is believed only when it and the folders it sits in are ours alone (in a folder
+    others can write, one memo could be renamed over another's name)."""
+    memos = cache_root() / "gguf" / "digests"
+    memo = memos / hashlib.sha256(file_identity(file).encode()).hexdigest()[:32]
+    private = private_cache_folder(memos.parent) and private_cache_folder(memos)
+    if private and owned_privately(memo) and memo.stat().st_size == 64:
         value = memo.read_text(errors="replace")
         if re.fullmatch(r"[0-9a-f]{64}", value):
             return value
     value = file_sha256(file)
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.unlink(missing_ok=True)
-        fd = os.open(memo, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
-    except OSError:
-        pass  # a read-only cache only costs the hash next time
+    if private:
+        try:
+            memo.unlink(missing_ok=True)
+            fd = os.open(memo, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(value)
+        except OSError:
+            pass  # a read-only cache only costs the hash next time
     return value
 
 
@@ -168,16 +181,16 @@ def model_folder_for(file: str | Path) -> Path:
     saved with its tokenizer and chat template), then found by the file's content digest and used while
     the cache's trust rule (module docstring) holds."""
     file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES).resolve()
+    summary = check_gguf(file)  # first: the walk costs milliseconds, the digest reads every byte
     digest = content_digest(file)
     folder = cache_root() / "gguf" / digest[:32]
     state = converted_folder_state(folder, digest)
     if state == "trusted":
-        return folder  # these bytes were checked and converted before (the check costs seconds on a large file)
+        return folder  # these bytes were checked and converted before
     if state == "foreign":
         raise InputError(f"{folder} (the converted copy of {file.name}) is a symlink, or is owned by another user "
                          f"or writable by others, so mtpc does not load a model from it; remove it, or set "
                          f"{CACHE_ENV} to a folder of your own")
-    summary = check_gguf(file)
     if state == "stale":
         log.warning("mtpc: %s holds no whole conversion of %s (its record names other bytes); converting afresh",
                     folder, file.name)
@@ -185,6 +198,16 @@ def model_folder_for(file: str | Path) -> Path:
     sweep_stale_parts(folder.parent)
     _convert(file, folder, summary, digest)
     return folder
+
+
+def _check_every_weight_read(file: Path, loading_info: dict) -> None:
+    """Every weight of the built model came from the file: transformers initialises a weight the file lacks
+    at random (a file of norms only would decode as a random model), and names it among the missing keys."""
+    missing = sorted(loading_info.get("missing_keys") or ())
+    if missing:
+        shown = missing[0] if len(missing[0]) <= 80 else missing[0][:80] + "..."
+        raise InputError(f"{file}: the model transformers builds from it has {len(missing):,} weights the file does "
+                         f"not hold (such as {shown}); a GGUF must hold every weight of its model")
 
 
 def sweep_stale_parts(gguf_cache: Path) -> None:
@@ -221,13 +244,16 @@ def _convert(file: Path, folder: Path, summary: GGUFSummary, digest: str) -> Non
     temporary = folder.with_name(f"{folder.name}.part-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        temporary.mkdir(parents=True, mode=0o755)
+        private_cache_folder(folder.parent)
+        temporary.mkdir(mode=0o755)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=str(file), dtype=torch.float32)
+            model, loading_info = AutoModelForCausalLM.from_pretrained(
+                str(file.parent), gguf_file=str(file), dtype=torch.float32, output_loading_info=True)
             tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=str(file))
         except Exception as e:  # noqa: BLE001 -- transformers reports a model it cannot build in many classes
             raise InputError(f"{file}: transformers cannot build a model from it: {type(e).__name__}: "
                              f"{first_line(e)[:200]}") from None
+        _check_every_weight_read(file, loading_info)
         # a dequantized model is a plain checkpoint: its config must not claim a GGUF quantization any more
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

@@ -45,6 +45,10 @@ MAX_KEPT_STRING = 256  # longer string values (a chat template) are checked, not
 MAX_GGUF_VOCAB = 1 << 19  # 524,288 tokens: the largest published vocabularies have 262,144
 MAX_MERGES_PER_TOKEN = 4  # BPE merges per token (SmolLM2 1.0, Llama 3 2.2)
 MAX_OTHER_ARRAY_ELEMENTS = 1 << 16  # all arrays besides the tokenizer's, together
+BYTES_PER_ELEMENT = 256  # a file of S bytes holds at most max(S / 256, MIN_ELEMENT_BUDGET) array values in all
+MIN_ELEMENT_BUDGET = 1 << 16
+MAX_STRING_BYTES = 1 << 20  # one string value (a chat template: a few KB; `--chat` reads at most 1 MiB)
+MAX_ARRAY_STRING_BYTES = 1 << 16  # one string of an array (a token, a merge)
 MAX_TENSOR_DIMS = 4
 MAX_LAYERS = 1024
 MAX_HIDDEN = 1 << 16
@@ -52,7 +56,7 @@ MAX_CONTEXT = 1 << 22
 DEFAULT_ALIGNMENT = 32
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 MERGES = "tokenizer.ggml.merges"
-LAYER = re.compile(r"blk\.(\d{1,9})\.")
+LAYER = re.compile(r"blk\.(0|[1-9]\d{0,8})\.")  # blk.<layer>.: "blk.00." names no layer (transformers skips it)
 
 STRING, ARRAY = 8, 9
 FIXED = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -121,11 +125,14 @@ class _Cursor:
             raise self.damaged(f"{what} claims {count:,} values, more than the bytes left hold")
         self.pos += count * size
 
-    def string(self, max_kept: int) -> str | None:
-        """A string value, kept when at most `max_kept` bytes of UTF-8, else skipped (None)."""
+    def string(self, max_kept: int, max_bytes: int = MAX_STRING_BYTES) -> str | None:
+        """A string value of at most `max_bytes`, kept when at most `max_kept` bytes of UTF-8, else skipped
+        (None)."""
         length = self.fixed(10)
         if length > self.left():
             raise self.damaged(f"a string claims {length:,} bytes, more than the file has left")
+        if length > max_bytes:
+            raise self.damaged(f"a string of {length:,} bytes, more than the {max_bytes:,} mtpc reads")
         raw = self.data[self.pos:self.pos + length] if length <= max_kept else None
         self.pos += length
         try:
@@ -175,7 +182,8 @@ def _name(cursor: _Cursor, what: str) -> str:
 
 
 def _read_metadata(cursor: _Cursor, layout: GGUFLayout, keys: int) -> None:
-    other_elements = 0
+    other_elements, elements = 0, 0
+    budget = max(layout.size // BYTES_PER_ELEMENT, MIN_ELEMENT_BUDGET)  # what transformers' reader then builds
     for _ in range(keys):
         key = _name(cursor, "metadata key")
         if key in layout.values or key in layout.array_lengths:
@@ -187,6 +195,10 @@ def _read_metadata(cursor: _Cursor, layout: GGUFLayout, keys: int) -> None:
             layout.values[key] = cursor.string(MAX_KEPT_STRING)
         elif kind == ARRAY:
             layout.array_lengths[key] = count = _skip_array(cursor, key, layout)
+            elements += count
+            if elements > budget:
+                raise InputError(f"{cursor.file} is damaged: its metadata arrays hold more than {budget:,} values, "
+                                 f"more than a file of {layout.size:,} bytes holds (one per {BYTES_PER_ELEMENT} bytes)")
             if key not in TOKENIZER_ARRAYS and key != MERGES:
                 other_elements += count
                 if other_elements > MAX_OTHER_ARRAY_ELEMENTS:
@@ -210,7 +222,7 @@ def _skip_array(cursor: _Cursor, key: str, layout: GGUFLayout) -> int:
         if count * 8 > cursor.left():
             raise cursor.damaged(f"array {key[:MAX_KEPT_STRING]!r} claims {count:,} strings, more than the bytes left hold")
         for _ in range(count):
-            cursor.string(0)
+            cursor.string(0, MAX_ARRAY_STRING_BYTES)
     else:
         raise cursor.damaged("a metadata array holds arrays or values of an unknown type")
     return count
@@ -281,29 +293,60 @@ def check_model_shape(layout: GGUFLayout, file: Path) -> None:
     if embedding is None or len(embedding.shape) != 2:
         raise InputError(f"{file}: no token embedding (token_embd.weight, two dimensions); not a language model")
     width, rows = embedding.shape
-    layers = _size(layout, f"{architecture}.block_count", MAX_LAYERS, file)
-    _size(layout, f"{architecture}.embedding_length", MAX_HIDDEN, file, equal=width)
-    _size(layout, f"{architecture}.context_length", MAX_CONTEXT, file, required=False)
-    feed_forward = _size(layout, f"{architecture}.feed_forward_length", 1 << 20, file, required=False) or 4 * width
-    _check_layers_present(layout, layers, file)
-    implied = rows * width + layers * (4 * width * width + 3 * width * feed_forward)
-    stored = sum(t.numel for t in layout.tensors.values())
+    config = model_sizes(layout, architecture, file)
+    if "num_hidden_layers" not in config:
+        raise InputError(f"{file}: no {architecture}.block_count in its metadata (how many layers the model has)")
+    if config.get("hidden_size") != width:
+        raise InputError(f"{file}: {architecture}.embedding_length must be token_embd.weight's width, {width:,}")
+    _check_layers_present(layout, config["num_hidden_layers"], file)
+    implied, stored = implied_weights(config, rows), sum(t.numel for t in layout.tensors.values())
     if implied > 2 * stored + (1 << 20):
         raise InputError(f"{file}: its metadata implies a model of about {implied:,} weights, but its tensors hold "
                          f"only {stored:,}; the metadata does not describe these tensors")
     _check_tokenizer(layout, rows, file)
 
 
-def _size(layout: GGUFLayout, key: str, high: int, file: Path, *, required: bool = True,
-          equal: int | None = None) -> int | None:
-    value = layout.values.get(key)
-    if value is None and key not in layout.values and not required:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-        raise InputError(f"{file}: {key} must be an integer in 1..{high:,} in its metadata")
-    if equal is not None and value != equal:
-        raise InputError(f"{file}: {key} is {value:,}, but token_embd.weight is {equal:,} wide")
-    return value
+# the sizes transformers builds a model from (its GGUF key table maps them), and what each may be
+SIZE_LIMITS = {"hidden_size": MAX_HIDDEN, "num_hidden_layers": MAX_LAYERS, "intermediate_size": 1 << 20,
+               "head_dim": 1 << 12, "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12,
+               "max_position_embeddings": MAX_CONTEXT, "vocab_size": MAX_GGUF_VOCAB, "num_experts": 1 << 12,
+               "num_experts_per_tok": 1 << 12, "moe_intermediate_size": 1 << 20}
+MAX_OTHER_SIZE = MAX_CONTEXT  # any other integer of the architecture's metadata (a sliding window, ...)
+
+
+def model_sizes(layout: GGUFLayout, architecture: str, file: Path) -> dict[str, int]:
+    """The model's sizes under transformers' config names, as its GGUF loader maps the metadata keys
+    (`<architecture>.embedding_length` -> `hidden_size`, ...), each an integer in range; every other
+    integer of the architecture's metadata in 0..`MAX_OTHER_SIZE`."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    names = {f"{architecture}.{key}": name for key, name in GGUF_CONFIG_MAPPING.get(architecture, {}).items() if name}
+    names[f"{architecture}.expert_feed_forward_length"] = "moe_intermediate_size"
+    sizes = {}
+    for key, value in layout.values.items():
+        if not key.startswith(architecture + ".") or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        name = names.get(key)
+        low, high = (1, SIZE_LIMITS[name]) if name in SIZE_LIMITS else (0, MAX_OTHER_SIZE)
+        if not low <= value <= high:
+            raise InputError(f"{file}: {key[:80]} must be an integer in {low}..{high:,} in its metadata")
+        if name in SIZE_LIMITS:
+            sizes[name] = value
+    return sizes
+
+
+def implied_weights(config: dict[str, int], rows: int) -> int:
+    """The weights a model of these sizes has, counted as for the Llama layout (embedding, attention at its
+    head width, a gated MLP per expert): within a small factor for the other families, which is all the
+    check needs."""
+    d, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads = config.get("num_attention_heads", 1)
+    head_dim = config.get("head_dim", d // heads or 1)
+    kv = config.get("num_key_value_heads", heads)
+    attention = 2 * d * heads * head_dim + 2 * d * kv * head_dim
+    experts = config.get("num_experts", 1)
+    feed_forward = config.get("moe_intermediate_size" if experts > 1 else "intermediate_size", 4 * d)
+    return rows * d + layers * (attention + 3 * d * feed_forward * experts)
 
 
 def _check_layers_present(layout: GGUFLayout, layers: int, file: Path) -> None:

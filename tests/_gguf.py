@@ -42,7 +42,7 @@ def llama_cpp_order(weight: torch.Tensor, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tokenizer, add_bos: bool = False) -> Path:
+def write_gguf(path, model, tokenizer, add_bos: bool = False, leave_out: tuple[str, ...] = ()) -> Path:
     import gguf
 
     c = model.config
@@ -93,7 +93,8 @@ def write_gguf(path, model, tokenizer, add_bos: bool = False) -> Path:
                 array = llama_cpp_order(w, c.num_key_value_heads)
             else:
                 array = w.numpy()
-            writer.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(array))
+            if ours not in leave_out:  # a damaged file for the tests: a layer without some of its weights
+                writer.add_tensor(f"blk.{i}.{ours}.weight", np.ascontiguousarray(array))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -72,13 +72,14 @@ def gguf_bytes(kvs: list[bytes], tensors: list[tuple[str, tuple[int, ...]]], *, 
 
 
 def small_model(*, layers: int = 1, blocks: int | None = None, extra: list[bytes] = (), tokens: int = 8,
-                offsets=None) -> bytes:
+                offsets=None, arch: str = "llama", layer_prefix: str = "blk.{}.") -> bytes:
     """A minimal GGUF the walk accepts (`layers` layers of tensors, `blocks` claimed), altered by the tests."""
-    kvs = [kv_text("general.architecture", "llama"), kv_u32("llama.block_count", blocks or layers),
-           kv_u32("llama.embedding_length", 32), kv_u32("llama.feed_forward_length", 64),
+    kvs = [kv_text("general.architecture", arch), kv_u32(f"{arch}.block_count", blocks or layers),
+           kv_u32(f"{arch}.embedding_length", 32), kv_u32(f"{arch}.feed_forward_length", 64),
            kv_text("tokenizer.ggml.model", "gpt2"), kv_strings("tokenizer.ggml.tokens", [f"t{i}" for i in range(tokens)]),
            *extra]
-    tensors = [("token_embd.weight", (32, 8))] + [(f"blk.{i}.attn_norm.weight", (32,)) for i in range(layers)]
+    tensors = [("token_embd.weight", (32, 8))] + [(layer_prefix.format(i) + "attn_norm.weight", (32,))
+                                                  for i in range(layers)]
     return gguf_bytes(kvs, tensors, offsets=offsets)
 
 
@@ -116,9 +117,12 @@ def test_a_large_in_file_array_is_refused_in_bounded_time(tmp_path):
     junk = kv_strings("general.junk", [""] * 1_000_000)  # 8 MB of real, empty strings
     (tmp_path / "junk.gguf").write_bytes(small_model(extra=[junk]))
     refused_quickly(tmp_path / "junk.gguf", "at most 65,536", seconds=1.0)
-    many_tokens = small_model(tokens=500_000)  # under the vocabulary cap, but the embedding has 8 rows
+    many_tokens = small_model(tokens=500_000)  # under the vocabulary cap, but 7 MB cannot hold so many values
     (tmp_path / "tokens.gguf").write_bytes(many_tokens)
-    refused_quickly(tmp_path / "tokens.gguf", "more than the 8 rows of its embedding", seconds=2.0)
+    refused_quickly(tmp_path / "tokens.gguf", "more than 65,536 values, more than a file of 7,390,432 bytes")
+    template = kv_text("tokenizer.chat_template", "{{ x }}" + " " * (2 << 20))  # 2 MiB: transformers took a minute on 70
+    (tmp_path / "template.gguf").write_bytes(small_model(extra=[template]))
+    refused_quickly(tmp_path / "template.gguf", "a string of 2,097,159 bytes, more than the 1,048,576 mtpc reads")
 
 
 def test_the_model_the_metadata_claims_must_be_in_the_file(tmp_path):
@@ -131,11 +135,51 @@ def test_the_model_the_metadata_claims_must_be_in_the_file(tmp_path):
     for name, (content, message) in cases.items():
         (tmp_path / name).write_bytes(content)
         refused_quickly(tmp_path / name, message)
+    (tmp_path / "zero.gguf").write_bytes(small_model(layer_prefix="blk.0{}."))  # "blk.00.": no layer of transformers'
+    refused_quickly(tmp_path / "zero.gguf", "no tensors for layer 0")
+    experts = small_model(arch="qwen3_moe", extra=[kv_u32("qwen3_moe.expert_count", 2048)])
+    (tmp_path / "experts.gguf").write_bytes(experts)  # transformers built 1.2 GB of random experts from 167 KB
+    refused_quickly(tmp_path / "experts.gguf", "implies a model of about")
+    (tmp_path / "heads.gguf").write_bytes(small_model(extra=[kv_u32("llama.rope.dimension_count", 1 << 20)]))
+    refused_quickly(tmp_path / "heads.gguf", r"llama.rope.dimension_count must be an integer in 1..4,096")
     big = small_model()
     big = big.replace(kv_u32("llama.feed_forward_length", 64), kv_u32("llama.feed_forward_length", 1 << 20))
     (tmp_path / "big.gguf").write_bytes(big)
     refused_quickly(tmp_path / "big.gguf", "implies a model of about")
     assert len(gguf_bytes([kv_text("general.architecture", "llama")], [])) < 100  # the 90-byte file of the report
+
+
+def test_a_file_without_every_weight_of_its_model_is_refused_not_made_random(tiny, tmp_path):
+    file, model, tok = tiny
+    norms_only = write_gguf(tmp_path / "norms.gguf", model, tok,
+                            leave_out=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"))
+    with pytest.raises(InputError, match=r"weights the file does not hold \(such as model.layers.0"):
+        model_folder_for(norms_only)  # transformers initialised them at random, and the random model was cached
+
+
+def test_a_huge_sparse_file_is_refused_before_it_is_hashed(tmp_path):
+    sparse = tmp_path / "sparse.gguf"
+    with open(sparse, "wb") as f:
+        f.truncate(20 << 30)  # 20 GB of holes: hashing it first took 35 s
+    start = time.perf_counter()
+    with pytest.raises(InputError, match="not a GGUF file"):
+        model_folder_for(sparse)
+    assert time.perf_counter() - start < 1
+
+
+def test_digest_memos_in_a_folder_others_can_write_are_not_believed(tiny, cache, tmp_path):
+    file, model, tok = tiny
+    other = write_gguf(tmp_path / "other.gguf", tiny_llama(tok, seed=6), tok)
+    mine, theirs = model_folder_for(file), model_folder_for(other)
+    memos = cache / "gguf" / "digests"
+    assert (memos.stat().st_mode & 0o777) == 0o700 and len(list(memos.iterdir())) == 2
+    memos.chmod(0o777)  # as an umask of 000 once left it: one memo could be renamed over the other
+    first, second = sorted(memos.iterdir())
+    swapped = first.read_text()
+    first.write_text(second.read_text())
+    second.write_text(swapped)
+    assert {model_folder_for(file), model_folder_for(other)} == {mine, theirs}
+    assert model_folder_for(file) == mine
 
 
 def test_tensor_offsets_cannot_wrap_around_or_overlap(tmp_path):
