@@ -33,6 +33,10 @@ MAX_JSON_DEPTH = 64  # config and head files nest a few levels; a graph spec inl
 # ValueError, and converting thousands is slow); a 256-bit circuit binding (circuitc's int_bits, 78 digits)
 # saved in train_config.json fits, as circuitc's command line allows 100 digits.
 MAX_JSON_INT_DIGITS = 100
+# Values a JSON file may hold, counted before parsing (bytes.count: milliseconds for 64 MB): a 63 MB file of
+# 21M empty objects took 22 s and 3 GB to read. A 256k-token tokenizer.json holds about 1M values.
+MAX_JSON_CONTAINERS = 1 << 21  # objects and lists ("{" and "[", counted inside strings too: an upper bound)
+MAX_JSON_SEPARATORS = 1 << 23  # "," (values in lists and objects)
 LOCK_FILE = ".mtpc.lock"
 
 
@@ -119,9 +123,20 @@ def _huge_integer_position(text: str | bytes) -> str:
     return ""
 
 
+def _check_json_size(text: str | bytes, where: str) -> None:
+    """Refuse, from counts of its bytes alone, a JSON text holding more values than any file mtpc reads."""
+    brace, bracket, comma = ("{", "[", ",") if isinstance(text, str) else (b"{", b"[", b",")
+    containers, separators = text.count(brace) + text.count(bracket), text.count(comma)
+    if containers > MAX_JSON_CONTAINERS or separators > MAX_JSON_SEPARATORS:
+        raise InputError(f"{where}: holds more than {MAX_JSON_CONTAINERS:,} objects and lists or "
+                         f"{MAX_JSON_SEPARATORS:,} values; not a file mtpc writes or reads")
+
+
 def parse_json(text: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH):
     """`json.loads(text)` with every failure as one `InputError` naming `where` and the position; an
-    integer of more than `MAX_JSON_INT_DIGITS` digits is refused while parsing."""
+    integer of more than `MAX_JSON_INT_DIGITS` digits is refused while parsing, a text of more than
+    `MAX_JSON_CONTAINERS` objects and lists or `MAX_JSON_SEPARATORS` values before it (bounded work)."""
+    _check_json_size(text, where)
     try:
         data = json.loads(text, parse_int=_bounded_int)
     except _HugeInteger as e:

@@ -130,6 +130,7 @@ def model_config(path: str | Path, what: str = "--model") -> dict:
         required = key in ("hidden_size", "vocab_size")
         field(sizes, key, file, "int", low=1, high=high, **({} if required else {"default": None}))
     kv = field(sizes, "num_key_value_heads", file, "int", low=1, high=MAX_HIDDEN, default=None)
+    _check_other_integers(config, file)
     heads, hidden = sizes.get("num_attention_heads"), sizes["hidden_size"]
     if heads is not None and hidden % heads:
         raise InputError(f"{file}: num_attention_heads ({heads}) must divide hidden_size ({hidden})")
@@ -139,6 +140,24 @@ def model_config(path: str | Path, what: str = "--model") -> dict:
         if (folder / name).exists() or (folder / name).is_symlink():
             json_object(folder / name, "", folder)
     return config
+
+
+WINDOW_KEYS = ("sliding_window", "attention_window")  # a window of positions: None, or 1 .. MAX_CONTEXT
+MAX_CONFIG_INTEGER = 2**53  # any other integer of a config (an id, a count): beyond it transformers overflows
+
+
+def _check_other_integers(config: dict, file: Path) -> None:
+    """Integers of the config (and its `text_config`) transformers would build from: windows in range, and
+    no integer past `MAX_CONFIG_INTEGER` (a sliding window of 10^100 overflowed deep inside the model)."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for key in WINDOW_KEYS:
+            if part.get(key) is not None:
+                field(part, key, file, "int", low=1, high=MAX_CONTEXT)
+        for key, value in part.items():
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CONFIG_INTEGER:
+                raise InputError(f"{file}: {key[:60]!r} is {describe(value)}, past any size transformers builds")
 
 
 SIZE_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

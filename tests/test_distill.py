@@ -1,9 +1,11 @@
 """mtpc distill-data: deterministic, resumable, training prompts only, prompt masked in training data."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 from _tiny import save_tiny_lm
@@ -90,6 +92,26 @@ def test_a_rerun_with_other_settings_or_a_foreign_file_is_refused(tiny_lm, corpu
     cfg.seed, cfg.num_prompts = 1, 3
     with pytest.raises(InputError, match="seed"):
         distill_data(cfg)
+    assert out.read_bytes() == before
+    cfg.seed = 0
+    text = sorted(Path(corpus).rglob("*.py"))[0]
+    text.write_text(text.read_text() + "\n# the text changed\n")  # the same --data path, other text
+    try:
+        with pytest.raises(InputError, match="data_sha256 differ"):
+            distill_data(cfg)
+    finally:
+        text.write_text(text.read_text().removesuffix("\n# the text changed\n"))
+    other_model = Path(shutil.copytree(tiny_lm, tmp_path / "lm"))
+    weights = other_model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the same path and shapes, other weights
+    weights.write_bytes(bytes(data))
+    moved = DistillConfig(model=str(other_model), data=corpus, out=str(out), num_prompts=3, prompt_len=16,
+                          max_new_tokens=8, progress=False)
+    (out.parent / (out.name + ".meta.json")).write_text(
+        (out.parent / (out.name + ".meta.json")).read_text().replace(str(Path(tiny_lm).resolve()), str(other_model)))
+    with pytest.raises(InputError, match="model_fingerprint differ"):
+        distill_data(moved)
     assert out.read_bytes() == before
     foreign = tmp_path / "foreign.jsonl"
     foreign.write_text('{"text": "not ours"}\n')

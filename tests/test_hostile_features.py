@@ -175,3 +175,17 @@ def test_a_resume_on_changed_data_is_refused(lm, corpus, tmp_path, capsys):
     err = fails(capsys, command, 2, "the --data text changed", str(store), "new --out")
     assert "# changed" not in err
     assert (store / MANIFEST).read_bytes() == before
+
+
+# ------------------------------------------------------------------ held-out follow-ups (a second attacker's pass)
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda m: m["settings"].update(dtype=["float32"]), "dtype must be a str"),  # was: unhashable type 'list'
+    (lambda m: m["shards"].__setitem__("a\x00.safetensors", m["shards"].pop("train-00000.safetensors")),
+     "a shard name that is not one mtpc features writes"),  # was: embedded null byte
+    (lambda m: m.update(pad=[{}] * 2_200_000), "objects and lists"),  # 22 s and 3 GB a read, before
+])
+def test_a_manifest_of_odd_types_names_or_sizes_is_one_line(lm, stores, tmp_path, capsys, edit, fragment):
+    store = copy_store(stores["fp32"], tmp_path / "store")
+    plant(store / MANIFEST, edit)
+    fails(capsys, train_args(lm, store, tmp_path / "head"), 2, str(store / MANIFEST), fragment)

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 # a code object in one list, checks their guards in turn on every call and stops compiling at 8, so the
 # decoders of a bench (one `cycle_step` code object, a few variants each) would fall back to eager.
 RECOMPILE_LIMIT = 64
+MAX_STEP_BYTES = 256 * 2**20  # a stored step file (the byte LM's are 1.7 MB): more is refused unread
 
 
 def isolation_options(compile_parameters) -> dict:
@@ -386,10 +387,13 @@ def read_stored_step(path: Path, user: int | None = None) -> bytes | None:
         why = "is a symbolic link" if e.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened ({e.strerror})"
         raise UntrustedStore(f"{path} {why}") from None
     with os.fdopen(fd, "rb") as file:
-        problem = _file_problem(os.fstat(file.fileno()), os.getuid() if user is None else user)
+        status = os.fstat(file.fileno())
+        problem = _file_problem(status, os.getuid() if user is None else user)
         if problem is not None:
             raise UntrustedStore(f"{path} {problem}")
-        return file.read()
+        if status.st_size > MAX_STEP_BYTES:  # a step is a few MB; reading a planted sparse giant would fill memory
+            raise UntrustedStore(f"{path} is {status.st_size:,} bytes, more than the {MAX_STEP_BYTES:,} of a step")
+        return file.read(MAX_STEP_BYTES + 1)
 
 
 def _trusted_owners(owners: Collection[int] | None) -> frozenset[int]:

@@ -81,7 +81,7 @@ def _distill(cfg: DistillConfig) -> dict:
     tok = model_tokenizer(cfg)
     prompts = TrainingPrompts(cfg.data, tok, cfg.prompt_len, cfg.val_fraction)  # also validates --data
     out = Path(cfg.out)
-    done = _resume(out, cfg)
+    done = _resume(out, run_settings(cfg, prompts))
     summary = {"records": max(done, cfg.num_prompts), "new_records": 0, "new_bytes": 0, "seconds": 0.0}
     if done >= cfg.num_prompts:
         return summary
@@ -157,10 +157,19 @@ def _check_config(cfg: DistillConfig) -> None:
         raise InputError(f"--out {cfg.out}: {above} is not a folder")
 
 
-def _resume(out: Path, cfg: DistillConfig) -> int:
+def run_settings(cfg: DistillConfig, prompts: "TrainingPrompts") -> dict:
+    """What the records depend on: the settings, and what the named paths hold (the model's weights, the
+    head's files, the training text), so a rerun after any of them changed is refused, not appended to."""
+    from ..files import file_sha256
+
+    head = None if cfg.head is None else [file_sha256(Path(cfg.head) / name) for name in loading.HEAD_FILES]
+    return {**cfg.settings(), "model_fingerprint": loading.model_fingerprint(cfg.model),
+            "head_sha256": head, "data_sha256": prompts.fingerprint()}
+
+
+def _resume(out: Path, settings: dict) -> int:
     """Records already in `out` (after cutting a partial last line); writes the settings file."""
     meta = Path(str(out) + META_SUFFIX)
-    settings = cfg.settings()
     if out.exists() and out.stat().st_size > 0:
         if not meta.exists():
             raise InputError(f"{out} exists but was not written by mtpc distill-data (no {meta.name}); "
@@ -229,6 +238,14 @@ class TrainingPrompts:
         if len(self.doc_of) == 0:
             raise InputError(f"no training document of {source or 'stdlib'} has a line of {length} bytes "
                              "to prompt with; lower --prompt-len")
+
+    def fingerprint(self) -> str:
+        """The SHA-256 of the training documents' bytes, in order (what the prompts are cut from)."""
+        digest = hashlib.sha256()
+        for doc in self.docs:
+            digest.update(f"{len(doc.tokens)}\n".encode())
+            digest.update(np.asarray(doc.tokens, dtype="<i4").tobytes())
+        return digest.hexdigest()
 
     def __getitem__(self, rng: random.Random) -> list[int]:
         """The prompt's token ids (without `<bos>`); the same `rng` state gives the same prompt."""

@@ -334,15 +334,15 @@ def read_manifest(folder: Path) -> dict:
     field(settings, DATA_KEY, path, "str", default=None)
     if field(settings, "draft_layers", path, "int", low=0, high=MAX_DRAFT_LAYERS, default=0):
         field(settings, "inner_positions", path, "str")
-    if settings.get("dtype") not in HIDDEN_DTYPES:
+    if field(settings, "dtype", path, "str") not in HIDDEN_DTYPES:
         raise InputError(f"{path}: dtype must be one of {', '.join(HIDDEN_DTYPES)} (the stored features' dtype)")
     shards = field(manifest, "shards", path, "object")
     if len(shards) > MAX_SHARDS:
         raise InputError(f"{path}: more than {MAX_SHARDS:,} shards")
     for name, record in shards.items():
-        if not isinstance(name, str) or "/" in name or "\\" in name or not name.endswith(".safetensors") \
-                or name.startswith("."):
-            raise InputError(f"{path}: a shard name that is not a plain .safetensors file name")
+        if not SHARD_NAME.fullmatch(name):  # what _plan names them: never a path, a NUL or a hidden file
+            raise InputError(f"{path}: a shard name that is not one mtpc features writes (train-NNNNN.safetensors "
+                             "or val-NNNNN.safetensors)")
         if not isinstance(record, dict) or record.get("split") not in SPLITS:
             raise InputError(f"{path}: shard {name} has no valid record")
         field(record, "sequences", path, "int", low=1, high=2**31)
