@@ -35,8 +35,8 @@ MAX_JSON_DEPTH = 64  # config and head files nest a few levels; a graph spec inl
 MAX_JSON_INT_DIGITS = 100
 # Values a JSON file may hold, counted before parsing (bytes.count: milliseconds for 64 MB): a 63 MB file of
 # 21M empty objects took 22 s and 3 GB to read. A 256k-token tokenizer.json holds about 1M values.
-MAX_JSON_CONTAINERS = 1 << 21  # objects and lists ("{" and "[", counted inside strings too: an upper bound)
-MAX_JSON_SEPARATORS = 1 << 23  # "," (values in lists and objects)
+MAX_JSON_CONTAINERS = 1 << 20  # objects and lists ("{" and "[", counted inside strings too: an upper bound)
+MAX_JSON_SEPARATORS = 1 << 22  # "," (values in lists and objects): a file at both caps reads in about 2 s
 LOCK_FILE = ".mtpc.lock"
 
 
@@ -80,12 +80,12 @@ def inside(path: str | Path, folder: str | Path) -> Path:
 
 def json_depth(data) -> int:
     """How deeply `data` nests lists and objects (iterative: a deep value cannot overflow the stack)."""
-    deepest, stack = 0, [(data, 1)]
+    deepest, stack = 0, [(data, 1)] if isinstance(data, (list, dict)) else []
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, (list, dict)):
-            deepest = max(deepest, depth)
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+        deepest = max(deepest, depth)
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in children if type(v) in (list, dict))  # scalars: no tuple each
     return deepest
 
 

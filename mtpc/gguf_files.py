@@ -188,9 +188,9 @@ def model_folder_for(file: str | Path) -> Path:
     if state == "trusted":
         return folder  # these bytes were checked and converted before
     if state == "foreign":
-        raise InputError(f"{folder} (the converted copy of {file.name}) is a symlink, or is owned by another user "
-                         f"or writable by others, so mtpc does not load a model from it; remove it, or set "
-                         f"{CACHE_ENV} to a folder of your own")
+        raise InputError(f"{folder} (the converted copy of {file.name}) is not a folder of yours alone (a symlink, "
+                         f"not a folder, or owned by another user or writable by others, it or a file in it), so mtpc "
+                         f"does not load a model from it; remove it, or set {CACHE_ENV} to a folder of your own")
     if state == "stale":
         log.warning("mtpc: %s holds no whole conversion of %s (its record names other bytes); converting afresh",
                     folder, file.name)

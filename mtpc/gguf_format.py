@@ -49,6 +49,8 @@ BYTES_PER_ELEMENT = 256  # a file of S bytes holds at most max(S / 256, MIN_ELEM
 MIN_ELEMENT_BUDGET = 1 << 16
 MAX_STRING_BYTES = 1 << 20  # one string value (a chat template: a few KB; `--chat` reads at most 1 MiB)
 MAX_ARRAY_STRING_BYTES = 1 << 16  # one string of an array (a token, a merge)
+MAX_STRING_VALUE_BYTES = 4 << 20  # every string value together (chat templates, names: a few KB in real files)
+MAX_KEPT_ARRAY = 1024  # numeric arrays up to this long are kept (per-layer sizes: transformers reads them)
 MAX_TENSOR_DIMS = 4
 MAX_LAYERS = 1024
 MAX_HIDDEN = 1 << 16
@@ -182,7 +184,7 @@ def _name(cursor: _Cursor, what: str) -> str:
 
 
 def _read_metadata(cursor: _Cursor, layout: GGUFLayout, keys: int) -> None:
-    other_elements, elements = 0, 0
+    other_elements, elements, string_bytes = 0, 0, 0
     budget = max(layout.size // BYTES_PER_ELEMENT, MIN_ELEMENT_BUDGET)  # what transformers' reader then builds
     for _ in range(keys):
         key = _name(cursor, "metadata key")
@@ -192,7 +194,12 @@ def _read_metadata(cursor: _Cursor, layout: GGUFLayout, keys: int) -> None:
         if kind in FIXED:
             layout.values[key] = cursor.fixed(kind)
         elif kind == STRING:
+            start = cursor.pos
             layout.values[key] = cursor.string(MAX_KEPT_STRING)
+            string_bytes += cursor.pos - start
+            if string_bytes > MAX_STRING_VALUE_BYTES:  # transformers took 43 s over sixty strings of 1 MiB
+                raise InputError(f"{cursor.file} is damaged: its string values hold more than "
+                                 f"{MAX_STRING_VALUE_BYTES:,} bytes together")
         elif kind == ARRAY:
             layout.array_lengths[key] = count = _skip_array(cursor, key, layout)
             elements += count
@@ -217,7 +224,10 @@ def _skip_array(cursor: _Cursor, key: str, layout: GGUFLayout) -> int:
         raise InputError(f"{cursor.file} is damaged: its metadata array {key[:MAX_KEPT_STRING]!r} claims "
                          f"{count:,} values (at most {cap:,})")
     if kind in FIXED:
+        start = cursor.pos
         cursor.skip(count, struct.calcsize(FIXED[kind]), f"array {key[:MAX_KEPT_STRING]!r}")
+        if count <= MAX_KEPT_ARRAY:  # a per-layer size, or one written as a one-value array: checked as sizes
+            layout.values[key] = struct.unpack_from(f"<{count}{FIXED[kind][1]}", cursor.data, start)
     elif kind == STRING:
         if count * 8 > cursor.left():
             raise cursor.damaged(f"array {key[:MAX_KEPT_STRING]!r} claims {count:,} strings, more than the bytes left hold")
@@ -324,14 +334,17 @@ def model_sizes(layout: GGUFLayout, architecture: str, file: Path) -> dict[str, 
     names[f"{architecture}.expert_feed_forward_length"] = "moe_intermediate_size"
     sizes = {}
     for key, value in layout.values.items():
-        if not key.startswith(architecture + ".") or not isinstance(value, int) or isinstance(value, bool):
+        # transformers reads a one-value array as that value, a longer one per layer: every value is checked
+        values = value if isinstance(value, tuple) else (value,)
+        numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        if not key.startswith(architecture + ".") or not numbers:
             continue
         name = names.get(key)
         low, high = (1, SIZE_LIMITS[name]) if name in SIZE_LIMITS else (0, MAX_OTHER_SIZE)
-        if not low <= value <= high:
+        if not all(low <= v <= high for v in numbers):
             raise InputError(f"{file}: {key[:80]} must be an integer in {low}..{high:,} in its metadata")
         if name in SIZE_LIMITS:
-            sizes[name] = value
+            sizes[name] = max(numbers)
     return sizes
 
 

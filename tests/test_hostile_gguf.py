@@ -45,6 +45,10 @@ def kv_u32(key: str, value: int) -> bytes:
     return text(key) + struct.pack("<II", U32, value)
 
 
+def kv_u32s(key: str, values: list[int]) -> bytes:
+    return text(key) + struct.pack("<IIQ", ARRAY, U32, len(values)) + struct.pack(f"<{len(values)}I", *values)
+
+
 def kv_text(key: str, value: str) -> bytes:
     return text(key) + struct.pack("<I", STRING) + text(value)
 
@@ -123,6 +127,9 @@ def test_a_large_in_file_array_is_refused_in_bounded_time(tmp_path):
     template = kv_text("tokenizer.chat_template", "{{ x }}" + " " * (2 << 20))  # 2 MiB: transformers took a minute on 70
     (tmp_path / "template.gguf").write_bytes(small_model(extra=[template]))
     refused_quickly(tmp_path / "template.gguf", "a string of 2,097,159 bytes, more than the 1,048,576 mtpc reads")
+    names = [kv_text(f"general.note{i}", " " * (1 << 20)) for i in range(5)]  # 60 of them: a 43 s conversion
+    (tmp_path / "strings.gguf").write_bytes(small_model(extra=names))
+    refused_quickly(tmp_path / "strings.gguf", "string values hold more than 4,194,304 bytes together")
 
 
 def test_the_model_the_metadata_claims_must_be_in_the_file(tmp_path):
@@ -142,6 +149,12 @@ def test_the_model_the_metadata_claims_must_be_in_the_file(tmp_path):
     refused_quickly(tmp_path / "experts.gguf", "implies a model of about")
     (tmp_path / "heads.gguf").write_bytes(small_model(extra=[kv_u32("llama.rope.dimension_count", 1 << 20)]))
     refused_quickly(tmp_path / "heads.gguf", r"llama.rope.dimension_count must be an integer in 1..4,096")
+    as_array = small_model(extra=[kv_u32s("llama.rope.dimension_count", [1 << 20])])  # transformers reads it as 2^20
+    (tmp_path / "array.gguf").write_bytes(as_array)
+    refused_quickly(tmp_path / "array.gguf", r"llama.rope.dimension_count must be an integer in 1..4,096")
+    experts = small_model(arch="qwen3_moe", extra=[kv_u32s("qwen3_moe.expert_count", [4096])])
+    (tmp_path / "experts2.gguf").write_bytes(experts)
+    refused_quickly(tmp_path / "experts2.gguf", "implies a model of about")
     big = small_model()
     big = big.replace(kv_u32("llama.feed_forward_length", 64), kv_u32("llama.feed_forward_length", 1 << 20))
     (tmp_path / "big.gguf").write_bytes(big)
@@ -258,7 +271,7 @@ def test_a_folder_others_can_write_is_never_read(tiny, capsys):
     link = folder.with_name(folder.name + "-real")
     folder.rename(link)
     folder.symlink_to(link)
-    with pytest.raises(InputError, match="is a symlink"):
+    with pytest.raises(InputError, match=r"not a folder of yours alone \(a symlink"):
         model_folder_for(tiny[0])
 
 

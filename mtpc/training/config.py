@@ -235,7 +235,7 @@ class FeaturesConfig:
         help="stop after this many training tokens (default: all of --data)")
     val_sequences: int = setting(64, type=positive_int, help="held-out sequences cached for validation")
     shard_sequences: int = setting(  # a shard is written whole, then recorded: a kill loses at most one
-        64, type=positive_int, help="sequences per shard file (a killed run redoes at most one shard)")
+        64, type=int_in(1, 1 << 16), help="sequences per shard file (a killed run redoes at most one shard)")
     batch_size: int = setting(4, type=positive_int, help="sequences per LM forward")
     draft_layers: int = setting(  # 0: the final hidden states only; mtpc.training.features, "inner"
         0, type=non_negative_int, metavar="K",
