@@ -589,3 +589,18 @@ def test_the_smollm2_structures_table_is_the_recorded_run():
     heads = {h["run"]: h for h in data["heads"]}
     assert f"reaches {heads['h-ff4-21min']['teacher_forced_tokens_per_cycle']:.2f} tokens per cycle against " \
            f"{heads['h-ff4']['teacher_forced_tokens_per_cycle']:.2f}" in " ".join(text.split())
+
+
+def test_the_index_put_batch_table_is_the_recorded_runs():
+    """results.md's paired batch runs before and after the cache write became `index_put`: every cell is the
+    `batch.json` of the run the row names, and each row's command is the one shown (B = 8, 32 prompts)."""
+    rows = table_rows(RESULTS, "run (report in `docs/bench/batch/index-put/`)")
+    assert [cells[0].split("`")[1] for cells in rows] == ["pair3-before", "pair3-after", "pair4-after", "pair4-before"]
+    for cells in rows:
+        recorded = json.loads((ROOT / "docs/bench/batch/index-put" / cells[0].split("`")[1] / "batch.json").read_text())
+        assert recorded["8"]["num_prompts"] == 32 and recorded["8"]["repeats"] == 3
+        rates = {row["label"]: row["tok_s"]["mean"] for row in recorded["8"]["rows"]}
+        hf, eager, compiled = rates["hf generate (batched)"], rates["btree8-r8/w4"], rates["btree8-r8/w4/compile"]
+        plain = rates["plain (batched, static + compile)"] / rates["plain (batched)"]
+        assert cells[1:] == [f"{hf:.1f}", f"{eager:.1f}", f"{compiled:.1f}", f"{compiled / hf:.2f}",
+                             f"{compiled / eager:.2f}", f"{plain:.2f}"], cells
