@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from mtpc import SpeculativeDecoder, loading  # noqa: E402
 from mtpc.heads import load_head  # noqa: E402
 
-# (prompt tokens, new tokens): totals of about 180, 290, 420 and 700 positions
-GENERATIONS = ((160, 16), (160, 128), (290, 128), (500, 200))
+# prompt tokens:new tokens, one after another: totals of about 180, 290, 420 and 700 positions
+GENERATIONS = ("160:16", "160:128", "290:128", "500:200")
 
 
 def prompt_ids(tok, length: int) -> torch.Tensor:
@@ -51,6 +51,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-context", type=int, default=None)
+    parser.add_argument("--generations", nargs="+", default=GENERATIONS, metavar="P:N",
+                        help="prompt tokens and new tokens of each generation, in order")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -62,7 +64,7 @@ def main(argv=None) -> list[dict]:
         head.tie_to(model.get_output_embeddings())
     decoder = SpeculativeDecoder(model, head, compile=True, max_context=args.max_context)
     rows = []
-    for length, budget in GENERATIONS:
+    for length, budget in (map(int, g.split(":")) for g in args.generations):
         ids = prompt_ids(tok, length)
         start = time.perf_counter()
         out = decoder.generate(ids, budget)

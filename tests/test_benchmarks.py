@@ -514,3 +514,14 @@ def test_smollm2_heads_collects_each_runs_record(tmp_path, monkeypatch):
     assert [h["run"] for h in data["heads"]] == ["h-cp4"]  # the runs not made are left out
     assert json.loads((tmp_path / "record.json").read_text()) == data
     assert module.table(data).splitlines()[2] == "| CP | 4 | 8 | 2,048 | 7 | 253,952 | 604 | 2.5 | 7.66 | 1.53 |"
+
+
+@pytest.mark.slow  # compiles a cycle step
+def test_bench_compile_once_compiles_for_the_first_generation_only(lab, tmp_path, capsys):
+    out = tmp_path / "once.json"
+    rows = script("bench_compile_once").main(["--model", lab["model"], "--head", lab["heads"]["btree4"],
+                                              "--max-context", "600", "--generations", "20:8", "60:100", "40:400",
+                                              "--out", str(out)])
+    assert [r["allocations"] for r in rows] == [1, 1, 1] and rows[0]["compile_seconds"] > 0
+    assert all(r["compile_seconds"] < 0.5 for r in rows[1:]) and rows[2]["cache_positions"] == 601
+    assert json.loads(out.read_text())["generations"] == rows

@@ -604,3 +604,12 @@ def test_the_index_put_batch_table_is_the_recorded_runs():
         plain = rates["plain (batched, static + compile)"] / rates["plain (batched)"]
         assert cells[1:] == [f"{hf:.1f}", f"{eager:.1f}", f"{compiled:.1f}", f"{compiled / hf:.2f}",
                              f"{compiled / eager:.2f}", f"{plain:.2f}"], cells
+
+
+def test_the_compile_once_table_is_the_recorded_run():
+    """results.md's compile-once table of SmolLM2: every row is a generation of the recorded run, in order."""
+    recorded = json.loads((ROOT / "benchmarks/results/compile_once_smollm2.json").read_text())
+    rows = table_rows(RESULTS, "prompt tokens")
+    assert [[str(g["prompt_tokens"]), str(g["new_tokens"]), str(g["compile_seconds"]), str(g["allocations"]),
+             str(g["cache_positions"])] for g in recorded["generations"]] == rows
+    assert f"{recorded['cache_mib']:.0f} MiB" in RESULTS.read_text() and recorded["dtype"] == "bf16"
