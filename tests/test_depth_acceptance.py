@@ -138,6 +138,6 @@ def test_mtpc_train_records_the_table_and_prints_it(tmp_path, capsys):
     assert all(len(row) == 4 and row == sorted(row) for row in table["token"] + table["path"])
     assert all(p <= t for pr, tr in zip(table["path"], table["token"]) for p, t in zip(pr, tr))
     assert sum(row[0] for row in table["path"]) == pytest.approx(summary["val_accepted"] - 1, abs=1e-3)
-    assert re.search(r"\(top-1 by depth 1\.\.2: \d\.\d\d \d\.\d\d; top-8: \d\.\d\d \d\.\d\d\)$", line), line
+    assert re.fullmatch(r"held-out acceptance, top-1 by depth 1\.\.2: \d\.\d\d \d\.\d\d; top-8: \d\.\d\d \d\.\d\d", line), line
     log = [json.loads(r) for r in (out / "train_log.jsonl").read_text().splitlines()]
     assert all("val_depth_topk" in r for r in log if "val_loss" in r)
