@@ -525,3 +525,15 @@ def test_bench_compile_once_compiles_for_the_first_generation_only(lab, tmp_path
     assert [r["allocations"] for r in rows] == [1, 1, 1] and rows[0]["compile_seconds"] > 0
     assert all(r["compile_seconds"] < 0.5 for r in rows[1:]) and rows[2]["cache_positions"] == 601
     assert json.loads(out.read_text())["generations"] == rows
+
+
+def test_depth_acceptance_scores_a_head_on_a_stores_held_out_split(lab, tmp_path, capsys):
+    store = tmp_path / "store"
+    assert mtpc(["features", "--model", lab["model"], "--data", lab["corpus"], "--out", str(store), "--seq-len", "32",
+                 "--max-tokens", "32", "--val-sequences", "4", "--no-progress"]) == 0
+    out = tmp_path / "depth.json"
+    record = script("depth_acceptance").main(["--model", lab["model"], "--head", lab["heads"]["btree4"], "--features",
+                                              str(store), "--windows", "16", "--out", str(out)])
+    table = record["val_depth_topk"]
+    assert table["k"] == [1, 2, 4, 8] and table["windows"] == record["val_windows"] > 0
+    assert json.loads(out.read_text()) == record and "| depth | top-1 |" in capsys.readouterr().out

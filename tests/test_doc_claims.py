@@ -613,3 +613,13 @@ def test_the_compile_once_table_is_the_recorded_run():
     assert [[str(g["prompt_tokens"]), str(g["new_tokens"]), str(g["compile_seconds"]), str(g["allocations"]),
              str(g["cache_positions"])] for g in recorded["generations"]] == rows
     assert f"{recorded['cache_mib']:.0f} MiB" in RESULTS.read_text() and recorded["dtype"] == "bf16"
+
+
+def test_the_per_depth_table_is_the_recorded_run():
+    """results.md's per-depth acceptance of the shipped SmolLM2 head is `depth_table` of its recorded run."""
+    from mtpc.training.trainer_validation import depth_table
+
+    recorded = json.loads((ROOT / "benchmarks/results/depth_acceptance_smollm2.json").read_text())
+    assert depth_table(recorded) in RESULTS.read_text()
+    assert recorded["val_windows"] == 2048 and f"{recorded['val_accepted']:.2f} tokens per window" in RESULTS.read_text()
+    assert depth_table(recorded) in (ROOT / "models" / "README.md").read_text()  # the head's model card
