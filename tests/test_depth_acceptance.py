@@ -131,7 +131,7 @@ def test_mtpc_train_records_the_table_and_prints_it(tmp_path, capsys):
     assert main(["train", "--model", lm, "--circuit", str(ROOT / "examples" / "ff.pc"), "-D", "n=3", "--data", str(corpus),
                  "--out", str(out), "--steps", "1", "--seq-len", "32", "--batch-size", "2", "--val-sequences", "2",
                  "--precision", "fp32", "--no-progress", "--first-token"]) == 0
-    line = capsys.readouterr().out.splitlines()[-1]
+    line = capsys.readouterr().out.splitlines()[-2]  # the summary line follows it
     summary = json.loads((out / "train_config.json").read_text())
     table = summary["val_depth_topk"]
     assert table["k"] == [1, 2, 4, 8] and table["depth"] == [1, 2] and table["windows"] == summary["val_windows"] > 0

@@ -130,7 +130,8 @@ def run_train(args) -> int:
         line += (f"; held-out loss {s['val_loss']:.4f}, teacher-forced mean accepted length {s['val_accepted']:.3f} "
                  f"over {s['val_windows']} windows")
         depths = depth_line(s)  # e.g. "top-1 by depth 1..3: 0.36 0.16 0.08; top-8: 0.71 0.52 0.40"
-        line += f"\nheld-out acceptance, {depths}" if depths else ""  # a line of its own: scripts read the first
+        if depths:  # a line of its own, before: the summary stays the last line, which scripts read
+            print(f"held-out acceptance, {depths}")
     elif "val_windows" in s:  # a tiny held-out part holds no whole window: say so, not "nan over 0 windows"
         line += "; no held-out window to validate on (the held-out documents are shorter than a window)"
     print(line)
