@@ -105,6 +105,9 @@ def test_the_python_api_of_the_bench_refuses_the_same_settings_before_loading(tm
     with pytest.raises(InputError, match="--draft-temperature must be above 0"):
         run_bench(BenchConfig(model=missing, heads=[missing], corpus="stdlib", mode="sample",
                               draft_temperatures=(0.0,)))
+    with pytest.raises(InputError, match="give --mode sample"):  # as generate refuses it at --temperature 0
+        run_bench(BenchConfig(model=missing, heads=[missing], corpus="stdlib", mode="greedy",
+                              draft_temperatures=(None, 0.5)))
 
 
 # ------------------------------------------------------------------ 2. the compiled-step store

@@ -104,6 +104,9 @@ def _check_config(cfg: BenchConfig) -> None:
     if cfg.mode not in MODES:
         raise InputError(f"mode must be 'greedy' or 'sample', got {cfg.mode!r}")
     checks.check_sampling_settings(cfg)  # whatever the mode: a greedy bench's --temperature is still checked
+    if cfg.mode == "greedy" and any(t is not None for t in cfg.draft_temperatures):
+        raise InputError("--draft-temperature is the temperature a draft head samples at: give --mode sample "
+                         "(a greedy bench drafts the circuit's argmax)")  # as generate refuses it with --temperature 0
     if not cfg.heads:
         raise InputError("give at least one head folder")
     if cfg.dtype not in DTYPES or cfg.head_dtype not in (None, *DTYPES):
