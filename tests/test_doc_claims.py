@@ -623,3 +623,13 @@ def test_the_per_depth_table_is_the_recorded_run():
     assert depth_table(recorded) in RESULTS.read_text()
     assert recorded["val_windows"] == 2048 and f"{recorded['val_accepted']:.2f} tokens per window" in RESULTS.read_text()
     assert depth_table(recorded) in (ROOT / "models" / "README.md").read_text()  # the head's model card
+
+
+def test_the_lora_cost_table_is_the_recorded_run():
+    """results.md's LoRA draft-path costs on SmolLM2: each row is a head of the recorded bench run."""
+    recorded = json.loads((SMOLLM2 / "lora-cost" / "bench.json").read_text())
+    plain = recorded["plain"]["phases_ms"]["backbone"]
+    expected = [[str(h["lora_layers"]), f"{h['phases_ms']['backbone']:.2f}", f"{h['phases_ms']['backbone'] - plain:+.2f}",
+                 f"{h['phases_ms']['backbone'] / plain:.2f}"] for h in recorded["heads"]]
+    assert table_rows(RESULTS, "LoRA layers k") == expected
+    assert f"({plain:.2f} ms;" in RESULTS.read_text() and recorded["config"]["dtype"] == "bf16"
