@@ -73,7 +73,7 @@ def main(argv=None) -> list[dict]:
                      "seconds": round(time.perf_counter() - start, 2), "allocations": decoder.verifier.allocations,
                      "cache_positions": decoder.verifier.max_len})
         print(" | ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
-    record = {"model": str(args.model), "head": str(args.head), "dtype": args.dtype, "threads": args.threads,
+    record = {"model": Path(args.model).name, "head": str(args.head), "dtype": args.dtype, "threads": args.threads,
               "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
               "cache_mib": round(decoder.verifier.cache_bytes() / 2**20, 1), "generations": rows}
     if args.out:
