@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpc import SpeculativeDecoder, loading  # noqa: E402
-from mtpc.heads import load_head  # noqa: E402
+from mtpc.decoding import load_head_entry  # noqa: E402
 
 # prompt tokens:new tokens, one after another: totals of about 180, 290, 420 and 700 positions
 GENERATIONS = ("160:16", "160:128", "290:128", "500:200")
@@ -58,11 +58,10 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     info = loading.model_info(args.model, subword_ok=True)
     tok = loading.model_tokenizer(info)
-    model = loading.load_model(args.model, loading.torch_dtype(args.dtype))
-    head = load_head(args.head)
-    if head.parameterisation == "tied":
-        head.tie_to(model.get_output_embeddings())
-    decoder = SpeculativeDecoder(model, head, compile=True, max_context=args.max_context)
+    dtype, cpu = loading.torch_dtype(args.dtype), torch.device("cpu")
+    entry = load_head_entry(args.head, loading.load_model(args.model, dtype), args.model, dtype, None, cpu)
+    decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers, compile=True,
+                                 max_context=args.max_context)
     rows = []
     for length, budget in (map(int, g.split(":")) for g in args.generations):
         ids = prompt_ids(tok, length)

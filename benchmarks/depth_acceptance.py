@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpc import loading  # noqa: E402
-from mtpc.heads import load_head  # noqa: E402
+from mtpc.decoding import load_head_entry  # noqa: E402
 from mtpc.training.features import FeatureSet  # noqa: E402
 from mtpc.training.trainer_setup import DraftModel  # noqa: E402
 from mtpc.training.trainer_validation import depth_table, validate  # noqa: E402
@@ -47,12 +47,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = loading.model_info(args.model, subword_ok=True)
-    model = loading.load_model(args.model)
-    head = load_head(args.head)
-    if head.parameterisation == "tied":
-        head.tie_to(model.get_output_embeddings())
+    cpu = torch.device("cpu")
+    entry = load_head_entry(args.head, loading.load_model(args.model), args.model, torch.float32, None, cpu)
     val = FeatureSet(args.features, "val", info, type(loading.model_tokenizer(info)).__name__)
-    module = DraftModel(model, head, gamma=1.0, chunk_elements=1 << 22, amp=None, loss="kl")
+    module = DraftModel(entry.model, entry.head, gamma=1.0, chunk_elements=1 << 22, amp=None, loss="kl")
     scores = validate(module, val, SimpleNamespace(val_sequences=args.sequences, val_windows=args.windows),
                       torch.device("cpu"))
     record = {"model": Path(args.model).name, "head": str(args.head), "features": str(args.features),

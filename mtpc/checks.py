@@ -26,6 +26,11 @@ from .files import glob_paths
 from .sampling import check_draft_temperature, check_temperature, check_top_k, check_top_p
 
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # torch threads a command may ask for (4 per core)
+# What a model's sizes may be before anything is built (a 1 KB config.json or GGUF header must not ask for
+# 16 TB): a checkpoint folder's (`loading.model_config`), a GGUF file's (`gguf_format`), a decoder's context
+MAX_LAYERS = 1024
+MAX_CONTEXT = 2**22  # max_position_embeddings: 4M positions
+MAX_HIDDEN = 2**16
 MAX_INT_CHARACTERS = 100  # an integer flag's text, as circuitc's command line bounds its numbers
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}  # a --dtype name -> its torch dtype's name
 ROUNDING_DTYPES = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows

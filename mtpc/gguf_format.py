@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError
+from .checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS  # a model's sizes, bounded as for a checkpoint folder
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -52,9 +53,6 @@ MAX_ARRAY_STRING_BYTES = 1 << 16  # one string of an array (a token, a merge)
 MAX_STRING_VALUE_BYTES = 4 << 20  # every string value together (chat templates, names: a few KB in real files)
 MAX_KEPT_ARRAY = 1024  # numeric arrays up to this long are kept (per-layer sizes: transformers reads them)
 MAX_TENSOR_DIMS = 4
-MAX_LAYERS = 1024
-MAX_HIDDEN = 1 << 16
-MAX_CONTEXT = 1 << 22
 DEFAULT_ALIGNMENT = 32
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 MERGES = "tokenizer.ggml.merges"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, MissingFolderError, first_line
+from .checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS
 from .files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
@@ -109,11 +110,7 @@ def json_object(path: Path, what: str, folder: Path | None = None) -> dict:
     return read_json(path, what or "a JSON file", folder=folder)
 
 
-# What a model's sizes may be before anything is built (a 1 KB config.json must not ask for 16 TB).
-MAX_LAYERS = 1024
-MAX_CONTEXT = 2**22  # max_position_embeddings: 4M positions
-MAX_VOCAB = 2**22
-MAX_HIDDEN = 2**16
+MAX_VOCAB = 2**22  # with checks' MAX_LAYERS, MAX_CONTEXT, MAX_HIDDEN: what a model's sizes may be
 
 
 def model_config(path: str | Path, what: str = "--model") -> dict:

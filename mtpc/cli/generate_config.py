@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
                       positive_float, positive_int, probability)
+from ..checks import MAX_CONTEXT
 from ..checks import seed as parse_seed
 from ..sampling import Sampling
 from ..settings import setting
@@ -62,7 +63,7 @@ class GenerateConfig:
         False, help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph (static "
                     "caches, one graph per verify width; compiled before the first cycle)")
     max_context: int | None = setting(  # None: the model's context, at most 8,192 (decoding.verify.context_reserve)
-        None, type=int_in(1, 2**22), metavar="N",
+        None, type=int_in(1, MAX_CONTEXT), metavar="N",
         help="with --compile: positions the decoder's caches hold from the start (default: the model's context, "
              "at most 8,192), so no generation within them compiles again; a notice states what they take")
     prompts: str | None = setting(

@@ -121,8 +121,9 @@ class PlainDecoder:
         if backbone.whole_model:
             self.state = backbone.new_state(draft=False)
             return backbone(prompt, self.state, keep=1).logits[:, -1]
-        if self.state is None or cache_length(T + budget, self.reserve) > self.max_len or B != self.batch:
-            self.max_len, self.batch = cache_length(T + budget, self.reserve), B
+        length = cache_length(T + budget, self.reserve)
+        if self.state is None or length > self.max_len or B != self.batch:
+            self.max_len, self.batch = length, B
             self.state = backbone.new_state(draft=False, max_len=self.max_len)
             self.allocations += 1
         self.starts = torch.tensor(pads, dtype=torch.long, device=prompt.device)  # [B] each row's padding

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import MAX_CONTEXT  # what `max_context` may ask for: the longest context a model may have
 from .backbone import BackboneState, SplitBackbone, forget_last
 
 __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes"]
@@ -29,7 +30,6 @@ __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", 
 MIN_CACHE = 128  # the shortest cache: lengths are powers of two from here
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
 DEFAULT_MAX_CONTEXT = 8192  # a compiled decoder's caches hold the model's context, up to this many positions
-MAX_CONTEXT = 2**22  # what `max_context` may ask for
 
 
 def cache_length(need: int, reserve: int = 0) -> int:
@@ -111,8 +111,9 @@ class Verifier:
         into caches with room for `budget` more positions. Returns the logits `[B, V]` and draft hidden
         states `[B, d]` at its last column."""
         B, T = prompt.shape
-        if self.state is None or cache_length(T + budget, self.reserve) > self.max_len or B != self.batch:
-            self.max_len = cache_length(T + budget, self.reserve)
+        length = cache_length(T + budget, self.reserve)
+        if self.state is None or length > self.max_len or B != self.batch:
+            self.max_len = length
             self.state = self.backbone.new_state(max_len=self.max_len)
             self.batch = B
             self.allocations += 1
