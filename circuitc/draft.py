@@ -129,6 +129,12 @@ class DraftProgram:
             start += width
         return parts
 
+    @property
+    def factorised(self) -> bool:
+        """A product of one leaf per variable (an FF circuit): every conditional is its variable's leaf,
+        whatever the other variables hold."""
+        return self._factorised
+
     # ----------------------------------------------------------------- public programs
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))

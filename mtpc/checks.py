@@ -84,6 +84,16 @@ def width_or_adaptive(text: str) -> int | str:
     return _number(text, int, "'adaptive' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
 
 
+MAX_TREE_NODES = 1024  # the largest tree a flag may ask for (a head's n and branching bound it further)
+
+
+def tree_or_chain(text: str) -> int | None:
+    """A bench row's window shape: `chain` (None: one drafted continuation) or a tree's node budget in 2..1024."""
+    if text.strip().lower() == "chain":
+        return None
+    return _number(text, int, f"'chain' or an integer in 2..{MAX_TREE_NODES}", lambda v: 2 <= v <= MAX_TREE_NODES)
+
+
 def target_or_temperature(text: str) -> float | None:
     """A draft temperature: `target` (None: the verifier's own temperature) or a finite number > 0."""
     if text.strip().lower() == "target":

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int,
-                      probability, target_or_temperature, unit_interval, width_or_adaptive)
+                      probability, target_or_temperature, tree_or_chain, unit_interval,
+                      width_or_adaptive)
 from ..checks import seed as parse_seed
 from ..sampling import GREEDY, Sampling
 from ..settings import setting
@@ -57,6 +58,11 @@ class BenchConfig:
         (None,), flag="--window", nargs="+", type=width_or_adaptive, metavar="K",
         help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or 'adaptive' "
              "(each window's width chosen from its draft's probabilities); default: n")
+    trees: Sequence[int | None] = setting(  # None: a chain
+        (None,), flag="--tree", nargs="+", type=tree_or_chain, metavar="N",
+        help="window shapes to compare side by side: 'chain' (one drafted continuation, the default) and/or "
+             "trees of N nodes chosen by the circuit (mtpc.decoding.trees); trees run without --lookup and "
+             "--window")
     acceptance: Sequence[str] = setting(
         ("block",), nargs="+", choices=ACCEPTANCE_RULES,
         help="speculative-sampling rules to compare side by side: block (block verification, the decoder's "
@@ -107,5 +113,6 @@ class Variant:
     decoder: SpeculativeDecoder
     compiled: bool = False  # the cycle step runs through torch.compile
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
+    tree: int | None = None  # a tree's node budget (None: a chain)
     acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES
     draft_temperature: float | None = None  # the circuit's sampling temperature (None: the target's)

@@ -124,7 +124,7 @@ def ff_reference(variant: Variant, variants: Sequence[Variant]) -> Variant | Non
 
 
 def _settings(v: Variant) -> tuple:
-    return v.lookup, v.width, v.acceptance, v.draft_temperature, v.compiled
+    return v.lookup, v.width, v.tree, v.acceptance, v.draft_temperature, v.compiled
 
 
 def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Sequence[Peer], runs: dict,
@@ -156,6 +156,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         sets = [set_metrics(r, lengths) for r in runs[v.label]]
         ff = ff_reference(v, variants)
         row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width,
+               "tree": v.tree,
                "acceptance": v.acceptance, "draft_temperature": v.draft_temperature, "compiled": v.compiled,
                **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}
@@ -171,7 +172,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         rows.append(row)
     checked = rows + peer_rows
     return {"format": "mtpc-bench/2", "config": _config_dict(cfg), "environment": _environment(device, base),
-            "max_tok_s_rule": "the longest window (n, or 1 + lookup tokens) / mean cycle latency",
+            "max_tok_s_rule": "the longest window (n, 1 + lookup tokens, or a tree's deepest path) / mean cycle latency",
             "timer": "cuda events" if device.type == "cuda" else "time.perf_counter (the decoder's cycle clock)",
             "peer_timing": "transformers generate: from the end of the target's first forward (the prompt) to the "
                            "end; cycles = target forward calls, the first included",

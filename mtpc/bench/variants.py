@@ -15,6 +15,7 @@ import torch
 from .. import loading
 from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
                         load_head_entry)
+from ..decoding.trees import tree_budget
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
@@ -25,10 +26,13 @@ __all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
 def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
                    lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
                    windows: Sequence[int | str | None] = (None,), acceptance: Sequence[str] = ("block",),
-                   draft_temperatures: Sequence[float | None] = (None,)) -> list[Variant]:
+                   draft_temperatures: Sequence[float | None] = (None,),
+                   trees: Sequence[int | None] = (None,)) -> list[Variant]:
     """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
-    x acceptance rule ("block" or "token") x draft temperature (None: the target's) x eager/compiled. A
-    window wider than a head's circuit is an input error."""
+    x acceptance rule ("block" or "token") x draft temperature (None: the target's) x eager/compiled, for
+    each window shape of `trees` (None: a chain; N: a tree of N nodes, without lookup or a width of its own,
+    and one row per acceptance-free combination: a tree's acceptance and drafts ignore rule and temperature).
+    A window wider than a head's circuit, or a tree it cannot fill, is an input error."""
     lookup, windows, acceptance = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows)), list(dict.fromkeys(acceptance))
     draft_temperatures = list(dict.fromkeys(draft_temperatures))
     for entry in entries:
@@ -36,7 +40,10 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         wrong = [w for w in windows if isinstance(w, int) and not 2 <= w <= widest]
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
-    variants = []
+    trees = list(dict.fromkeys(trees))
+    variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], compiled)
+    if None not in trees:
+        return variants
     for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
                                                                compiled):
         label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/token" if rule == "token" else "")
@@ -50,6 +57,21 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         window = decoder.span if use else min(decoder.width, entry.info["n"])
         variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width, acceptance=rule,
                                 draft_temperature=heat))
+    return variants
+
+
+def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
+                   trees: Sequence[int], compiled: Sequence[bool]) -> list[Variant]:
+    """One decoder per head x tree budget x eager/compiled (`--tree N`)."""
+    variants = []
+    for entry, nodes, c in itertools.product(entries, trees, compiled):
+        try:
+            tree_budget(nodes, entry.info["n"], entry.head.num_states)
+        except ValueError as e:
+            raise InputError(f"--tree {nodes} with the head {entry.label}: {e}") from None
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=nodes, **({"compile": True} if c else {}))
+        label = f"{entry.label}/tree{nodes}" + ("/compile" if c else "")
+        variants.append(Variant(label, entry, False, decoder.tree_depth + 1, decoder, compiled=c, tree=nodes))
     return variants
 
 
@@ -83,7 +105,8 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
                for p in cfg.heads]
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows,
-                              acceptance=cfg.acceptance, draft_temperatures=cfg.draft_temperatures)
+                              acceptance=cfg.acceptance, draft_temperatures=cfg.draft_temperatures,
+                              trees=cfg.trees)
     return Loaded(device, dtype, bench_tokenizer(cfg)[1], base, load_model, variants)
 
 

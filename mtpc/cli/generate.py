@@ -126,6 +126,11 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError("--window is the draft head's verify width: give --head too")
     if cfg.window is not None and (isinstance(cfg.window, bool) or not isinstance(cfg.window, int) or cfg.window < 2):
         raise InputError(f"--window must be an integer >= 2 (x_0 and at least one drafted token), got {cfg.window!r}")
+    if cfg.tree is not None and cfg.head is None:
+        raise InputError("--tree is the draft head's tree of drafts: give --head too")
+    if cfg.tree is not None and (cfg.window is not None or cfg.lookup is not None):
+        raise InputError("--tree verifies a tree of --tree N tokens per cycle: it takes neither --window nor "
+                         "--lookup (trees with lookup branches are not supported yet)")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.draft_temperature is not None and (cfg.head is None or cfg.temperature == 0):
@@ -237,6 +242,16 @@ def check_head_fits(head, config: dict, head_dir: str) -> None:
                          f"only {config['vocab_size']}")
 
 
+def check_tree_fits(tree: int, head, head_dir: str) -> None:
+    """A tree budget the head can fill (`mtpc.decoding.trees.tree_budget`'s rule), before any model loads."""
+    from ..decoding.trees import tree_budget
+
+    try:
+        tree_budget(tree, head.num_variables, head.num_states)
+    except ValueError as e:
+        raise InputError(f"--tree {tree} with --head {head_dir}: {e}") from None
+
+
 def lora_folder(cfg: GenerateConfig) -> Path | None:
     """The draft path's adapter folder: --lora, else HEAD/lora when `mtpc train` saved one there."""
     if cfg.lora is not None:
@@ -271,6 +286,8 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         if cfg.window is not None and cfg.window > max(head.num_variables, 2):
             raise InputError(f"--window {cfg.window}: the head {cfg.head} verifies windows of 2 to "
                              f"{max(head.num_variables, 2)} tokens")
+        if cfg.tree is not None:
+            check_tree_fits(cfg.tree, head, cfg.head)
     lora = lora_folder(cfg) if head is not None else None
     k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
     if cfg.threads is not None:
@@ -285,7 +302,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         if head is not None:
             decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
                                            cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
-                                           cfg.draft_temperature, dtype, cfg.max_context)
+                                           cfg.draft_temperature, dtype, cfg.max_context, cfg.tree)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:
@@ -414,7 +431,7 @@ def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_c
 def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: Sampling, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None,
-                 max_context: int | None = None):
+                 max_context: int | None = None, tree: int | None = None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
     its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
     the decoder then stamps its steps (no hooks in a compiled call)."""
@@ -426,7 +443,7 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     if lora is not None:
         model = loading.load_lora(model, lora)
     decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
-                                 draft_temperature=draft_temperature, max_context=max_context)
+                                 draft_temperature=draft_temperature, max_context=max_context, tree=tree)
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer, attention_mask=None):

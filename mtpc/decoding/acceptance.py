@@ -23,7 +23,7 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ..sampling import Sampling
 
-__all__ = ["AcceptanceRule", "BlockVerification", "Verdict", "accept_window", "cycle_uniforms"]
+__all__ = ["AcceptanceRule", "BlockVerification", "Verdict", "accept_tree", "accept_window", "cycle_uniforms"]
 
 
 # --------------------------------------------------------------------------- acceptance rule
@@ -46,6 +46,13 @@ class AcceptanceRule:
         total = r.sum(-1, keepdim=True)
         # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
         return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+    def draw_at_node(self, probs: torch.Tensor, tokens: torch.Tensor, children: torch.Tensor,
+                     u: torch.Tensor) -> torch.Tensor:
+        """A tree's draw at its current node (`accept_tree`): `probs` `[B, V]` the target there, `tokens` `[B, N]`
+        the tree's tokens, `children` `[B, N]` bool the node's tested children, `u` `[B]` uniforms. The target's
+        own draw, whatever the children: the path descends when it is one of them."""
+        return inverse_cdf(probs, u)
 
     def keep(self, p_x: torch.Tensor, q_x: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
              tested: torch.Tensor, tests: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,12 +100,15 @@ class Verdict:
     """A batch of verified windows, decided on the device. `accepted` `[B]` long: tokens each row
     committed (1..W); `next_first` `[B]` long: each row's next first token, drawn from (or the argmax of)
     `carried`, its next target `[B, V]` (logits when greedy, probabilities when sampling); `hidden`
-    `[B, d]` the draft hidden state at each row's last committed token."""
+    `[B, d]` the draft hidden state at each row's last committed token; `path` `[B, D + 1]` long (a tree's
+    verdict; None for a chain): the window's node at each depth of the accepted path (the first
+    `accepted[b]` are row `b`'s, the rest repeat its last)."""
 
     accepted: torch.Tensor
     carried: torch.Tensor
     next_first: torch.Tensor
     hidden: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 def accept_window(sampling: Sampling, rule: AcceptanceRule, window: torch.Tensor, logits: torch.Tensor,
@@ -153,6 +163,61 @@ def accept_window(sampling: Sampling, rule: AcceptanceRule, window: torch.Tensor
     else:
         next_first = carried.argmax(-1)
     return Verdict(accepted, carried, next_first, hidden[batch, kept])
+
+
+def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, parents: torch.Tensor,
+                depths: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor,
+                uniforms: torch.Tensor | None, max_depth: int) -> Verdict:
+    """Accept a path of every row's tree: `tokens` `[B, N]` (node 0, `x_0`, already committed), `parents`
+    and `depths` `[B, N]` long (its `WindowShape`), the verifier's `logits` `[B, N, V]` (`logits[b, i]` the
+    target after the path to node `i`) and `hidden` `[B, N, d]`; `max_depth` bounds the depths.
+
+    A node is tested only at a depth below `limit[b]` and under no EOS. Greedy: the deepest node whose
+    every node on the way is the target's argmax at its parent. Sampling: from the root, a token is drawn
+    from the target at the current node (`uniforms[:, depth]`, `rule.draw_at_node`); the path descends while the
+    draw is a tested child's token, and the first draw that is not becomes the next `x_0`. Every committed
+    token is then a draw from its target, whatever the tree, so the rule is exact for any tree chosen
+    from the past alone (the circuit's is: it draws nothing). Fixed shapes, no host reads."""
+    B, N = tokens.shape
+    batch = torch.arange(B, device=tokens.device)  # [B]
+    clear = ~torch.isin(tokens, eos)  # [B, N] the path down to the node holds no EOS
+    for _ in range(max_depth):
+        clear = clear & clear.gather(1, parents)
+    tested = (depths > 0) & (depths < limit[:, None]) & clear.gather(1, parents)  # [B, N]
+    if sampling.greedy:
+        match = tested & (tokens == logits.argmax(-1).gather(1, parents))  # [B, N]
+        good = depths == 0
+        for _ in range(max_depth):
+            good = (depths == 0) | (match & good.gather(1, parents))
+        final = (depths * good).argmax(1)  # [B] the deepest good node (siblings hold distinct tokens)
+        carried = logits[batch, final]  # [B, V]
+        next_first = carried.argmax(-1)
+    else:
+        final = torch.zeros(B, dtype=torch.long, device=tokens.device)  # [B] the current node
+        going = torch.ones(B, dtype=torch.bool, device=tokens.device)
+        carried = next_first = None
+        for depth in range(max_depth + 1):
+            probs = sampling.probs(logits[batch, final])  # [B, V] float64, the target at the current node
+            children = tested & (parents == final[:, None])  # [B, N]
+            draw = rule.draw_at_node(probs, tokens, children, uniforms[:, depth])  # [B]
+            child = children & (tokens == draw[:, None])  # [B, N] at most one
+            descend = going & child.any(1)
+            stops = going & ~descend
+            carried = probs if carried is None else torch.where(stops[:, None], probs, carried)
+            next_first = draw if next_first is None else torch.where(stops, draw, next_first)
+            final = torch.where(descend, child.long().argmax(1), final)
+            going = descend
+    accepted = 1 + depths[batch, final]  # [B]
+    # the node at each depth of the path: walk up from the final node, one step per depth
+    path, node = [final], final
+    for _ in range(max_depth):
+        node = parents[batch, node]
+        path.append(node)
+    path = torch.stack(path[::-1], 1)  # [B, D + 1] right-aligned: the root repeated before the deepest
+    shift = (max_depth + 1 - accepted)[:, None]  # [B, 1] left-align: depth j at column j, then the final node
+    column = torch.arange(max_depth + 1, device=tokens.device)  # [D + 1]
+    path = path.gather(1, (column + shift).clamp_max(max_depth))
+    return Verdict(accepted, carried, next_first, hidden[batch, final], path)
 
 
 def cycle_uniforms(rows: int, size: int, generator, device) -> torch.Tensor:

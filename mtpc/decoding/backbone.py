@@ -231,7 +231,8 @@ class SplitBackbone:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, state: BackboneState, keep: int | None = None,
                 position_ids: torch.Tensor | None = None, slots: torch.Tensor | None = None,
-                starts: torch.Tensor | None = None, kv_slots: torch.Tensor | None = None) -> BackboneOutput:
+                starts: torch.Tensor | None = None, kv_slots: torch.Tensor | None = None,
+                ancestors: torch.Tensor | None = None) -> BackboneOutput:
         """Process `input_ids` `[B, T]` after the `state.length` cached tokens; update both caches.
 
         Returns verifier logits and draft hidden states for the last `keep` positions (all if None).
@@ -239,7 +240,8 @@ class SplitBackbone:
         caller passes it so the position is an input of the graph, not a constant baked into it).
         Preallocated caches (`new_state(max_len=...)`): `slots` `[B, T]` and `starts` `[B]` say where each
         row writes and where its text begins (default: at the positions, from slot 0; see the module
-        docstring), `kv_slots` `[S]` (`arange(S)`) the slots the call attends over (default: all).
+        docstring), `kv_slots` `[S]` (`arange(S)`) the slots the call attends over (default: all), and
+        `ancestors` `[B, T, T]` bool a tree's shape (`SlotCache.place`; None: the tokens are a chain).
         """
         if self.whole_model:
             logits, hidden = self.family.run(self.base, input_ids, state.verifier, keep)
@@ -255,7 +257,7 @@ class SplitBackbone:
             starts = slots.new_zeros(B) if starts is None else starts  # [B]
             for cache in (state.verifier, state.draft):
                 if cache is not None:
-                    cache.place(slots, starts, kv_slots)
+                    cache.place(slots, starts, kv_slots, ancestors)
         x = family.embed(parts, input_ids, position_ids)  # [B, T, d]
         masks = family.masks(self.config, x, state.verifier, position_ids, self.num_layers)
         pos_emb = family.position_embeddings(self.config, parts, x, position_ids, self.num_layers)

@@ -59,7 +59,7 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ..heads import MTPHead
 from ..sampling import GREEDY, Sampling, check_draft_temperature
-from .acceptance import AcceptanceRule, BlockVerification, accept_window, cycle_uniforms
+from .acceptance import AcceptanceRule, BlockVerification, Verdict, accept_tree, accept_window, cycle_uniforms
 from .backbone import SplitBackbone
 from .compiling import StepVariant, StepVariants, tensor_layout
 from .cycle import CyclePacket, Pending, Row, StepOutput
@@ -69,6 +69,7 @@ from .inputs import available_memory, check_batch, check_budget, check_eval, che
 from .proposals import PromptLookup
 from .proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
+from .trees import TreeBudget, tree_budget
 from .verify import Places, Verifier, context_reserve
 
 __all__ = ["AdaptiveWidth", "SpeculativeDecoder"]
@@ -86,31 +87,34 @@ class SpeculativeDecoder:
     disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
     token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
     is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
-    `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one small tensor per cycle
+    `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
+    `mtpc.decoding.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one small tensor per cycle
     through `host_reads`, and one after the prefill.
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
                  proposers: Sequence[HostProposer] = (), window: int | AdaptiveWidth | None = None,
                  compile: bool = False, acceptance: AcceptanceRule | None = None,
-                 draft_temperature: float | None = None, max_context: int | None = None, family=None):
+                 draft_temperature: float | None = None, max_context: int | None = None,
+                 tree: int | TreeBudget | None = None, family=None):
         self.backbone = SplitBackbone(model, lora_layers, family=family)
         check_head(head, self.backbone)
         self.head, self.n = head, head.num_variables
         self.draft_temperature = checked_draft_temperature(draft_temperature)
         self.acceptance = acceptance or BlockVerification()
         self.lookup = PromptLookup.of(lookup)
-        self.widths, position_cost = window_widths(window, head.num_variables)  # the circuit windows' widths
+        self.tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
+        self.tree_depth = 0 if self.tree is None else min(self.n, self.tree.nodes) - 1  # a path's drafted tokens
+        self.widths, position_cost = ((self.tree.nodes,), 0.0) if self.tree else window_widths(window, self.n)
         spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in proposers)]
         self.span = max(self.widths[-1], *spans)  # the tokens of every window
         self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
-        self.circuit = CircuitProposer(self.drafter)
+        self.circuit = CircuitProposer(self.drafter, self.tree)
         lookups = [LookupProposer(self.lookup, self.drafter, self.widths)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
-        self.compile = compile
+        self.compile, self.host_reads = compile, HostReads()
         self.steps = StepVariants(self.cycle_step, partial(step_identity, self))
-        self.host_reads = HostReads()
 
     @property
     def width(self) -> int:  # the widest verify width of a circuit window
@@ -185,7 +189,7 @@ class SpeculativeDecoder:
         stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         for proposer in self.proposers:
             proposer.start([prompt[b, pads[b]:].tolist() for b in range(len(rows))])
-        uniforms = self._uniforms(sampling, generator, h)
+        uniforms = cycle_draws(sampling, generator, h, 2 * self.n + self.span)
         if sampling.greedy:
             first = logits.argmax(-1)  # [B]
         else:
@@ -207,7 +211,7 @@ class SpeculativeDecoder:
         committed = [[row.first] if end else [] for row, end in zip(rows, ends)]
         if not any(verify):
             return committed, 0, pending
-        uniforms = self._uniforms(sampling, generator, pending.hidden)
+        uniforms = cycle_draws(sampling, generator, pending.hidden, 2 * self.n + self.span)
         window, widths, lengths, drafted_by = self._windows(pending, rows, verify, sampling, uniforms)
         for name in (name for name, v in zip(drafted_by, verify) if v):
             stats.proposer_windows[name] = stats.proposer_windows.get(name, 0) + 1
@@ -259,10 +263,13 @@ class SpeculativeDecoder:
         (each row's next `x_0` with the uniform after its own width's tests)."""
         n, W = self.n, places.slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
+        places = places if window.shape is None else places.for_tree(window.shape, self.tree_depth)  # a tree's
         logits, hidden = self.verifier.forward(tokens, places)  # [B, W, V], [B, W, d]
-        rows = None if window.rows is None else window.rows[:, :W]
-        verdict = accept_window(sampling, self.acceptance, tokens, logits, hidden, limit, eos_ids, rows,
-                                _columns(uniforms, 2 * n, 2 * n + W), window.width)
+        verdict = decide(sampling, self.acceptance, window, logits, hidden, limit, eos_ids,
+                         _columns(uniforms, 2 * n, 2 * n + W), self.tree_depth)
+        if verdict.path is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
+            self.verifier.keep_path(places, verdict.path)
+            tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
         nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, _columns(uniforms, 0, n),
                                  self.draft_temperature_for(sampling))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
@@ -272,12 +279,6 @@ class SpeculativeDecoder:
         if sampling.greedy:
             return 1.0
         return float(self.draft_temperature if self.draft_temperature is not None else sampling.temperature)
-
-    def _uniforms(self, sampling: Sampling, generator, h: torch.Tensor) -> torch.Tensor | None:
-        """`[B, 2n + S]` (`h` `[B, d]` gives the batch and device): every draw of a sampling cycle; greedy, none."""
-        if sampling.greedy:
-            return None
-        return cycle_uniforms(h.shape[0], 2 * self.n + self.span, generator, h.device)
 
     def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
         """Refuse (`ValueError`, `refuse_batch`) a batch `[B, T]` this decoder cannot run, before allocating."""
@@ -292,7 +293,7 @@ class SpeculativeDecoder:
         """Make ready, on this generation's caches and cycle-shaped inputs, the step variant of every verify width
         (the growing attended length is its one dynamic dimension); the first cycle overwrites rows written here."""
         B = h.shape[0]
-        uniforms = self._uniforms(sampling, None, h)
+        uniforms = cycle_draws(sampling, None, h, 2 * self.n + self.span)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
         window = self.circuit.draft(h, first, sampling, _columns(uniforms, 0, self.n), 1.0)
         self.steps.start()
@@ -338,6 +339,38 @@ def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
         what = (f"circuit has {head.num_states} states (token ids 0..{head.num_states - 1})" if head.vocabulary
                 is None else f"draft vocabulary names token ids up to {head.max_token_id}")
         raise ValueError(f"the head's {what} but the model's vocabulary has only {backbone.vocab_size} tokens")
+
+
+def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, proposers) -> TreeBudget | None:
+    """The decoder's tree (`tree_budget`), refused where this decoder cannot verify one: with a verify
+    width of its own, with host proposers, or on a model without a family adapter (its own forward
+    attends causally; a tree needs the slot caches' mask)."""
+    budget = tree_budget(tree, head.num_variables, head.num_states)
+    if budget is None:
+        return None
+    if window is not None:
+        raise ValueError("tree and window: a tree's verify width is its node budget; give one of them")
+    if lookup is not None or proposers:
+        raise ValueError("tree with prompt lookup or host proposers is not supported yet: decode with one of them")
+    if backbone.whole_model:
+        raise ValueError(f"a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
+                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no tree), or "
+                         "pass family=LlamaFamily() if its decoder follows the Llama layout")
+    return budget
+
+
+def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: torch.Tensor, hidden: torch.Tensor,
+           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, tree_depth: int) -> Verdict:
+    """A cycle's acceptance of its verified `window` (the first `W` tokens of each row, `logits` `[B, W, V]`):
+    a chain's by `accept_window` and `rule`, a tree's by `accept_tree` (its verdict carries the path)."""
+    W = logits.shape[1]
+    tokens = window.tokens[:, :W]
+    if window.shape is not None:
+        shape = window.shape
+        return accept_tree(sampling, rule, tokens, shape.parents, shape.depths, logits, hidden, limit, eos_ids, uniforms,
+                           tree_depth)
+    rows = None if window.rows is None else window.rows[:, :W]
+    return accept_window(sampling, rule, tokens, logits, hidden, limit, eos_ids, rows, uniforms, window.width)
 
 
 def checked_draft_temperature(value: float | None) -> float | None:
@@ -391,7 +424,8 @@ def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tup
     head = decoder.head
     return repr((sorted(config.items(), key=repr), layout, type(head).__name__, head.options, head.hidden_size,
                  str(head.dtype), head.circ.plan.to_json(), decoder.backbone.k, type(decoder.acceptance).__name__,
-                 vars(decoder.acceptance), decoder.draft_temperature, decoder.widths, decoder.drafter.position_cost,
+                 vars(decoder.acceptance), decoder.draft_temperature, decoder.widths, decoder.tree,
+                 decoder.drafter.position_cost,
                  decoder.span, decoder.verifier.max_len, variant.sampling, variant.eos_count, variant.width,
                  variant.batch))
 
@@ -405,6 +439,13 @@ def batch_bytes(backbone: SplitBackbone, span: int, B: int, T: int, max_new_toke
     prefill = 16 * T * backbone.hidden_size * element
     cycle = 3 * span * backbone.vocab_size * 8  # logits, probabilities and proposal rows (float64)
     return B * (caches + prefill + cycle)
+
+
+def cycle_draws(sampling: Sampling, generator, h: torch.Tensor, size: int) -> torch.Tensor | None:
+    """`[B, size]` (`h` `[B, d]` gives the batch and device): every draw of a sampling cycle; greedy, none."""
+    if sampling.greedy:
+        return None
+    return cycle_uniforms(h.shape[0], size, generator, h.device)
 
 
 def _columns(uniforms: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:

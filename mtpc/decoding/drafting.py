@@ -31,7 +31,37 @@ from circuitc.draft import DraftProgram
 from ..heads import MTPHead
 from ..sampling import Sampling
 
-__all__ = ["AdaptiveWidth", "Drafter", "Window", "window_widths"]
+__all__ = ["AdaptiveWidth", "Drafter", "Window", "WindowShape", "window_widths"]
+
+
+@dataclass
+class WindowShape:
+    """Where each of a window's `N` tokens hangs: `parents` `[B, N]` long (node 0, the committed `x_0`, is its
+    own parent; every other node's parent comes before it) and `depths` `[B, N]` long (0 at `x_0`). A chain is
+    the special case `parents[j] = j - 1`, `depths[j] = j` (`chain`); a tree verifies several continuations
+    of each prefix in one call (`mtpc.decoding.trees`). Every row of a batch has its own shape."""
+
+    parents: torch.Tensor
+    depths: torch.Tensor
+
+    @staticmethod
+    def chain(B: int, N: int, device) -> "WindowShape":
+        depths = torch.arange(N, device=device).expand(B, N)  # [B, N]
+        return WindowShape((depths - 1).clamp_min(0), depths)
+
+    def ancestors(self, max_depth: int) -> torch.Tensor:
+        """`[B, N, N]` bool: `[b, i, j]` is True where node `j` is node `i` or one of its ancestors (what node `i`
+        may attend to of the window); `max_depth` bounds the depths (a window's drafted positions)."""
+        B, N = self.parents.shape
+        node = torch.arange(N, device=self.parents.device).expand(B, N)  # [B, N]
+        seen = torch.zeros(B, N, N, dtype=torch.bool, device=node.device).scatter_(2, node[..., None], True)
+        for _ in range(max_depth):
+            node = self.parents.gather(1, node)  # [B, N] one step up (the root stays the root)
+            seen = seen.scatter(2, node[..., None], True)
+        return seen
+
+
+torch.utils._pytree.register_dataclass(WindowShape)
 
 
 @dataclass
@@ -39,11 +69,13 @@ class Window:
     """A batch of windows on the device, one per row. `tokens` `[B, S]` long (`tokens[:, 0]` = the
     committed `x_0`, padding after the real tokens); `rows` `[B, S, V]` float64 (sampling; None when
     greedy): `rows[b, j]` is the proposal of position `j` (the circuit's exact conditional, or a point
-    mass at a lookup token); `width` `[B]` long: how many positions each row verifies (2 .. S)."""
+    mass at a lookup token); `width` `[B]` long: how many positions each row verifies (2 .. S); `shape`: a
+    tree's `WindowShape` (None: a chain, the tokens in order)."""
 
     tokens: torch.Tensor
     rows: torch.Tensor | None
     width: torch.Tensor
+    shape: WindowShape | None = None
 
     def with_row(self, b: int, row: "Window") -> "Window":
         """This batch with row `b` replaced by `row` (a one-row window: `[S]`, `[S, V]`, `[]`). Eager."""

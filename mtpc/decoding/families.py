@@ -259,11 +259,14 @@ class SlotCache(Cache):
         self.starts: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
         self.kv_slots: torch.Tensor | None = None
+        self.ancestors: torch.Tensor | None = None
 
-    def place(self, slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor | None = None) -> None:
-        """Where the next call writes (`slots` `[B, T]`), where each row's text begins (`starts` `[B]`) and
-        which slots it attends over (`kv_slots` `[S]`, `arange(S)`; None: all)."""
-        self.slots, self.starts = slots, starts
+    def place(self, slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor | None = None,
+              ancestors: torch.Tensor | None = None) -> None:
+        """Where the next call writes (`slots` `[B, T]`), where each row's text begins (`starts` `[B]`),
+        which slots it attends over (`kv_slots` `[S]`, `arange(S)`; None: all) and, for a tree of tokens
+        written at consecutive slots, which of them each may see (`ancestors` `[B, T, T]` bool; None: a chain)."""
+        self.slots, self.starts, self.ancestors = slots, starts, ancestors
         self.rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)  # [B, T]
         if kv_slots is None:
             kv_slots = torch.arange(self.max_len, device=slots.device)
@@ -279,11 +282,20 @@ class SlotCache(Cache):
         S = self.kv_slots.shape[0]
         return layer.keys[:, :, :S], layer.values[:, :, :S]
 
+    def move(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy every layer's keys and values of row `b` from slots `sources[b]` to `targets[b]` (`[B, P]`
+        long each; all read before any is written): a tree's accepted path moved to consecutive slots."""
+        rows = torch.arange(sources.shape[0], device=sources.device)[:, None]  # [B, 1]
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[rows, :, targets] = layer.keys[rows, :, sources]
+                layer.values[rows, :, targets] = layer.values[rows, :, sources]
+
     def mask(self, config, dtype: torch.dtype, kind: str) -> torch.Tensor:
         """The attention mask of one layer kind for the placed call: `[B, 1, T, S]`, bool for SDPA,
         additive (0 or the dtype's minimum) for eager attention."""
         window = config.sliding_window if kind == "sliding_attention" else None
-        allowed = slot_mask(self.slots, self.starts, self.kv_slots, window)
+        allowed = slot_mask(self.slots, self.starts, self.kv_slots, window, self.ancestors)
         implementation = config._attn_implementation
         if implementation == "sdpa":
             return allowed
@@ -293,16 +305,31 @@ class SlotCache(Cache):
                          "cycle build their masks for 'sdpa' or 'eager' attention; load the model with one of them")
 
 
-def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def slot_mask(slots: torch.Tensor, starts: torch.Tensor, kv_slots: torch.Tensor, window: int | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
     """`[B, 1, T, S]` bool, True where the query written at `slots` `[B, T]` may attend among `kv_slots`
     `[S]`: the slots from its row's `starts` `[B]` to its own (within `window` of it for a sliding-window
-    layer), and always its own slot. Built on the device without reading anything to the host."""
+    layer), and always its own slot. A tree (`ancestors` `[B, T, T]` bool, its `T` tokens at consecutive
+    slots from each row's `slots[:, 0]`): the row's slots before the tree and, inside it, the query's own
+    ancestors only (a sliding window then counts from the query's depth, not its slot). Built on the
+    device without reading anything to the host."""
     query = slots[:, None, :, None]  # [B, 1, T, 1]
     first = torch.minimum(starts[:, None, None, None], query)  # [B, 1, T, 1] a padding query: its own slot
-    allowed = (kv_slots >= first) & (kv_slots <= query)  # [B, 1, T, S]
+    if ancestors is None:
+        allowed = (kv_slots >= first) & (kv_slots <= query)  # [B, 1, T, S]
+        if window is not None:
+            allowed = allowed & (kv_slots > query - window)
+        return allowed
+    B, T = slots.shape
+    base = slots[:, None, :1, None]  # [B, 1, 1, 1] the tree's first slot
+    before = (kv_slots >= first) & (kv_slots < base)  # [B, 1, T, S]
     if window is not None:
-        allowed = allowed & (kv_slots > query - window)
-    return allowed
+        depth = ancestors.sum(-1)[:, None, :, None] - 1  # [B, 1, T, 1]
+        before = before & (kv_slots > base + depth - window)
+    offset = kv_slots - base  # [B, 1, 1, S] the kv slot's node, where it is one
+    inside = (offset >= 0) & (offset < T)
+    seen = ancestors[:, None].gather(3, offset.clamp(0, T - 1).expand(B, 1, T, kv_slots.shape[0]))  # [B, 1, T, S]
+    return before | (inside & seen)
 
 
 @functools.lru_cache(maxsize=None)

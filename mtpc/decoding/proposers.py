@@ -25,6 +25,7 @@ import torch
 from ..sampling import Sampling
 from .drafting import Drafter, Window
 from .proposals import LookupState, PromptLookup
+from .trees import TreeBudget, choose_tree
 
 __all__ = ["CircuitProposer", "HostProposer", "LookupProposer", "Outcome", "RowView", "RowWindow", "point_mass_window"]
 
@@ -97,16 +98,19 @@ class HostProposer(Protocol):
 
 
 class CircuitProposer:
-    """The head's circuit: every row's window, drafted on the device after its `x_0` (`Drafter.circuit_window`)."""
+    """The head's circuit: every row's window, drafted on the device after its `x_0` (`Drafter.circuit_window`),
+    or with a `tree` budget every row's tree of drafts (`mtpc.decoding.trees.choose_tree`: no draws)."""
 
     name = "circuit"
 
-    def __init__(self, drafter: Drafter):
-        self.drafter = drafter
+    def __init__(self, drafter: Drafter, tree: TreeBudget | None = None):
+        self.drafter, self.tree = drafter, tree
 
     def draft(self, h: torch.Tensor, first: torch.Tensor, sampling: Sampling, draws: torch.Tensor | None,
               temperature: float) -> Window:
         """`h` `[B, d]`, `first` `[B]` long, `draws` `[B, n]` (sampling) -> the batch's windows."""
+        if self.tree is not None:
+            return choose_tree(self.drafter, self.tree, h, first)
         return self.drafter.circuit_window(h, first, sampling, draws, temperature)
 
 

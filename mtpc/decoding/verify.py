@@ -24,6 +24,7 @@ import torch
 
 from ..checks import MAX_CONTEXT  # what `max_context` may ask for: the longest context a model may have
 from .backbone import BackboneState, SplitBackbone, forget_last
+from .drafting import WindowShape
 
 __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes"]
 
@@ -84,12 +85,20 @@ class Places:
     `[B, W]` long (positions in the row's own text: the slots less its padding), `starts` `[B]` long
     (the row's first real slot); and `kv_slots` `[S]` long (`arange(S)`, see `attended_slots`), the slots
     the call attends over: up to the furthest slot any row writes (its length varies from call to call; a
-    compiled step takes it as its one dynamic dimension)."""
+    compiled step takes it as its one dynamic dimension); `ancestors` `[B, W, W]` bool for a tree (None: a
+    chain), which of the window's tokens each may attend to."""
 
     slots: torch.Tensor
     positions: torch.Tensor
     starts: torch.Tensor
     kv_slots: torch.Tensor
+    ancestors: torch.Tensor | None = None
+
+    def for_tree(self, shape: WindowShape, max_depth: int) -> "Places":
+        """These places for a tree of `shape` at the same slots: each node at position `P + depth` (`P` its
+        row's first window position), seeing the prefix and its ancestors. Tensor ops only."""
+        positions = self.positions[:, :1] + shape.depths  # [B, W]
+        return Places(self.slots, positions, self.starts, self.kv_slots, shape.ancestors(max_depth))
 
 
 torch.utils._pytree.register_dataclass(Places)  # a compiled step takes it as tensors
@@ -146,8 +155,19 @@ class Verifier:
     def forward(self, windows: torch.Tensor, places: Places) -> tuple[torch.Tensor, torch.Tensor]:
         """`windows` `[B, W]` at `places` -> verifier logits `[B, W, V]`, draft hidden `[B, W, d]`."""
         out = self.backbone(windows, self._view(), position_ids=places.positions, slots=places.slots,
-                            starts=places.starts, kv_slots=places.kv_slots)
+                            starts=places.starts, kv_slots=places.kv_slots, ancestors=places.ancestors)
         return out.logits, out.hidden
+
+    def keep_path(self, places: Places, path: torch.Tensor) -> None:
+        """After a tree's call at `places`: move each row's accepted `path` `[B, D + 1]` (node indices, depth by
+        depth) to the slots after its committed text, in every cache (verifier and draft path), so that
+        `commit` can count them as a chain's. On the device, inside the step."""
+        depths = path.shape[1]
+        sources = places.slots.gather(1, path)  # [B, D + 1]
+        targets = places.slots[:, :depths]
+        self.state.verifier.move(sources, targets)
+        if self.state.draft is not None:
+            self.state.draft.move(sources, targets)
 
     def commit(self, accepted: list[int]) -> None:
         """Row `b` committed `accepted[b]` more tokens (0 for a row that did not verify)."""

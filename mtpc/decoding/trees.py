@@ -1,0 +1,122 @@
+"""A tree of drafts per cycle: its budget, and the circuit's choice of it.
+
+A chain verifies one continuation of each drafted prefix; a tree verifies several in the same backbone call
+(`N` nodes, each at position `P + depth`, attending to the prefix and its own ancestors only: see
+`mtpc.decoding.families.slot_mask`), and acceptance keeps the longest path the verifier agrees with
+(`mtpc.decoding.acceptance.accept_tree`). Verifying more positions costs little where a call's cost is
+its weights' reads (a GPU, or bf16 on a CPU with matrix units), so the tokens a cycle commits grow.
+
+The circuit chooses the tree (`choose_tree`), depth by depth as EAGLE-2 does with its draft's confidence,
+but with the circuit's exact joint: a node's score is the circuit's probability of the whole path to it,
+`q(d_1 .. d_j | h, x_0)`, the product of the exact conditionals `q(d_i | d_<i)` along it
+(`circuitc.draft.DraftProgram.conditionals`). At each depth the `branching` best-scored nodes are
+expanded into their `branching` most probable children; of all the nodes expanded the best `nodes - 1`
+by score are kept with the root. A child never scores above its parent, so the kept set holds every
+kept node's ancestors. For a circuit whose conditionals follow the branch (CP, HMM, BTree) the children
+of two siblings differ; a fully factorised head proposes the same children under every node.
+
+The tree is a function of the hidden state and `x_0` alone (no draws), so the acceptance may draw each
+committed token from the verifier's target and descend while the draw is a child: lossless for greedy
+decoding and for sampling alike, and nothing but token ids travels (no `[N, V]` proposal rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafting import Drafter, Window, WindowShape
+
+__all__ = ["TreeBudget", "choose_tree", "tree_budget"]
+
+# a state the circuit gives probability 0 scores this per depth (finite: the tie-break below stays exact)
+IMPOSSIBLE = -1e4
+# subtracted per depth: a child then scores strictly below its parent, so the best `nodes` hold their ancestors
+DEPTH_TIE_BREAK = 1e-9
+
+
+@dataclass(frozen=True)
+class TreeBudget:
+    """A tree's size: `nodes` verified per cycle (`x_0` included), `branching` the children of each expanded
+    node and the nodes expanded per depth. Default branching: about the square root of `nodes`."""
+
+    nodes: int
+    branching: int | None = None
+
+    def children(self) -> int:
+        return self.branching if self.branching is not None else max(2, round(self.nodes ** 0.5))
+
+
+def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudget | None:
+    """A decoder's checked tree (`tree` an int: its node budget), or None (chains). A tree of depth `n - 1`
+    with `branching` children per node holds at most `1 + b + (n - 2) b^2` candidates to keep from."""
+    if tree is None:
+        return None
+    budget = TreeBudget(tree) if isinstance(tree, int) and not isinstance(tree, bool) else tree
+    if not isinstance(budget, TreeBudget) or not isinstance(budget.nodes, int) or isinstance(budget.nodes, bool):
+        raise ValueError(f"tree must be a node budget (an integer >= 2) or a TreeBudget, got {tree!r}")
+    b = budget.children()
+    if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= states:
+        raise ValueError(f"tree branching must be an integer from 1 to the circuit's {states} states, got {b!r}")
+    if n < 2:
+        raise ValueError("a tree needs a circuit of at least 2 variables (x_0 and one drafted token)")
+    most = 1 + b + (n - 2) * b * b
+    if not 2 <= budget.nodes <= most:
+        raise ValueError(f"tree must have 2 .. {most} nodes for a circuit of {n} variables with branching {b} "
+                         f"(1 + b + (n - 2) b^2 candidates), got {budget.nodes!r}")
+    return TreeBudget(budget.nodes, b)
+
+
+def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor) -> Window:
+    """Every row's tree after its committed `first` `[B]` long, from the draft hidden state `h` `[B, d]`:
+    tokens `[B, N]` (node 0 = `first`), its `WindowShape`, width `N`. Fixed shapes: the compiled cycle
+    step traces it."""
+    head, program = drafter.head, drafter.program
+    n, b, N = drafter.n, budget.children(), budget.nodes
+    B = h.shape[0]
+    prefix = head.states_of(first).clamp_max(drafter.v - 1)  # [B] as `circuit_window` conditions on it
+    theta = drafter.theta(h, prefix)  # [B, P]
+    if program.factorised:  # every path's conditionals are the leaves: one program per row, not per path
+        leaves = torch.func.vmap(program.conditionals)(theta, paths_of_root(prefix, n))  # [B, n, v]
+        conditional = lambda theta, paths: leaves[:, None].expand(-1, paths.shape[1], -1, -1)  # noqa: E731
+    else:
+        conditional = torch.func.vmap(torch.func.vmap(program.conditionals, in_dims=(None, 0)))  # rows x paths
+
+    paths = paths_of_root(prefix, n)[:, None]  # [B, 1, n] the root's path: x_0
+    scores = torch.zeros(B, 1, dtype=torch.float64, device=h.device)  # [B, 1] log q of each path
+    parents = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, C] each candidate's parent candidate
+    states = prefix[:, None]  # [B, C] each candidate's state
+    all_scores = scores.new_full((B, 1), float("inf"))  # [B, C] the root is always kept
+    depths = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, C]
+    expanded = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, E] candidate ids of `paths`
+    for depth in range(1, n):
+        rows = conditional(theta, paths)[:, :, depth]  # [B, E, v] q(d_depth | the path)
+        logq = rows.clamp_min(0).log().clamp_min(IMPOSSIBLE)
+        top, child = logq.topk(b, dim=-1)  # [B, E, b]
+        child_scores = (scores[..., None] + top - DEPTH_TIE_BREAK).flatten(1)  # [B, E*b]
+        child_paths = paths[:, :, None].expand(-1, -1, b, -1).clone()  # [B, E, b, n]
+        child_paths[..., depth] = child
+        first_id = states.shape[1]
+        parents = torch.cat([parents, expanded[..., None].expand(-1, -1, b).flatten(1)], 1)
+        states = torch.cat([states, child.flatten(1)], 1)
+        all_scores = torch.cat([all_scores, child_scores], 1)
+        depths = torch.cat([depths, depths.new_full(child_scores.shape, depth)], 1)
+        # the next depth expands this depth's `b` best children
+        keep = child_scores.topk(min(b, child_scores.shape[1]), dim=1).indices  # [B, E']
+        paths = child_paths.flatten(1, 2).gather(1, keep[..., None].expand(-1, -1, n))
+        scores = child_scores.gather(1, keep)
+        expanded = first_id + keep
+    chosen = all_scores.topk(N, dim=1).indices.sort(dim=1).values  # [B, N] candidate ids, parents first
+    node_of = torch.zeros_like(all_scores, dtype=torch.long).scatter_(
+        1, chosen, torch.arange(N, device=h.device).expand(B, N))  # [B, C] candidate -> node
+    node_parents = node_of.gather(1, parents.gather(1, chosen))  # [B, N]
+    tokens = head.tokens_of(states.gather(1, chosen))  # [B, N]
+    tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
+    width = torch.full((B,), N, dtype=torch.long, device=h.device)
+    return Window(tokens, None, width, WindowShape(node_parents, depths.gather(1, chosen)))
+
+
+def paths_of_root(prefix: torch.Tensor, n: int) -> torch.Tensor:
+    """`[B, n]` long: each row's path of `n` states holding only its `x_0` state (`prefix` `[B]`), zeros after."""
+    return torch.nn.functional.pad(prefix[:, None], (0, n - 1))

@@ -1,0 +1,219 @@
+"""A tree of drafts per cycle is lossless: greedy output equals plain greedy decoding (each row of a batch,
+with a LoRA draft path, compiled), sampled output follows the verifier's exact joint (chi-square against
+enumeration, a wrong node draw caught); the tree's verify call gives each node the logits of its own path;
+the circuit's choice is the best prefixes by its exact joint."""
+
+import itertools
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from circuitc.runtime.kernels import inverse_cdf
+from mtpc import SpeculativeDecoder
+from mtpc.decoding import PlainDecoder, TreeBudget
+from mtpc.decoding.acceptance import AcceptanceRule
+from mtpc.decoding.backbone import SplitBackbone, attach_draft_lora
+from mtpc.decoding.drafting import WindowShape
+from mtpc.decoding.trees import choose_tree
+from mtpc.decoding.verify import Verifier
+from mtpc.sampling import Sampling
+from test_batched import assert_rows_equal_plain, batch_prompts, left_padded
+from test_decode import (PROMPT, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables, prompts, random_head,
+                         sampling_setup, speculative_samples, tiny_lm)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# --------------------------------------------------------------------------- greedy
+
+@pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
+def test_greedy_tree_equals_plain_greedy(structure):
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    heads = [random_head(structure, n, vocab, seed=1),  # a random draft: the tree's other branches matter
+             random_head(structure, n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))]
+    per_budget = {}
+    for head, tree in itertools.product(heads, (2, 6, TreeBudget(13, branching=3))):
+        decoder = SpeculativeDecoder(model, head, tree=tree)
+        for i, ids in enumerate(prompts(vocab, 3, seed=7)):
+            budget = (1, 6, 17)[i]
+            out = decoder.generate(ids, budget)
+            assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, budget).sequences), (tree, budget)
+            assert out.stats.new_tokens == budget
+            per_budget.setdefault(getattr(tree, "nodes", tree), []).extend(out.stats.accepted_per_cycle)
+    mean = {nodes: sum(a) / len(a) for nodes, a in per_budget.items()}
+    assert mean[13] > mean[2] and max(per_budget[13]) == n, mean  # a wider tree keeps more, up to whole paths
+
+
+def test_greedy_tree_rows_of_a_batch_and_a_lora_draft_path_equal_plain_greedy():
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    out = assert_rows_equal_plain(model, SpeculativeDecoder(model, head, tree=9), batch_prompts(vocab, 5, seed=2), 15)
+    assert out.stats.mean_accepted > 1.5
+    torch.manual_seed(0)
+    lora = attach_draft_lora(cyclic_lm(vocab), 1)  # the draft path's cache moves its path's slots too
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    decoder = SpeculativeDecoder(lora, head, 1, tree=9)
+    assert_rows_equal_plain(model, decoder, batch_prompts(vocab, 3, seed=3), 15)
+
+
+def test_eos_inside_a_tree_ends_the_row_there():
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("cp", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
+    ids = torch.tensor([[1, 2]])
+    plain = PlainDecoder(model).generate(ids, 12).sequences[0, 2:].tolist()
+    eos = plain[4]
+    out = SpeculativeDecoder(model, head, tree=8).generate(ids, 12, eos_token_id=eos)
+    assert out.sequences[0, 2:].tolist() == plain[:plain.index(eos) + 1]
+
+
+# --------------------------------------------------------------------------- the verify call
+
+def test_each_node_of_a_tree_gets_the_logits_of_its_own_path():
+    """One tree call at the slots after a prompt gives node `i` exactly the model's logits after the prompt
+    and the path to `i` (positions by depth, the mask by ancestry), for every node of a branching tree."""
+    model = tiny_lm(10, seed=4)
+    backbone = SplitBackbone(model)
+    verifier = Verifier(backbone)
+    prompt = torch.tensor([[3, 1, 4, 1, 5], [0, 0, 9, 2, 6]])
+    pads = [0, 2]
+    verifier.start(prompt, pads, 16)
+    parents = torch.tensor([[0, 0, 0, 1, 1, 2, 3], [0, 0, 1, 1, 0, 4, 2]])
+    depths = torch.tensor([[0, 1, 1, 2, 2, 2, 3], [0, 1, 2, 2, 1, 2, 3]])
+    tokens = torch.tensor([[7, 2, 5, 8, 2, 0, 6], [4, 4, 1, 3, 9, 9, 5]])
+    shape = WindowShape(parents, depths)
+    places = verifier.places(7).for_tree(shape, 3)
+    logits, _ = verifier.forward(tokens, places)
+    for b, i in itertools.product(range(2), range(7)):
+        path, node = [], i
+        while True:
+            path.append(int(tokens[b, node]))
+            if node == 0:
+                break
+            node = int(parents[b, node])
+        text = prompt[b, pads[b]:].tolist() + path[::-1]
+        want = model(torch.tensor([text])).logits[0, -1]
+        assert torch.allclose(logits[b, i], want, atol=1e-9), (b, i)
+
+
+def test_a_chain_shape_is_a_chain():
+    shape = WindowShape.chain(2, 4, "cpu")
+    assert shape.parents.tolist() == [[0, 0, 1, 2]] * 2 and shape.depths.tolist() == [[0, 1, 2, 3]] * 2
+    assert torch.equal(shape.ancestors(3), torch.ones(4, 4).tril().bool().expand(2, 4, 4))
+
+
+# --------------------------------------------------------------------------- the circuit's choice
+
+@pytest.mark.parametrize("structure", ["ff", "hmm", "btree"])
+def test_the_circuit_keeps_its_most_probable_prefixes(structure):
+    """With every child expanded (branching = the states) the kept nodes are exactly the `N - 1` prefixes of
+    highest probability under the circuit's exact joint (computed by summing the full joint over the rest)."""
+    vocab, n, v = 6, 3, 4
+    model = tiny_lm(vocab, seed=1)
+    head = random_head(structure, n, v, seed=5, std=0.7)
+    decoder = SpeculativeDecoder(model, head, tree=TreeBudget(7, branching=v))
+    h = torch.randn(2, head.hidden_size, dtype=torch.float64)
+    first = torch.tensor([2, 5])  # 5 is no circuit state: it conditions as the last state does
+    window = choose_tree(decoder.drafter, decoder.tree, h, first)
+    for b in range(2):
+        x0 = min(int(first[b]), v - 1)
+        theta = decoder.drafter.theta(h[b:b + 1], torch.tensor([x0]))
+        rest = torch.tensor(list(itertools.product(range(v), repeat=n - 1)))
+        x = torch.cat([torch.full((len(rest), 1), x0), rest], 1)
+        with torch.no_grad():
+            joint = head.circ.log_prob(x, theta.expand(len(x), -1)).exp().view(*[v] * (n - 1))  # q(x_0, d_1, d_2)
+        joint = joint / joint.sum()
+        prefixes = {(a,): float(joint[a].sum()) for a in range(v)}
+        prefixes.update({(a, c): float(joint[a, c]) for a in range(v) for c in range(v)})
+        best = sorted(prefixes, key=prefixes.get, reverse=True)[:6]
+        tokens, parents = window.tokens[b].tolist(), window.shape.parents[b].tolist()
+        chosen = set()
+        for i in range(1, 7):
+            path, node = [], i
+            while node:
+                path.append(tokens[node])
+                node = parents[node]
+            chosen.add(tuple(path[::-1]))
+        assert tokens[0] == int(first[b]) and chosen == set(best), (chosen, best)
+        assert all(parents[i] < i for i in range(1, 7))
+
+
+# --------------------------------------------------------------------------- sampling
+
+class SecondChance(AcceptanceRule):
+    """Wrong: a draw that misses the tree's children is drawn once more (from a reused uniform)."""
+
+    def draw_at_node(self, probs, tokens, children, u):
+        x = inverse_cdf(probs, u)
+        hit = (children & (tokens == x[:, None])).any(1)
+        return torch.where(hit, x, inverse_cdf(probs, (u * 7919.0) % 1.0))
+
+
+@pytest.mark.parametrize("n, v, tree, target", [
+    (3, 5, 5, {}),
+    (3, 4, 7, {"temperature": 0.8, "top_k": 4}),  # x_0 = 4 is no circuit state
+    (2, 5, 3, {"top_p": 0.9}),
+])
+def test_sampling_over_a_tree_is_exact_and_a_second_chance_is_caught(n, v, tree, target):
+    model, head = sampling_setup(n, v)
+    joint = exact_joint(model, PROMPT, Sampling(**{"temperature": 1.0, **target}))
+    count = 600  # measured: the right rule p = 0.34-0.98, the second chance p < 1e-9
+    right = speculative_samples(SpeculativeDecoder(model, head, tree=tree), PROMPT, count, seed=1, **target)
+    assert chi_square_pvalue(right, joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, acceptance=SecondChance()), PROMPT, count,
+                                seed=1, **target)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
+def test_sampled_rows_of_a_tree_batch_are_exact():
+    """Row 1 of a batch of two prompts (row 0 a longer, different one) follows its exact joint."""
+    model, head = sampling_setup(3, 5)
+    joint = exact_joint(model, PROMPT, Sampling(1.0))
+    decoder = SpeculativeDecoder(model, head, tree=6)
+    ids, mask = left_padded([[2, 0, 4, 4], PROMPT[0].tolist()])
+    gen = torch.Generator().manual_seed(3)
+    samples = [decoder.generate(ids, 3, Sampling(1.0), attention_mask=mask, generator=gen).sequences[1, -3:].tolist()
+               for _ in range(500)]
+    assert chi_square_pvalue(samples, joint) > 1e-3
+
+
+# --------------------------------------------------------------------------- settings
+
+def test_trees_the_decoder_cannot_run_are_refused_in_one_line():
+    model = tiny_lm(12)
+    head = random_head("ff", 3, 12, seed=9)
+    for kwargs, message in [
+        ({"tree": 1}, r"tree must have 2 \.\. 7 nodes for a circuit of 3 variables with branching 2"),
+        ({"tree": TreeBudget(20, branching=3)}, r"tree must have 2 \.\. 13 nodes for a circuit of 3 variables with "
+                                                 "branching 3"),
+        ({"tree": TreeBudget(4, branching=13)}, "tree branching must be an integer from 1 to the circuit's 12"),
+        ({"tree": "8"}, "tree must be a node budget"),
+        ({"tree": 4, "window": 2}, "tree and window"),
+        ({"tree": 4, "lookup": 3}, "tree with prompt lookup or host proposers is not supported yet"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SpeculativeDecoder(model, head, **kwargs)
+    model.config.model_type = "unknown-family"
+    with pytest.raises(ValueError, match="a tree of drafts needs the split loop's slot caches"):
+        SpeculativeDecoder(model, head, tree=4)
+
+
+@pytest.mark.slow
+def test_a_compiled_tree_equals_eager_and_plain():
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n, wrong_last=True))
+    compiled = SpeculativeDecoder(model, head, tree=9, compile=True)
+    rows = batch_prompts(vocab, 3, seed=4)
+    assert_rows_equal_plain(model, compiled, rows, 12)
+    ids, mask = left_padded(rows)
+    sampled = [d.generate(ids, 12, sampling=Sampling(1.0), attention_mask=mask,
+                          generator=[torch.Generator().manual_seed(b) for b in range(3)]).sequences
+               for d in (compiled, SpeculativeDecoder(model, head, tree=9))]
+    assert torch.equal(*sampled)
