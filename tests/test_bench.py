@@ -188,6 +188,17 @@ def test_windows_are_compared_side_by_side_and_a_wider_one_is_refused(setup):
         run_bench(config(setup, windows=(5,)))
 
 
+def test_trees_are_compared_beside_the_chain(setup, tmp_path):
+    report = run_bench(config(setup, heads=[setup["heads"]["cp"]], trees=(None, 6), lookup=(False, True),
+                              lookup_tokens=3, out=str(tmp_path)))
+    rows = {r["label"]: r for r in report["heads"]}
+    assert list(rows) == ["cp4/tree6", "cp4/tree6/lookup", "cp4", "cp4/lookup"] and report["greedy_identical"] is True
+    assert rows["cp4/tree6"]["tree"] == 6 and rows["cp4"]["tree"] is None
+    assert rows["cp4/tree6/lookup"]["lookup"] and max(r["max_tok_s"] for r in rows.values()) > 0
+    table = (tmp_path / "bench.md").read_text()
+    assert "| cp4/tree6 |" in table and "Tree rows are left out" in table
+
+
 def test_split_phases_attributes_intervals_and_skips_the_prefill():
     stamps = [("backbone_start", 0.0), ("backbone_end", 1.0), ("backbone_end", 1.5),  # prefill
               ("head_start", 2.0), ("head_end", 2.25), ("backbone_start", 3.0), ("backbone_end", 4.0),

@@ -223,6 +223,23 @@ def test_a_shorter_window_stays_lossless_and_is_checked(folders, capsys):
             capsys, "--window 99: the head")
 
 
+def test_a_tree_of_drafts_stays_lossless_and_is_checked(folders, capsys):
+    """`--tree N` verifies a tree of N drafted tokens per cycle (with `--lookup K`, a match is one more branch):
+    the text is still plain greedy decoding's; a tree without a head, beside --window, or one the head cannot
+    fill is one clean error."""
+    for extra in ([], ["--lookup", "4"]):
+        assert generate(folders, "a", "--max-new-tokens", "20", "--tree", "6", "--compare", *extra) == 0
+        captured = capsys.readouterr()
+        assert captured.out == EXPECTED + "\n" and "greedy outputs identical: yes" in captured.err
+    summary = run_generate(GenerateConfig(model=str(folders / "lm"), head=str(folders / "head"), prompt="a",
+                                          max_new_tokens=20, tree=6), out=io.StringIO(), err=io.StringIO())
+    assert summary["text"] == EXPECTED and max(summary["stats"]["accepted_per_cycle"]) > 1
+    lm, head = str(folders / "lm"), str(folders / "head")
+    refused(["generate", "--model", lm, "a", "--tree", "6"], capsys, "--tree is the draft head's tree")
+    refused(["generate", "--model", lm, "--head", head, "a", "--tree", "6", "--window", "2"], capsys, "give one")
+    refused(["generate", "--model", lm, "--head", head, "a", "--tree", "1"], capsys, "--tree")
+
+
 def test_a_draft_temperature_samples_and_is_checked(folders, capsys):
     """`--draft-temperature T` sets the temperature the circuit samples at (the decoder's default: the
     target's); it needs a head and sampling, and a bad value is one clean error while parsing."""

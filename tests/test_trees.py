@@ -73,6 +73,22 @@ def test_eos_inside_a_tree_ends_the_row_there():
     assert out.sequences[0, 2:].tolist() == plain[:plain.index(eos) + 1]
 
 
+def test_prompt_lookup_matches_become_branches_of_the_tree():
+    """With `lookup=K` a row's match is grafted under the root of its tree: whole matches commit `1 + K`
+    tokens in a cycle (deeper than the circuit's `n`), and the output stays plain greedy's."""
+    vocab, n = 12, 3
+    model = cyclic_lm(vocab)
+    head = random_head("hmm", n, vocab, seed=1)  # a poor draft: the lookup branch carries the long cycles
+    ids = torch.tensor([list(range(vocab)) * 2 + [0, 1]])  # the cyclic LM repeats what it saw
+    decoder = SpeculativeDecoder(model, head, tree=5, lookup=6)
+    assert decoder.tree_depth == 6 and decoder.span == 5 + 6
+    out = decoder.generate(ids, 40)
+    assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
+    assert out.stats.proposer_windows.get("lookup", 0) > 3 and max(out.stats.accepted_per_cycle) == 7
+    rows = [list(range(vocab)) + [0, 1], [5, 7], [3, 4, 5, 3, 4]]
+    assert_rows_equal_plain(model, decoder, rows, 20)
+
+
 # --------------------------------------------------------------------------- the verify call
 
 def test_each_node_of_a_tree_gets_the_logits_of_its_own_path():
@@ -171,6 +187,20 @@ def test_sampling_over_a_tree_is_exact_and_a_second_chance_is_caught(n, v, tree,
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
+def test_sampling_with_lookup_branches_is_exact_and_a_second_chance_is_caught():
+    model, head = sampling_setup(3, 5)
+    prompt = torch.tensor([[1, 3, 2, 1, 3]])  # "1 3" was followed by 2: a lookup branch in many cycles
+    joint = exact_joint(model, prompt, Sampling(1.0))
+    decoder = SpeculativeDecoder(model, head, tree=4, lookup=2)
+    gen = torch.Generator().manual_seed(2)
+    outs = [decoder.generate(prompt, 3, Sampling(1.0), generator=gen) for _ in range(600)]
+    assert sum(o.stats.proposer_windows.get("lookup", 0) for o in outs) > 100  # measured: 162
+    assert chi_square_pvalue([o.sequences[0, -3:].tolist() for o in outs], joint) > 1e-3
+    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=4, lookup=2, acceptance=SecondChance()), prompt,
+                                600, seed=2)
+    assert chi_square_pvalue(wrong, joint) < 1e-6
+
+
 def test_sampled_rows_of_a_tree_batch_are_exact():
     """Row 1 of a batch of two prompts (row 0 a longer, different one) follows its exact joint."""
     model, head = sampling_setup(3, 5)
@@ -195,7 +225,7 @@ def test_trees_the_decoder_cannot_run_are_refused_in_one_line():
         ({"tree": TreeBudget(4, branching=13)}, "tree branching must be an integer from 1 to the circuit's 12"),
         ({"tree": "8"}, "tree must be a node budget"),
         ({"tree": 4, "window": 2}, "tree and window"),
-        ({"tree": 4, "lookup": 3}, "tree with prompt lookup or host proposers is not supported yet"),
+        ({"tree": 4, "proposers": [object()]}, "tree with host proposers is not supported yet"),
     ]:
         with pytest.raises(ValueError, match=message):
             SpeculativeDecoder(model, head, **kwargs)

@@ -61,8 +61,8 @@ class BenchConfig:
     trees: Sequence[int | None] = setting(  # None: a chain
         (None,), flag="--tree", nargs="+", type=tree_or_chain, metavar="N",
         help="window shapes to compare side by side: 'chain' (one drafted continuation, the default) and/or "
-             "trees of N nodes chosen by the circuit (mtpc.decoding.trees); trees run without --lookup and "
-             "--window")
+             "trees of N nodes chosen by the circuit (mtpc.decoding.trees; with --lookup, a match is a branch of "
+             "the tree); a tree takes no --window")
     acceptance: Sequence[str] = setting(
         ("block",), nargs="+", choices=ACCEPTANCE_RULES,
         help="speculative-sampling rules to compare side by side: block (block verification, the decoder's "

@@ -322,7 +322,8 @@ def markdown_table(report: dict) -> str:
 def position_table(report: dict) -> list[str]:
     """Markdown lines: each head's acceptance rate at every draft position (tested cycles only), so a
     miss can be traced to the position where it happens."""
-    rows = [r for r in report["heads"] if any(rate is not None for rate in r["position_acceptance"])]
+    rows = [r for r in report["heads"] if any(rate is not None for rate in r["position_acceptance"])
+            and not r.get("tree")]  # a tree tests several tokens at a depth: one rate per position misreads it
     if not rows:
         return []
     widest = max(len(r["position_acceptance"]) for r in rows)
@@ -332,6 +333,9 @@ def position_table(report: dict) -> list[str]:
     for r in rows:
         rates = r["position_acceptance"] + [None] * (widest - len(r["position_acceptance"]))
         lines.append(f"| {r['label']} | " + " | ".join("-" if x is None else f"{x:.2f}" for x in rates) + " |")
+    if any(r.get("tree") for r in report["heads"]):
+        lines += ["", "(Tree rows are left out: a tree tests several tokens at each depth; its tokens per cycle "
+                      "say what it kept.)"]
     return lines + [""]
 
 

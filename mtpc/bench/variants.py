@@ -30,8 +30,9 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                    trees: Sequence[int | None] = (None,)) -> list[Variant]:
     """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
     x acceptance rule ("block" or "token") x draft temperature (None: the target's) x eager/compiled, for
-    each window shape of `trees` (None: a chain; N: a tree of N nodes, without lookup or a width of its own,
-    and one row per acceptance-free combination: a tree's acceptance and drafts ignore rule and temperature).
+    each window shape of `trees` (None: a chain; N: a tree of N nodes, with or without lookup branches, no
+    width of its own, and no rows per acceptance rule or draft temperature: a tree's acceptance and drafts
+    use neither).
     A window wider than a head's circuit, or a tree it cannot fill, is an input error."""
     lookup, windows, acceptance = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows)), list(dict.fromkeys(acceptance))
     draft_temperatures = list(dict.fromkeys(draft_temperatures))
@@ -41,7 +42,7 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     trees = list(dict.fromkeys(trees))
-    variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], compiled)
+    variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], lookup, lookup_tokens, compiled)
     if None not in trees:
         return variants
     for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
@@ -61,17 +62,20 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
 
 
 def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
-                   trees: Sequence[int], compiled: Sequence[bool]) -> list[Variant]:
-    """One decoder per head x tree budget x eager/compiled (`--tree N`)."""
+                   trees: Sequence[int], lookup: Sequence[bool], lookup_tokens: int,
+                   compiled: Sequence[bool]) -> list[Variant]:
+    """One decoder per head x tree budget x lookup x eager/compiled (`--tree N`)."""
     variants = []
-    for entry, nodes, c in itertools.product(entries, trees, compiled):
+    for entry, nodes, use, c in itertools.product(entries, trees, lookup, compiled):
         try:
             tree_budget(nodes, entry.info["n"], entry.head.num_states)
         except ValueError as e:
             raise InputError(f"--tree {nodes} with the head {entry.label}: {e}") from None
-        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=nodes, **({"compile": True} if c else {}))
-        label = f"{entry.label}/tree{nodes}" + ("/compile" if c else "")
-        variants.append(Variant(label, entry, False, decoder.tree_depth + 1, decoder, compiled=c, tree=nodes))
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=nodes,
+                              lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                              **({"compile": True} if c else {}))
+        label = f"{entry.label}/tree{nodes}" + ("/lookup" if use else "") + ("/compile" if c else "")
+        variants.append(Variant(label, entry, use, decoder.tree_depth + 1, decoder, compiled=c, tree=nodes))
     return variants
 
 

@@ -128,9 +128,8 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError(f"--window must be an integer >= 2 (x_0 and at least one drafted token), got {cfg.window!r}")
     if cfg.tree is not None and cfg.head is None:
         raise InputError("--tree is the draft head's tree of drafts: give --head too")
-    if cfg.tree is not None and (cfg.window is not None or cfg.lookup is not None):
-        raise InputError("--tree verifies a tree of --tree N tokens per cycle: it takes neither --window nor "
-                         "--lookup (trees with lookup branches are not supported yet)")
+    if cfg.tree is not None and cfg.window is not None:
+        raise InputError("--tree N verifies a tree of N drafted tokens per cycle, --window K a chain of K: give one")
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.draft_temperature is not None and (cfg.head is None or cfg.temperature == 0):

@@ -58,7 +58,8 @@ class GenerateConfig:
     tree: int | None = setting(  # None: a chain (decoding.trees: the circuit chooses the tree)
         None, type=int_in(2, MAX_TREE_NODES), metavar="N",
         help="with --head: verify a tree of N drafted tokens per cycle (x_0 included), chosen by the circuit's "
-             "exact prefix probabilities, instead of one chain; still lossless")
+             "exact prefix probabilities, instead of one chain (with --lookup K, a match is a branch of K more); "
+             "still lossless")
     draft_temperature: float | None = setting(  # None: the decoder's default, the target's temperature
         None, type=positive_float, metavar="T",
         help="with --head and --temperature > 0: the temperature the circuit drafts at (default: --temperature, "

@@ -104,13 +104,14 @@ class SpeculativeDecoder:
         self.acceptance = acceptance or BlockVerification()
         self.lookup = PromptLookup.of(lookup)
         self.tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
-        self.tree_depth = 0 if self.tree is None else min(self.n, self.tree.nodes) - 1  # a path's drafted tokens
-        self.widths, position_cost = ((self.tree.nodes,), 0.0) if self.tree else window_widths(window, self.n)
+        reserve = self.lookup.tokens if self.tree and self.lookup else 0  # a tree's nodes for a lookup branch
+        self.tree_depth = 0 if self.tree is None else max(min(self.n, self.tree.nodes) - 1, reserve)  # deepest path
+        self.widths, position_cost = ((self.tree.nodes + reserve,), 0.0) if self.tree else window_widths(window, self.n)
         spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in proposers)]
         self.span = max(self.widths[-1], *spans)  # the tokens of every window
         self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
-        self.circuit = CircuitProposer(self.drafter, self.tree)
-        lookups = [LookupProposer(self.lookup, self.drafter, self.widths)] if self.lookup is not None else []
+        self.circuit = CircuitProposer(self.drafter, self.tree, reserve)
+        lookups = [LookupProposer(self.lookup, self.drafter, self.widths, self.tree_depth)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
         self.compile, self.host_reads = compile, HostReads()
@@ -213,8 +214,7 @@ class SpeculativeDecoder:
             return committed, 0, pending
         uniforms = cycle_draws(sampling, generator, pending.hidden, 2 * self.n + self.span)
         window, widths, lengths, drafted_by = self._windows(pending, rows, verify, sampling, uniforms)
-        for name in (name for name, v in zip(drafted_by, verify) if v):
-            stats.proposer_windows[name] = stats.proposer_windows.get(name, 0) + 1
+        stats.count_windows([name for name, v in zip(drafted_by, verify) if v])
         W = max(w for w, v in zip(widths, verify) if v)
         limit = [min(length, row.left) if v else 1 for length, row, v in zip(lengths, rows, verify)]
         step = self.steps.step_for(self._variant(sampling, W, len(rows)))
@@ -244,7 +244,7 @@ class SpeculativeDecoder:
         temperature = self.draft_temperature_for(sampling)
         for b in (b for b, v in enumerate(verify) if v):
             draws = None if uniforms is None else uniforms[b, self.n:2 * self.n]  # never the next window's draws
-            view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature)
+            view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature, pending.window)
             for proposer in self.proposers:
                 proposal = proposer.propose(view)
                 if proposal is not None:
@@ -343,15 +343,16 @@ def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
 
 def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, proposers) -> TreeBudget | None:
     """The decoder's tree (`tree_budget`), refused where this decoder cannot verify one: with a verify
-    width of its own, with host proposers, or on a model without a family adapter (its own forward
+    width of its own, with host proposers other than prompt lookup, or on a model without a family adapter (its own forward
     attends causally; a tree needs the slot caches' mask)."""
     budget = tree_budget(tree, head.num_variables, head.num_states)
     if budget is None:
         return None
     if window is not None:
         raise ValueError("tree and window: a tree's verify width is its node budget; give one of them")
-    if lookup is not None or proposers:
-        raise ValueError("tree with prompt lookup or host proposers is not supported yet: decode with one of them")
+    if proposers:
+        raise ValueError("tree with host proposers is not supported yet (prompt lookup is: its matches become "
+                         "branches of the tree): decode with one of them")
     if backbone.whole_model:
         raise ValueError(f"a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
                          f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no tree), or "

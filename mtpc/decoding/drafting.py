@@ -78,14 +78,18 @@ class Window:
     shape: WindowShape | None = None
 
     def with_row(self, b: int, row: "Window") -> "Window":
-        """This batch with row `b` replaced by `row` (a one-row window: `[S]`, `[S, V]`, `[]`). Eager."""
+        """This batch with row `b` replaced by `row` (a one-row window: `[S]`, `[S, V]`, `[]`, a shape's `[S]`).
+        Eager."""
         tokens, width = self.tokens.clone(), self.width.clone()
         tokens[b], width[b] = row.tokens, row.width
-        rows = None
+        rows = shape = None
         if self.rows is not None:
             rows = self.rows.clone()
             rows[b] = row.rows
-        return Window(tokens, rows, width)
+        if self.shape is not None:
+            shape = WindowShape(self.shape.parents.clone(), self.shape.depths.clone())
+            shape.parents[b], shape.depths[b] = row.shape.parents, row.shape.depths
+        return Window(tokens, rows, width, shape)
 
     def padded(self, span: int) -> "Window":
         """One row's window `[m]` (a host proposer's) padded to `span` tokens (zeros, and zero proposal rows)."""

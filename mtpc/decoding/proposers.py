@@ -25,7 +25,7 @@ import torch
 from ..sampling import Sampling
 from .drafting import Drafter, Window
 from .proposals import LookupState, PromptLookup
-from .trees import TreeBudget, choose_tree
+from .trees import TreeBudget, choose_tree, with_branch
 
 __all__ = ["CircuitProposer", "HostProposer", "LookupProposer", "Outcome", "RowView", "RowWindow", "point_mass_window"]
 
@@ -34,7 +34,9 @@ __all__ = ["CircuitProposer", "HostProposer", "LookupProposer", "Outcome", "RowV
 class RowView:
     """What a host proposer sees of row `row` before a cycle: `first`, its committed `x_0` (the window's first
     token), `hidden` `[d]`, the draft hidden state at its last committed token, `draws` `[n]` float64 uniforms
-    it may use for a circuit fill, the generation's `sampling` and the `temperature` the circuit drafts at."""
+    it may use for a circuit fill, the generation's `sampling` and the `temperature` the circuit drafts at;
+    `circuit`, the batch's windows the circuit drafted for this cycle (a tree decoder's lookup grafts its
+    branch onto the row's tree)."""
 
     row: int
     first: int
@@ -42,6 +44,7 @@ class RowView:
     draws: torch.Tensor | None
     sampling: Sampling
     temperature: float
+    circuit: Window | None = None
 
 
 @dataclass
@@ -103,26 +106,29 @@ class CircuitProposer:
 
     name = "circuit"
 
-    def __init__(self, drafter: Drafter, tree: TreeBudget | None = None):
-        self.drafter, self.tree = drafter, tree
+    def __init__(self, drafter: Drafter, tree: TreeBudget | None = None, reserve: int = 0):
+        self.drafter, self.tree, self.reserve = drafter, tree, reserve  # `reserve`: a tree's nodes for a lookup branch
 
     def draft(self, h: torch.Tensor, first: torch.Tensor, sampling: Sampling, draws: torch.Tensor | None,
               temperature: float) -> Window:
         """`h` `[B, d]`, `first` `[B]` long, `draws` `[B, n]` (sampling) -> the batch's windows."""
         if self.tree is not None:
-            return choose_tree(self.drafter, self.tree, h, first)
+            return choose_tree(self.drafter, self.tree, h, first, self.reserve)
         return self.drafter.circuit_window(h, first, sampling, draws, temperature)
 
 
 class LookupProposer:
     """Prompt lookup as a host proposer: the tokens that followed the latest earlier occurrence of the row's
     last few tokens, chosen over the circuit by `LookupState.use` (the past only), and the circuit's draft
-    after them when they end inside its `n` positions."""
+    after them when they end inside its `n` positions. With `tree_depth` > 0 (a tree decoder: the deepest path
+    its trees verify; 0: chains) every match is a branch of the row's tree instead (`trees.with_branch`): no choice
+    between sources, the verifier keeps whichever path it agrees with."""
 
     name = "lookup"
 
-    def __init__(self, lookup: PromptLookup, drafter: Drafter, circuit_widths: tuple[int, ...]):
-        self.lookup, self.drafter, self.circuit_widths = lookup, drafter, circuit_widths
+    def __init__(self, lookup: PromptLookup, drafter: Drafter, circuit_widths: tuple[int, ...],
+                 tree_depth: int = 0):
+        self.lookup, self.drafter, self.circuit_widths, self.tree_depth = lookup, drafter, circuit_widths, tree_depth
         self.span = max(circuit_widths[-1], 1 + lookup.tokens)
         self.widths = tuple(sorted(set(circuit_widths) | {self.span}))
         self.states: list[LookupState] = []
@@ -139,6 +145,9 @@ class LookupProposer:
         state.extend([row.first])  # x_0 is committed: the match may end with it
         self.first_added[row.row] = True
         proposal = state.propose()
+        if proposal is not None and self.tree_depth:
+            tree = with_branch(row.circuit, row.row, proposal.tokens)
+            return RowWindow(tree, self.circuit_widths[-1], self.tree_depth + 1)
         if proposal is None or not state.use(proposal):
             return None
         tokens = proposal.tokens[:state.length(proposal, self.circuit_widths[-1])]

@@ -60,6 +60,11 @@ class DecodeStats:
         total = sum(self.cycle_seconds)
         return self.new_tokens / total if total > 0 else 0.0
 
+    def count_windows(self, proposers: list[str]) -> None:
+        """A cycle's verified windows, by the name of the proposer of each."""
+        for name in proposers:
+            self.proposer_windows[name] = self.proposer_windows.get(name, 0) + 1
+
     def record(self, seconds: float, committed: list[list[int]], width: int) -> None:
         """One cycle: its time, each row's committed tokens (empty for a row that was done), its width."""
         rows = [len(c) for c in committed if c]

