@@ -3,6 +3,9 @@
 cycle and speed-up over transformers' own `generate` and over compiled plain decoding in the same run.
 
     python benchmarks/smollm2_table.py [--reports docs/bench/smollm2]
+    python benchmarks/smollm2_table.py --reports docs/bench/smollm2-trees --runs greedy t1 chat greedy-sizes
+
+(the second: the trees table, from `benchmarks/smollm2_trees.sh`'s reports)
 
 Prints the markdown table (tests/test_doc_claims.py checks that docs/results.md holds exactly this).
 """
@@ -15,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ("greedy-bf16", "t1-bf16", "t07-bf16", "greedy-fp32", "chat-bf16", "greedy-bf16-2threads")  # table order
+TREE_RUNS = ("greedy", "t1", "chat", "greedy-sizes")  # benchmarks/smollm2_trees.sh's runs
 GENERATE, COMPILED = "hf generate", "plain (static + compile)"
 
 
@@ -31,10 +35,10 @@ def run_label(name: str, report: dict) -> str:
     return f"{prompts}, {mode}, {cfg['dtype']}, {env['threads']} thread{'s' if env['threads'] > 1 else ''}"
 
 
-def table(reports: Path) -> str:
+def table(reports: Path, runs: tuple[str, ...] = RUNS) -> str:
     lines = ["| run | decoder | tok/s | tokens/cycle | x hf generate | x plain compiled |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
-    for name in RUNS:
+    for name in runs:
         path = reports / name / "bench.json"
         if not path.is_file():
             continue
@@ -51,7 +55,9 @@ def table(reports: Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", default=str(ROOT / "docs" / "bench" / "smollm2"))
-    print(table(Path(parser.parse_args(argv).reports)))
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), help="the runs' folders, in table order")
+    args = parser.parse_args(argv)
+    print(table(Path(args.reports), tuple(args.runs)))
 
 
 if __name__ == "__main__":

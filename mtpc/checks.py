@@ -94,6 +94,14 @@ def tree_or_chain(text: str) -> int | None:
     return _number(text, int, f"'chain' or an integer in 2..{MAX_TREE_NODES}", lambda v: 2 <= v <= MAX_TREE_NODES)
 
 
+def tree_or_auto(text: str) -> int | str:
+    """`mtpc generate --tree`: `auto` (the budget chosen from the head's recorded acceptance and this machine's
+    verify costs) or a tree's node budget in 2..1024."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _number(text, int, f"'auto' or an integer in 2..{MAX_TREE_NODES}", lambda v: 2 <= v <= MAX_TREE_NODES)
+
+
 def target_or_temperature(text: str) -> float | None:
     """A draft temperature: `target` (None: the verifier's own temperature) or a finite number > 0."""
     if text.strip().lower() == "target":

@@ -494,6 +494,42 @@ def head_folder(path: str | Path) -> Path:
     return folder
 
 
+DEPTH_TOPK_FILE = "depth_topk.json"  # a head's per-depth top-k acceptance measured after training
+
+
+def head_depth_topk(path: str | Path) -> dict | None:
+    """A head folder's per-depth top-k acceptance on held-out windows (`val_depth_topk`): from
+    `depth_topk.json` (benchmarks/depth_acceptance.py's record) when the folder has one, else from
+    `train_config.json` (what `mtpc train` recorded); None when neither holds it. Checked: `k` and `depth`
+    short lists of positive integers, `path` one row per depth of rates in [0, 1] (or null), one per `k`."""
+    folder = head_folder(path)
+    for name in (DEPTH_TOPK_FILE, "train_config.json"):
+        file = folder / name
+        if file.exists() or file.is_symlink():
+            table = field(json_object(file, "", folder), "val_depth_topk", file, "object", default=None)
+            if table is not None:
+                return _checked_depth_topk(table, file)
+    return None
+
+
+def _checked_depth_topk(table: dict, file: Path) -> dict:
+    ks = field(table, "k", file, "list")
+    depths = field(table, "depth", file, "list")
+    rows = field(table, "path", file, "list")
+    if not 1 <= len(ks) <= 16 or not 1 <= len(depths) <= 64 or len(rows) != len(depths):
+        raise InputError(f"{file}: val_depth_topk must hold 1..16 k, 1..64 depths and a path row per depth")
+    for i, (k, d) in enumerate(itertools.zip_longest(ks, depths)):
+        for name, value in (("k", k), ("depth", d)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**16):
+                raise InputError(f"{file}: val_depth_topk {name}[{i}] must be an integer in 1..65,536")
+    for row in rows:
+        if not isinstance(row, list) or len(row) != len(ks) or any(
+                x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1)
+                for x in row):
+            raise InputError(f"{file}: val_depth_topk path rows must hold a rate in [0, 1] (or null) per k")
+    return {"k": list(ks), "depth": list(depths), "path": [list(r) for r in rows]}
+
+
 # ------------------------------------------------------------------ models and devices
 
 def load_model(path: str | Path, dtype=None, device=None, allow_non_byte_vocab: bool = True,

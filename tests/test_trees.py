@@ -4,6 +4,8 @@ enumeration, a wrong node draw caught); the tree's verify call gives each node t
 the circuit's choice is the best prefixes by its exact joint."""
 
 import itertools
+import json
+import re
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from mtpc.decoding import PlainDecoder, TreeBudget
 from mtpc.decoding.acceptance import AcceptanceRule
 from mtpc.decoding.backbone import SplitBackbone, attach_draft_lora
 from mtpc.decoding.drafting import WindowShape
-from mtpc.decoding.trees import choose_tree
+from mtpc.decoding.trees import auto_tree, choose_tree
 from mtpc.decoding.verify import Verifier
 from mtpc.sampling import Sampling
 from test_batched import assert_rows_equal_plain, batch_prompts, left_padded
@@ -232,6 +234,61 @@ def test_trees_the_decoder_cannot_run_are_refused_in_one_line():
     model.config.model_type = "unknown-family"
     with pytest.raises(ValueError, match="a tree of drafts needs the split loop's slot caches"):
         SpeculativeDecoder(model, head, tree=4)
+
+
+def test_auto_tree_picks_the_most_tokens_per_unit_of_cost():
+    """Sequoia's sizing by hand: with path rates p_d(k) and call costs c(w), the full k-ary tree of depth D keeps
+    1 + sum p_d(k) tokens at c(1 + k + .. + k^D) / c(1); the best ratio wins, and a machine where every
+    verified position costs a whole call gets no tree at all."""
+    table = {"k": [1, 2, 4], "depth": [1, 2, 3], "path": [[0.5, 0.7, 0.9], [0.3, 0.5, 0.8], [0.1, 0.3, 0.7]]}
+    flat = {1: 1.0, 4: 1.0, 64: 1.0}  # verifying is free: the deepest, widest tree
+    budget, tokens, cost = auto_tree(table, flat, 4, 100)
+    assert budget == TreeBudget(1 + 4 + 16 + 64, 4, 16) and tokens == pytest.approx(1 + 0.9 + 0.8 + 0.7)
+    assert cost == pytest.approx(1.0)
+    linear = {1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7, 16: 2.5, 32: 4.1, 64: 7.3, 128: 13.7}  # 0.1 a position more
+    rates = {}
+    for k_index, k in enumerate(table["k"]):
+        tokens_k = 1.0
+        for d in range(1, 4):
+            tokens_k += table["path"][d - 1][k_index]
+            nodes = sum(k ** j for j in range(d + 1))
+            rates[(k, d)] = tokens_k / (1 + 0.1 * (nodes - 1))
+    k, d = max(rates, key=rates.get)
+    budget, tokens, cost = auto_tree(table, linear, 4, 100)
+    assert (budget.children(), budget.nodes) == (k, sum(k ** j for j in range(d + 1)))
+    assert tokens / cost == pytest.approx(rates[(k, d)])
+    assert auto_tree(table, {1: 1.0, 2: 2.0, 64: 64.0}, 4, 100)[0] is None  # a position costs a call
+    assert auto_tree(table, flat, 2, 100)[0] == TreeBudget(5, 4, 1)  # n = 2: one drafted depth
+    # the chosen budget is one the decoder takes
+    model = tiny_lm(12)
+    SpeculativeDecoder(model, random_head("btree", 4, 12, seed=9), tree=auto_tree(table, linear, 4, 12)[0])
+
+
+def test_generate_tree_auto_measures_the_verify_costs_and_says_what_it_chose(tmp_path, capsys):
+    from mtpc import save_head
+    from mtpc.cli.commands import main
+    from _scripted_lm import VOCAB, oracle_head, scripted_lm
+    from mtpc.tokenizer import ByteTokenizer
+
+    model = scripted_lm().float()
+    model.save_pretrained(tmp_path / "lm")
+    ByteTokenizer(VOCAB).save(tmp_path / "lm")
+    save_head(oracle_head(model).float(), tmp_path / "head")
+    argv = ["generate", "--model", str(tmp_path / "lm"), "--head", str(tmp_path / "head"), "a", "--max-new-tokens",
+            "12", "--tree", "auto", "--compare"]
+    assert main(argv) == 2
+    assert "--tree auto: the head" in capsys.readouterr().err  # nothing recorded: one line, give --tree N
+    (tmp_path / "head" / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1, 2], "depth": [1, 2], "path": [[0.9, 0.95], [0.8, 0.9]]}}))
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"mtpc: --tree auto: \d+ nodes \(\d children a node, depth \d\): [\d.]+ tokens a cycle "
+                     r"expected at [\d.]+x a one-token call .*verify call ms by width, measured now: 1: ", err), err
+    assert "greedy outputs identical: yes" in err
+    (tmp_path / "head" / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1, 2], "depth": [1], "path": [[0.9, 1.5]]}}))
+    assert main(argv) == 2
+    assert "val_depth_topk path rows must hold a rate in [0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.slow

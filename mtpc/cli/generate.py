@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -251,6 +252,33 @@ def check_tree_fits(tree: int, head, head_dir: str) -> None:
         raise InputError(f"--tree {tree} with --head {head_dir}: {e}") from None
 
 
+def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
+    """`--tree auto`: the tree of most tokens per unit of cycle cost (`mtpc.decoding.trees.auto_tree`) from the
+    head's recorded per-depth acceptance and this model's verify costs measured now; said in one line. None
+    (a chain) when no tree of the head's recorded k beats plain decoding."""
+    from ..decoding.backbone import SplitBackbone
+    from ..decoding.trees import auto_tree
+    from ..decoding.verify import verify_call_seconds
+
+    backbone = SplitBackbone(model)
+    if backbone.whole_model:
+        raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
+                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no --tree)")
+    widths = (1, 2, 4, 8, 16, 32, 64)
+    seconds = verify_call_seconds(backbone, widths)
+    budget, tokens, cost = auto_tree(depth_topk, seconds, head.num_variables, head.num_states)
+    curve = ", ".join(f"{w}: {seconds[w] * 1e3:.1f}" for w in widths)
+    if budget is None:
+        err.write(f"mtpc: --tree auto: no tree beats plain decoding by the head's recorded acceptance; decoding "
+                  f"chains (verify call ms by width: {curve})\n")
+        return None
+    depth = round(math.log(budget.expanded(), budget.children())) + 1 if budget.children() > 1 else budget.nodes - 1
+    err.write(f"mtpc: --tree auto: {budget.nodes} nodes ({budget.children()} children a node, depth {depth}): "
+              f"{tokens:.2f} tokens a cycle expected at {cost:.2f}x a one-token call (the head's held-out "
+              f"top-k acceptance; verify call ms by width, measured now: {curve})\n")
+    return budget
+
+
 def lora_folder(cfg: GenerateConfig) -> Path | None:
     """The draft path's adapter folder: --lora, else HEAD/lora when `mtpc train` saved one there."""
     if cfg.lora is not None:
@@ -278,14 +306,20 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         texts, rows = None, None
         ids, eos = prompt_ids(cfg, load_prompt(cfg), tok)
     check_context(len(ids), cfg, config)
-    head = None
+    head = depth_topk = None
     if cfg.head is not None:
         head = load_head(cfg.head)
         check_head_fits(head, config, cfg.head)
         if cfg.window is not None and cfg.window > max(head.num_variables, 2):
             raise InputError(f"--window {cfg.window}: the head {cfg.head} verifies windows of 2 to "
                              f"{max(head.num_variables, 2)} tokens")
-        if cfg.tree is not None:
+        if cfg.tree == "auto":
+            depth_topk = loading.head_depth_topk(cfg.head)
+            if depth_topk is None:
+                raise InputError(f"--tree auto: the head {cfg.head} records no per-depth acceptance (val_depth_topk "
+                                 f"in train_config.json, or {loading.DEPTH_TOPK_FILE} from "
+                                 "benchmarks/depth_acceptance.py): give --tree N")
+        elif cfg.tree is not None:
             check_tree_fits(cfg.tree, head, cfg.head)
     lora = lora_folder(cfg) if head is not None else None
     k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
@@ -299,9 +333,10 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         base = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
         decode = _plain(base, sampling, eos)
         if head is not None:
+            tree = auto_tree_budget(base, head, depth_topk, err) if cfg.tree == "auto" else cfg.tree
             decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
                                            cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
-                                           cfg.draft_temperature, dtype, cfg.max_context, cfg.tree)
+                                           cfg.draft_temperature, dtype, cfg.max_context, tree)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:

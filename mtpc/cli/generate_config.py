@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
                       positive_float, positive_int, probability)
-from ..checks import MAX_CONTEXT, MAX_TREE_NODES
+from ..checks import MAX_CONTEXT, tree_or_auto
 from ..checks import seed as parse_seed
 from ..sampling import Sampling
 from ..settings import setting
@@ -55,11 +55,12 @@ class GenerateConfig:
     window: int | None = setting(  # verify width of the circuit window, 2 .. the head's n (None: n)
         None, type=int_in(2, MAX_WINDOW), metavar="K",
         help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n (default: n)")
-    tree: int | None = setting(  # None: a chain (decoding.trees: the circuit chooses the tree)
-        None, type=int_in(2, MAX_TREE_NODES), metavar="N",
+    tree: int | str | None = setting(  # None: a chain (decoding.trees: the circuit chooses the tree)
+        None, type=tree_or_auto, metavar="N",
         help="with --head: verify a tree of N drafted tokens per cycle (x_0 included), chosen by the circuit's "
              "exact prefix probabilities, instead of one chain (with --lookup K, a match is a branch of K more); "
-             "still lossless")
+             "'auto': the tree with the most tokens per unit of cost by the head's recorded per-depth "
+             "acceptance and this machine's verify costs, measured at start (printed); still lossless")
     draft_temperature: float | None = setting(  # None: the decoder's default, the target's temperature
         None, type=positive_float, metavar="T",
         help="with --head and --temperature > 0: the temperature the circuit drafts at (default: --temperature, "

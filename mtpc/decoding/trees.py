@@ -28,7 +28,7 @@ import torch
 
 from .drafting import Drafter, Window, WindowShape
 
-__all__ = ["TreeBudget", "choose_tree", "tree_budget", "with_branch"]
+__all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "with_branch"]
 
 # a state the circuit gives probability 0 scores this per depth (finite: the tie-break below stays exact)
 IMPOSSIBLE = -1e4
@@ -39,19 +39,25 @@ DEPTH_TIE_BREAK = 1e-9
 @dataclass(frozen=True)
 class TreeBudget:
     """A tree's size: `nodes` verified per cycle (`x_0` included), `branching` the children of each expanded
-    node and the nodes expanded per depth. Default branching: about the square root of `nodes`, at most the
-    circuit's states (`tree_budget` sets it)."""
+    node, `expand` the nodes expanded per depth. Default branching: about the square root of `nodes`, at
+    most the circuit's states (`tree_budget` sets it); default `expand`: the branching. A full `b`-ary tree
+    of depth `D`: `TreeBudget(1 + b + .. + b^D, b, b^(D-1))`."""
 
     nodes: int
     branching: int | None = None
+    expand: int | None = None
 
     def children(self) -> int:
         return self.branching if self.branching is not None else max(2, round(self.nodes ** 0.5))
 
+    def expanded(self) -> int:
+        return self.expand if self.expand is not None else self.children()
+
 
 def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudget | None:
     """A decoder's checked tree (`tree` an int: its node budget), or None (chains). A tree of depth `n - 1`
-    with `branching` children per node holds at most `1 + b + (n - 2) b^2` candidates to keep from."""
+    with `b` children per expanded node and `e` nodes expanded per depth holds at most
+    `1 + b + (n - 2) e b` candidates to keep from (fewer where a depth has fewer than `e` nodes)."""
     if tree is None:
         return None
     budget = TreeBudget(tree) if isinstance(tree, int) and not isinstance(tree, bool) else tree
@@ -60,13 +66,18 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
     b = budget.branching if budget.branching is not None else min(budget.children(), states)
     if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= states:
         raise ValueError(f"tree branching must be an integer from 1 to the circuit's {states} states, got {b!r}")
+    e = budget.expand if budget.expand is not None else b
+    if not isinstance(e, int) or isinstance(e, bool) or not 1 <= e <= 1 << 16:
+        raise ValueError(f"tree expand (nodes expanded per depth) must be an integer from 1 to 65,536, got {e!r}")
     if n < 2:
         raise ValueError("a tree needs a circuit of at least 2 variables (x_0 and one drafted token)")
-    most = 1 + b + (n - 2) * b * b
+    most, width = 1, 1  # the candidates, and the nodes expanded at the depth before
+    for _ in range(1, n):
+        most, width = most + width * b, min(e, width * b)
     if not 2 <= budget.nodes <= most:
-        raise ValueError(f"tree must have 2 .. {most} nodes for a circuit of {n} variables with branching {b} "
-                         f"(1 + b + (n - 2) b^2 candidates), got {budget.nodes!r}")
-    return TreeBudget(budget.nodes, b)
+        raise ValueError(f"tree must have 2 .. {most} nodes for a circuit of {n} variables with branching {b} and "
+                         f"{e} expanded per depth, got {budget.nodes!r}")
+    return TreeBudget(budget.nodes, b, e)
 
 
 def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor,
@@ -76,7 +87,7 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     cycle step traces it. `reserve` `R`: nodes `1 .. R` are left empty (depth 0, never tested) for a
     branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens)."""
     head, program = drafter.head, drafter.program
-    n, b, N = drafter.n, budget.children(), budget.nodes
+    n, b, e, N = drafter.n, budget.children(), budget.expanded(), budget.nodes
     B = h.shape[0]
     prefix = head.states_of(first).clamp_max(drafter.v - 1)  # [B] as `circuit_window` conditions on it
     theta = drafter.theta(h, prefix)  # [B, P]
@@ -105,8 +116,8 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
         states = torch.cat([states, child.flatten(1)], 1)
         all_scores = torch.cat([all_scores, child_scores], 1)
         depths = torch.cat([depths, depths.new_full(child_scores.shape, depth)], 1)
-        # the next depth expands this depth's `b` best children
-        keep = child_scores.topk(min(b, child_scores.shape[1]), dim=1).indices  # [B, E']
+        # the next depth expands this depth's `e` best children
+        keep = child_scores.topk(min(e, child_scores.shape[1]), dim=1).indices  # [B, E']
         paths = child_paths.flatten(1, 2).gather(1, keep[..., None].expand(-1, -1, n))
         scores = child_scores.gather(1, keep)
         expanded = first_id + keep
@@ -125,6 +136,47 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
         node_parents = torch.cat([node_parents[:, :1], empty, shifted], 1)
     width = torch.full((B,), tokens.shape[1], dtype=torch.long, device=h.device)
     return Window(tokens, None, width, WindowShape(node_parents, depths))
+
+
+def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: int
+              ) -> tuple[TreeBudget | None, float, float]:
+    """The tree with the most tokens per unit of cycle cost, as Sequoia sizes its trees: for each recorded `k`
+    and depth `D` (up to `n - 1`), the full `k`-ary tree of depth `D` (`1 + k + .. + k^D` nodes) keeps
+    `1 + sum_{d <= D} path_d(k)` tokens a cycle by the head's held-out per-depth top-k acceptance
+    (`depth_topk`, `mtpc train`'s `val_depth_topk`: `path_d(k)`, every depth up to `d` within the circuit's
+    top `k`), and costs the verify call over that many positions (`call_seconds`: width -> seconds, measured
+    on this machine; linear between and past the widths measured), against a one-position call for one
+    token. Returns (the budget, None when no tree beats plain decoding; its expected tokens per cycle; its
+    cost in one-position calls)."""
+    widths = sorted(call_seconds)
+    one = call_seconds[widths[0]] if widths[0] == 1 else _cost(call_seconds, widths, 1)
+    best, best_rate, best_tokens, best_cost = None, 1.0, 1.0, 1.0
+    for k_index, k in enumerate(depth_topk["k"]):
+        if not 1 <= k <= states:
+            continue
+        tokens = 1.0
+        for d, path in zip(depth_topk["depth"], depth_topk["path"]):
+            if d >= n or path[k_index] is None:
+                break
+            tokens += path[k_index]
+            nodes = sum(k ** j for j in range(d + 1))
+            cost = _cost(call_seconds, widths, nodes) / one
+            if tokens / cost > best_rate:
+                best = TreeBudget(nodes, k, k ** (d - 1))
+                best_rate, best_tokens, best_cost = tokens / cost, tokens, cost
+    return best, best_tokens, best_cost
+
+
+def _cost(call_seconds: dict[int, float], widths: list[int], w: int) -> float:
+    """Seconds of a verify call over `w` positions, linear between (and past) the measured widths."""
+    if len(widths) == 1:
+        return call_seconds[widths[0]] * w / widths[0]
+    low = max([x for x in widths if x <= w] or widths[:1])
+    high = min([x for x in widths if x > low and x >= w] or [widths[-1]])
+    if high == low:
+        low = widths[-2]
+    slope = (call_seconds[high] - call_seconds[low]) / (high - low)
+    return max(call_seconds[low] + slope * (w - low), 1e-9)
 
 
 def with_branch(window: Window, row: int, branch: list[int]) -> Window:

@@ -18,6 +18,7 @@ the decoder compiles again (before its first cycle) when they change.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,8 @@ from ..checks import MAX_CONTEXT  # what `max_context` may ask for: the longest 
 from .backbone import BackboneState, SplitBackbone, forget_last
 from .drafting import WindowShape
 
-__all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes"]
+__all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes",
+           "verify_call_seconds"]
 
 MIN_CACHE = 128  # the shortest cache: lengths are powers of two from here
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
@@ -186,3 +188,27 @@ class Verifier:
         # compiled step never reads (and never specialises on) a position as a Python int
         state = self.state
         return BackboneState(state.verifier, state.draft, 0, True)
+
+
+def verify_call_seconds(backbone: SplitBackbone, widths: tuple[int, ...], context: int = 256,
+                        repeats: int = 3) -> dict[int, float]:
+    """The verify-cost curve of this model on this machine: the seconds of one eager verify call over each
+    width of `widths` after a `context`-token prefix (the median of `repeats`, after one warm-up call), in
+    the slot caches a decoder uses (`mtpc.decoding.trees.auto_tree` sizes a tree from it). A tree call over
+    `w` nodes costs what a chain call over `w` positions does: the mask differs, not the work."""
+    device = backbone.parts.lm_head.weight.device
+    limit = getattr(backbone.config, "max_position_embeddings", None) or context + max(widths)
+    context = max(1, min(context, limit - max(widths) - 1))
+    prompt = torch.randint(0, backbone.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    verifier = Verifier(backbone)
+    verifier.start(prompt.to(device), [0], max(widths))
+    seconds = {}
+    for w in widths:
+        tokens, places = torch.randint(0, backbone.vocab_size, (1, w), device=device), verifier.places(w)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            verifier.forward(tokens, places)
+            times.append(time.perf_counter() - start)
+        seconds[w] = sorted(times[1:])[repeats // 2]
+    return seconds
