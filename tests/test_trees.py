@@ -76,8 +76,9 @@ def test_eos_inside_a_tree_ends_the_row_there():
 
 
 def test_prompt_lookup_matches_become_branches_of_the_tree():
-    """With `lookup=K` a row's match is grafted under the root of its tree: whole matches commit `1 + K`
-    tokens in a cycle (deeper than the circuit's `n`), and the output stays plain greedy's."""
+    """With `lookup=K` a row's match is grafted under the root of its tree, in `K` nodes after the circuit's:
+    whole matches commit `1 + K` tokens in a cycle (deeper than the circuit's `n`), a cycle without one
+    verifies the circuit's nodes only, and the output stays plain greedy's."""
     vocab, n = 12, 3
     model = cyclic_lm(vocab)
     head = random_head("hmm", n, vocab, seed=1)  # a poor draft: the lookup branch carries the long cycles
@@ -87,6 +88,9 @@ def test_prompt_lookup_matches_become_branches_of_the_tree():
     out = decoder.generate(ids, 40)
     assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
     assert out.stats.proposer_windows.get("lookup", 0) > 3 and max(out.stats.accepted_per_cycle) == 7
+    assert set(out.stats.width_per_cycle) == {11}  # a match every cycle: the branch's nodes are verified
+    unmatched = decoder.generate(torch.tensor([[5, 7]]), 4)  # nothing repeats yet: no branch, N nodes verified
+    assert set(unmatched.stats.width_per_cycle) - {0} == {5}  # (0: a last token committed without verifying)
     rows = [list(range(vocab)) + [0, 1], [5, 7], [3, 4, 5, 3, 4]]
     assert_rows_equal_plain(model, decoder, rows, 20)
 

@@ -106,9 +106,9 @@ class SpeculativeDecoder:
         self.tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
         reserve = self.lookup.tokens if self.tree and self.lookup else 0  # a tree's nodes for a lookup branch
         self.tree_depth = 0 if self.tree is None else max(min(self.n, self.tree.nodes) - 1, reserve)  # deepest path
-        self.widths, position_cost = ((self.tree.nodes + reserve,), 0.0) if self.tree else window_widths(window, self.n)
+        self.widths, position_cost = ((self.tree.nodes,), 0.0) if self.tree else window_widths(window, self.n)
         spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in proposers)]
-        self.span = max(self.widths[-1], *spans)  # the tokens of every window
+        self.span = max(self.widths[-1] + reserve, *spans)  # the tokens of every window
         self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
         self.circuit = CircuitProposer(self.drafter, self.tree, reserve)
         lookups = [LookupProposer(self.lookup, self.drafter, self.widths, self.tree_depth)] if self.lookup is not None else []
@@ -367,7 +367,7 @@ def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: tor
     W = logits.shape[1]
     tokens = window.tokens[:, :W]
     if window.shape is not None:
-        shape = window.shape
+        shape = window.shape.first(W)
         return accept_tree(sampling, rule, tokens, shape.parents, shape.depths, logits, hidden, limit, eos_ids, uniforms,
                            tree_depth)
     rows = None if window.rows is None else window.rows[:, :W]

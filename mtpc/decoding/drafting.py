@@ -49,6 +49,10 @@ class WindowShape:
         depths = torch.arange(N, device=device).expand(B, N)  # [B, N]
         return WindowShape((depths - 1).clamp_min(0), depths)
 
+    def first(self, nodes: int) -> "WindowShape":
+        """The shape of the first `nodes` nodes (their parents all among them: parents come first)."""
+        return WindowShape(self.parents[:, :nodes], self.depths[:, :nodes])
+
     def ancestors(self, max_depth: int) -> torch.Tensor:
         """`[B, N, N]` bool: `[b, i, j]` is True where node `j` is node `i` or one of its ancestors (what node `i`
         may attend to of the window); `max_depth` bounds the depths (a window's drafted positions)."""

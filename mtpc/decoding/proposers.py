@@ -129,7 +129,8 @@ class LookupProposer:
     def __init__(self, lookup: PromptLookup, drafter: Drafter, circuit_widths: tuple[int, ...],
                  tree_depth: int = 0):
         self.lookup, self.drafter, self.circuit_widths, self.tree_depth = lookup, drafter, circuit_widths, tree_depth
-        self.span = max(circuit_widths[-1], 1 + lookup.tokens)
+        # a tree's branch fills `lookup.tokens` nodes after the circuit's
+        self.span = circuit_widths[-1] + lookup.tokens if tree_depth else max(circuit_widths[-1], 1 + lookup.tokens)
         self.widths = tuple(sorted(set(circuit_widths) | {self.span}))
         self.states: list[LookupState] = []
         self.first_added: list[bool] = []  # per row: this cycle's x_0 is in its text already (`propose` saw it)
@@ -146,8 +147,8 @@ class LookupProposer:
         self.first_added[row.row] = True
         proposal = state.propose()
         if proposal is not None and self.tree_depth:
-            tree = with_branch(row.circuit, row.row, proposal.tokens)
-            return RowWindow(tree, self.circuit_widths[-1], self.tree_depth + 1)
+            tree = with_branch(row.circuit, row.row, proposal.tokens, self.circuit_widths[-1])
+            return RowWindow(tree, self.span, self.tree_depth + 1)
         if proposal is None or not state.use(proposal):
             return None
         tokens = proposal.tokens[:state.length(proposal, self.circuit_widths[-1])]

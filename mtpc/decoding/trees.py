@@ -83,9 +83,10 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
 def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor,
                 reserve: int = 0) -> Window:
     """Every row's tree after its committed `first` `[B]` long, from the draft hidden state `h` `[B, d]`:
-    tokens `[B, R + N]` (node 0 = `first`), its `WindowShape`, width `R + N`. Fixed shapes: the compiled
-    cycle step traces it. `reserve` `R`: nodes `1 .. R` are left empty (depth 0, never tested) for a
-    branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens)."""
+    tokens `[B, N + R]` (node 0 = `first`), its `WindowShape`, width `N`. Fixed shapes: the compiled
+    cycle step traces it. `reserve` `R`: nodes `N .. N + R - 1` are left empty (depth 0, never tested) for
+    a branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens, which widens the
+    row to `N + R`); a cycle in which no row has one verifies the first `N` only."""
     head, program = drafter.head, drafter.program
     n, b, e, N = drafter.n, budget.children(), budget.expanded(), budget.nodes
     B = h.shape[0]
@@ -128,13 +129,10 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     tokens = head.tokens_of(states.gather(1, chosen))  # [B, N]
     tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
     depths = depths.gather(1, chosen)
-    if reserve:  # empty nodes 1 .. R: token 0 at depth 0 under the root, never tested; the others after them
+    if reserve:  # empty nodes N .. N + R - 1: token 0 at depth 0 under the root, never tested
         empty = torch.zeros(B, reserve, dtype=torch.long, device=h.device)
-        tokens = torch.cat([tokens[:, :1], empty, tokens[:, 1:]], 1)
-        depths = torch.cat([depths[:, :1], empty, depths[:, 1:]], 1)
-        shifted = node_parents[:, 1:] + reserve * (node_parents[:, 1:] > 0)  # a parent other than the root moved
-        node_parents = torch.cat([node_parents[:, :1], empty, shifted], 1)
-    width = torch.full((B,), tokens.shape[1], dtype=torch.long, device=h.device)
+        tokens, depths, node_parents = (torch.cat([t, empty], 1) for t in (tokens, depths, node_parents))
+    width = torch.full((B,), N, dtype=torch.long, device=h.device)
     return Window(tokens, None, width, WindowShape(node_parents, depths))
 
 
@@ -179,16 +177,19 @@ def _cost(call_seconds: dict[int, float], widths: list[int], w: int) -> float:
     return max(call_seconds[low] + slope * (w - low), 1e-9)
 
 
-def with_branch(window: Window, row: int, branch: list[int]) -> Window:
-    """One row of a tree `window` (tokens `[S]`, its shape's `[S]` rows) with `branch` grafted as a chain under
-    the root in its empty nodes `1 .. len(branch)` (see `choose_tree`'s `reserve`). Eager: the host's choice."""
+def with_branch(window: Window, row: int, branch: list[int], nodes: int) -> Window:
+    """One row of a tree `window` of `nodes` drafted nodes (tokens `[S]`, its shape's `[S]` rows, width `[]`)
+    with `branch` grafted as a chain under the root in its empty nodes from `nodes` on (see `choose_tree`'s
+    `reserve`), its width all `S` nodes. Eager: the host's choice."""
     tokens = window.tokens[row].clone()
     parents, depths = window.shape.parents[row].clone(), window.shape.depths[row].clone()
     k = len(branch)
-    tokens[1:k + 1] = torch.tensor(branch, dtype=tokens.dtype, device=tokens.device)
+    tokens[nodes:nodes + k] = torch.tensor(branch, dtype=tokens.dtype, device=tokens.device)
     chain = torch.arange(k, device=tokens.device)
-    parents[1:k + 1], depths[1:k + 1] = chain, chain + 1
-    return Window(tokens, None, window.width[row], WindowShape(parents, depths))
+    parents[nodes:nodes + k] = torch.where(chain == 0, 0, nodes + chain - 1)
+    depths[nodes:nodes + k] = chain + 1
+    width = torch.tensor(tokens.shape[0], device=tokens.device)
+    return Window(tokens, None, width, WindowShape(parents, depths))
 
 
 def paths_of_root(prefix: torch.Tensor, n: int) -> torch.Tensor:

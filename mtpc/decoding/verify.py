@@ -99,6 +99,7 @@ class Places:
     def for_tree(self, shape: WindowShape, max_depth: int) -> "Places":
         """These places for a tree of `shape` at the same slots: each node at position `P + depth` (`P` its
         row's first window position), seeing the prefix and its ancestors. Tensor ops only."""
+        shape = shape.first(self.slots.shape[1])  # the nodes this call verifies
         positions = self.positions[:, :1] + shape.depths  # [B, W]
         return Places(self.slots, positions, self.starts, self.kv_slots, shape.ancestors(max_depth))
 
@@ -164,9 +165,9 @@ class Verifier:
         """After a tree's call at `places`: move each row's accepted `path` `[B, D + 1]` (node indices, depth by
         depth) to the slots after its committed text, in every cache (verifier and draft path), so that
         `commit` can count them as a chain's. On the device, inside the step."""
-        depths = path.shape[1]
+        path = path[:, :places.slots.shape[1]]  # a path is never longer than the nodes verified (the rest repeat)
         sources = places.slots.gather(1, path)  # [B, D + 1]
-        targets = places.slots[:, :depths]
+        targets = places.slots[:, :path.shape[1]]
         self.state.verifier.move(sources, targets)
         if self.state.draft is not None:
             self.state.draft.move(sources, targets)
