@@ -40,6 +40,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", required=True)
     parser.add_argument("--head", required=True)
     parser.add_argument("--features", required=True, help="an mtpc features store of --model (its val split)")
+    parser.add_argument("--split", choices=("val", "train"), default="val",
+                        help="the store's split to score: train for a store of text no head was trained on (a few "
+                             "records leave too few held-out documents)")
     parser.add_argument("--sequences", type=int, default=64, help="held-out sequences read")
     parser.add_argument("--windows", type=int, default=2048, help="held-out windows scored")
     parser.add_argument("--threads", type=int, default=1)
@@ -49,11 +52,11 @@ def main(argv=None) -> dict:
     info = loading.model_info(args.model, subword_ok=True)
     cpu = torch.device("cpu")
     entry = load_head_entry(args.head, loading.load_model(args.model), args.model, torch.float32, None, cpu)
-    val = FeatureSet(args.features, "val", info, type(loading.model_tokenizer(info)).__name__)
+    val = FeatureSet(args.features, args.split, info, type(loading.model_tokenizer(info)).__name__)
     module = DraftModel(entry.model, entry.head, gamma=1.0, chunk_elements=1 << 22, amp=None, loss="kl")
     scores = validate(module, val, SimpleNamespace(val_sequences=args.sequences, val_windows=args.windows),
                       torch.device("cpu"))
-    record = {"model": Path(args.model).name, "head": str(args.head), "features": str(args.features),
+    record = {"model": Path(args.model).name, "head": str(args.head), "features": str(args.features), "split": args.split,
               "sequences": min(args.sequences, len(val)), **{k: v for k, v in scores.items() if k != "val_loss"}}
     print(depth_table(record))
     print(f"teacher-forced accepted length {record['val_accepted']:.3f} over {record['val_windows']} windows")

@@ -633,3 +633,23 @@ def test_the_lora_cost_table_is_the_recorded_run():
                  f"{h['phases_ms']['backbone'] / plain:.2f}"] for h in recorded["heads"]]
     assert table_rows(RESULTS, "LoRA layers k") == expected
     assert f"({plain:.2f} ms;" in RESULTS.read_text() and recorded["config"]["dtype"] == "bf16"
+
+
+def test_the_own_text_table_is_its_record():
+    """results.md's "The LM's own text" table: each head's held-out scores as
+    benchmarks/smollm2_own_text.sh recorded them (benchmarks/results/own_text_smollm2.json)."""
+    import json
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "own_text_smollm2.json").read_text())["heads"]
+    rows = table_rows(ROOT / "docs" / "results.md", "head (SmolLM2)")
+    assert [r[0] for r in rows] == ["smollm2-ff4-k2048 (shipped)", "+ 60 steps of library text",
+                                    "+ 60 steps of the LM's own text"]
+    for cells, name in zip(rows, ("shipped", "std", "own")):
+        own, sources = record[name]["nx-own"], record[name]["nx"]
+        assert cells[1:] == [f"{own['val_depth_topk']['token'][0][0]:.3f}", f"{own['val_depth_topk']['token'][0][3]:.3f}",
+                             f"{own['val_accepted']:.2f}", f"{sources['val_depth_topk']['token'][0][0]:.3f}",
+                             f"{sources['val_accepted']:.2f}"], cells
+    assert record["own"]["training"]["train_tokens"] == record["std"]["training"]["train_tokens"]  # equal tokens
+    said(ROOT / "docs" / "results.md", r"moved the first drafted token from (43)% to (50)%")
+    assert round(100 * record["shipped"]["nx-own"]["val_depth_topk"]["token"][0][0]) == 43
+    assert round(100 * record["own"]["nx-own"]["val_depth_topk"]["token"][0][0]) == 50
