@@ -32,6 +32,11 @@ sampling cycle comes from one uniforms tensor per row (`cycle_uniforms`), so a s
 eager and compiled, and with one generator per row a row's text depends on its own generator only;
 with `compile=True` the step is one graph per verify width.
 
+A tree (`tree=N`, `mtpc.decoding.trees`) runs the same loop and step: the window is the circuit's tree of
+`N` nodes with its `WindowShape`, the verify call puts each node at its depth's position and lets it see
+its ancestors, `accept_tree` keeps a path, and the step moves that path's keys and values to the slots
+after the committed text, so the host reads and commits it as a chain's accepted tokens.
+
 Proposers only propose (`mtpc.decoding.proposers`): the circuit drafts inside the step, and before a
 cycle each host proposer (prompt lookup with `lookup=K`, or any of `proposers=[...]`) may replace a
 row's circuit window with its own (point-mass proposals, decided by the same rule: a token `c` is kept
@@ -88,8 +93,8 @@ class SpeculativeDecoder:
     token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
     is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
     `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
-    `mtpc.decoding.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one small tensor per cycle
-    through `host_reads`, and one after the prefill.
+    `mtpc.decoding.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one
+    small tensor per cycle through `host_reads`, and one after the prefill.
     """
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
@@ -343,8 +348,8 @@ def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
 
 def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, proposers) -> TreeBudget | None:
     """The decoder's tree (`tree_budget`), refused where this decoder cannot verify one: with a verify
-    width of its own, with host proposers other than prompt lookup, or on a model without a family adapter (its own forward
-    attends causally; a tree needs the slot caches' mask)."""
+    width of its own, with host proposers other than prompt lookup, or on a model without a family adapter
+    (its own forward attends causally; a tree needs the slot caches' mask)."""
     budget = tree_budget(tree, head.num_variables, head.num_states)
     if budget is None:
         return None
