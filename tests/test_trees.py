@@ -193,17 +193,18 @@ def test_sampling_over_a_tree_is_exact_and_a_second_chance_is_caught(n, v, tree,
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
-def test_sampling_with_lookup_branches_is_exact_and_a_second_chance_is_caught():
+@pytest.mark.parametrize("tree, lookup", [(4, 2), (3, 4)])  # a branch deeper than the circuit's nodes
+def test_sampling_with_lookup_branches_is_exact_and_a_second_chance_is_caught(tree, lookup):
     model, head = sampling_setup(3, 5)
     prompt = torch.tensor([[1, 3, 2, 1, 3]])  # "1 3" was followed by 2: a lookup branch in many cycles
     joint = exact_joint(model, prompt, Sampling(1.0))
-    decoder = SpeculativeDecoder(model, head, tree=4, lookup=2)
+    decoder = SpeculativeDecoder(model, head, tree=tree, lookup=lookup)
     gen = torch.Generator().manual_seed(2)
     outs = [decoder.generate(prompt, 3, Sampling(1.0), generator=gen) for _ in range(600)]
     assert sum(o.stats.proposer_windows.get("lookup", 0) for o in outs) > 100  # measured: 162
     assert chi_square_pvalue([o.sequences[0, -3:].tolist() for o in outs], joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=4, lookup=2, acceptance=SecondChance()), prompt,
-                                600, seed=2)
+    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, lookup=lookup, acceptance=SecondChance()),
+                                prompt, 600, seed=2)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 

@@ -374,7 +374,7 @@ def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: tor
     if window.shape is not None:
         shape = window.shape.first(W)
         return accept_tree(sampling, rule, tokens, shape.parents, shape.depths, logits, hidden, limit, eos_ids, uniforms,
-                           tree_depth)
+                           min(tree_depth, W - 1))  # a call without a lookup branch verifies shallower trees
     rows = None if window.rows is None else window.rows[:, :W]
     return accept_window(sampling, rule, tokens, logits, hidden, limit, eos_ids, rows, uniforms, window.width)
 
