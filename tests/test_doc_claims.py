@@ -653,3 +653,20 @@ def test_the_own_text_table_is_its_record():
     said(ROOT / "docs" / "results.md", r"moved the first drafted token from (43)% to (50)%")
     assert round(100 * record["shipped"]["nx-own"]["val_depth_topk"]["token"][0][0]) == 43
     assert round(100 * record["own"]["nx-own"]["val_depth_topk"]["token"][0][0]) == 50
+
+
+def test_the_smollm2_trees_table_is_the_recorded_runs():
+    """docs/results.md's trees table is what benchmarks/smollm2_table.py makes of the reports
+    benchmarks/smollm2_trees.sh wrote (docs/bench/smollm2-trees/*/bench.json), every row; and the float32
+    record says every decoder's greedy output, trees included, was plain greedy decoding's and transformers'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_table", ROOT / "benchmarks" / "smollm2_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = module.table(ROOT / "docs" / "bench" / "smollm2-trees", module.TREE_RUNS)
+    assert made.count("tree8") >= 8 and made in (ROOT / "docs" / "results.md").read_text()
+    fp32 = report(ROOT / "docs" / "bench" / "smollm2-trees" / "fp32-exactness")
+    assert fp32["config"]["dtype"] == "fp32" and fp32["greedy_identical"] is True
+    assert {r["label"] for r in fp32["heads"]} >= {"smollm2-ff4-k2048/tree8", "smollm2-ff4-k2048/tree8/lookup"}
+    assert all(p["greedy_check"]["identical"] == p["greedy_check"]["compared"] > 0 for p in fp32["peers"])

@@ -208,6 +208,25 @@ def test_sampling_with_lookup_branches_is_exact_and_a_second_chance_is_caught(tr
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
+def test_a_draw_held_by_two_children_follows_the_deeper_branch():
+    """The circuit's child and a lookup branch's may hold the same token: the same context, so following either
+    is exact, and the walk takes the last (the branch's, grafted after the circuit's nodes), which reaches deeper."""
+    from mtpc.decoding.acceptance import accept_tree
+
+    V = 8
+    tokens = torch.tensor([[2, 5, 4, 5, 6, 7]])  # the circuit's children 5, 4; the branch 5 -> 6 -> 7
+    parents = torch.tensor([[0, 0, 0, 0, 3, 4]])
+    depths = torch.tensor([[0, 1, 1, 1, 2, 3]])
+    target = {0: 5, 1: 1, 2: 1, 3: 6, 4: 7, 5: 0}  # each node's (all but certain) next token
+    logits = torch.full((1, 6, V), -30.0, dtype=torch.float64)
+    for node, token in target.items():
+        logits[0, node, token] = 30.0
+    verdict = accept_tree(Sampling(1.0), AcceptanceRule(), tokens, parents, depths, logits, torch.zeros(1, 6, 4),
+                          torch.tensor([4]), torch.tensor([-1]), torch.full((1, 4), 0.5, dtype=torch.float64), 3)
+    assert verdict.accepted.tolist() == [4] and verdict.path.tolist() == [[0, 3, 4, 5]]
+    assert verdict.next_first.tolist() == [0]
+
+
 def test_sampled_rows_of_a_tree_batch_are_exact():
     """Row 1 of a batch of two prompts (row 0 a longer, different one) follows its exact joint."""
     model, head = sampling_setup(3, 5)

@@ -175,7 +175,8 @@ def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, 
     A node is tested only at a depth below `limit[b]` and under no EOS. Greedy: the deepest node whose
     every node on the way is the target's argmax at its parent. Sampling: from the root, a token is drawn
     from the target at the current node (`uniforms[:, depth]`, `rule.draw_at_node`); the path descends while the
-    draw is a tested child's token, and the first draw that is not becomes the next `x_0`. Every committed
+    draw is a tested child's token (the last such child, when two hold it), and the first draw that is
+    not becomes the next `x_0`. Every committed
     token is then a draw from its target, whatever the tree, so the rule is exact for any tree chosen
     from the past alone (the circuit's is: it draws nothing). Fixed shapes, no host reads."""
     B, N = tokens.shape
@@ -200,12 +201,15 @@ def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, 
             probs = sampling.probs(logits[batch, final])  # [B, V] float64, the target at the current node
             children = tested & (parents == final[:, None])  # [B, N]
             draw = rule.draw_at_node(probs, tokens, children, uniforms[:, depth])  # [B]
-            child = children & (tokens == draw[:, None])  # [B, N] at most one
+            child = children & (tokens == draw[:, None])  # [B, N]
             descend = going & child.any(1)
             stops = going & ~descend
             carried = probs if carried is None else torch.where(stops[:, None], probs, carried)
             next_first = draw if next_first is None else torch.where(stops, draw, next_first)
-            final = torch.where(descend, child.long().argmax(1), final)
+            # two children holding the drawn token (the circuit's and a lookup branch's) share their context, so
+            # either is exact: the last one, a lookup branch where there is one, reaches deepest
+            last = (child * torch.arange(1, N + 1, device=tokens.device)).argmax(1)  # [B]
+            final = torch.where(descend, last, final)
             going = descend
     accepted = 1 + depths[batch, final]  # [B]
     # the node at each depth of the path: walk up from the final node, one step per depth
