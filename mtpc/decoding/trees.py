@@ -4,12 +4,13 @@ A chain verifies one continuation of each drafted prefix; a tree verifies severa
 (`N` nodes, each at position `P + depth`, attending to the prefix and its own ancestors only: see
 `mtpc.decoding.families.slot_mask`), and acceptance keeps the longest path the verifier agrees with
 (`mtpc.decoding.acceptance.accept_tree`). Verifying more positions costs little where a call's cost is
-its weights' reads (a GPU, or bf16 on a CPU with matrix units), so the tokens a cycle commits grow.
+its weights' reads (a GPU), so the tokens a cycle commits grow; on a CPU each verified node still pays
+its row of the output layer (docs/results.md, "Trees of drafts on SmolLM2").
 
 The circuit chooses the tree (`choose_tree`), depth by depth as EAGLE-2 does with its draft's confidence,
 but with the circuit's exact joint: a node's score is the circuit's probability of the whole path to it,
 `q(d_1 .. d_j | h, x_0)`, the product of the exact conditionals `q(d_i | d_<i)` along it
-(`circuitc.draft.DraftProgram.conditionals`). At each depth the `branching` best-scored nodes are
+(`circuitc.draft.DraftProgram.conditionals`). At each depth the `expand` best-scored nodes are
 expanded into their `branching` most probable children; of all the nodes expanded the best `nodes - 1`
 by score are kept with the root. A child never scores above its parent, so the kept set holds every
 kept node's ancestors. For a circuit whose conditionals follow the branch (CP, HMM, BTree) the children
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import MAX_TREE_NODES
 from .drafting import Drafter, Window, WindowShape
 
 __all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "with_branch"]
@@ -63,6 +65,8 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
     budget = TreeBudget(tree) if isinstance(tree, int) and not isinstance(tree, bool) else tree
     if not isinstance(budget, TreeBudget) or not isinstance(budget.nodes, int) or isinstance(budget.nodes, bool):
         raise ValueError(f"tree must be a node budget (an integer >= 2) or a TreeBudget, got {tree!r}")
+    if budget.nodes > MAX_TREE_NODES:  # one verify call over the nodes, and an [N, N] mask per row
+        raise ValueError(f"tree must have at most {MAX_TREE_NODES:,} nodes, got {budget.nodes:,}")
     b = budget.branching if budget.branching is not None else min(budget.children(), states)
     if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= states:
         raise ValueError(f"tree branching must be an integer from 1 to the circuit's {states} states, got {b!r}")
