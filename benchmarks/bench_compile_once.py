@@ -14,7 +14,6 @@ Prints a table (one row per generation) and writes it as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -30,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from mtpc import SpeculativeDecoder, loading  # noqa: E402
 from mtpc.decoding import load_head_entry  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from results_file import write_results  # noqa: E402
 
 # prompt tokens:new tokens, one after another: totals of about 180, 290, 420 and 700 positions
 GENERATIONS = ("160:16", "160:128", "290:128", "500:200")
@@ -75,9 +77,7 @@ def main(argv=None) -> list[dict]:
     record = {"model": Path(args.model).name, "head": str(args.head), "dtype": args.dtype, "threads": args.threads,
               "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
               "cache_mib": round(decoder.verifier.cache_bytes() / 2**20, 1), "generations": rows}
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_results(record, args.out)
     return rows
 
 

@@ -18,7 +18,6 @@ Prints the Markdown table (`depth_table`) and writes the record as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +32,9 @@ from mtpc.decoding import load_head_entry  # noqa: E402
 from mtpc.training.features import FeatureSet  # noqa: E402
 from mtpc.training.trainer_setup import DraftModel  # noqa: E402
 from mtpc.training.trainer_validation import depth_table, validate  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from results_file import write_results  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -60,9 +62,7 @@ def main(argv=None) -> dict:
               "sequences": min(args.sequences, len(val)), **{k: v for k, v in scores.items() if k != "val_loss"}}
     print(depth_table(record))
     print(f"teacher-forced accepted length {record['val_accepted']:.3f} over {record['val_windows']} windows")
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write_results(record, args.out)
     return record
 
 

@@ -27,15 +27,7 @@ run() {
         *) echo "unknown run $1" >&2; exit 2 ;;
     esac
 }
-# the reports cite the wheel's files as site-packages/..., not as this machine's paths
-SITE=$(python -c "import pathlib, networkx; print(pathlib.Path(networkx.__file__).parent.parent)")
-strip_paths() { python - "$1" "$SITE" <<'PY'
-import pathlib, sys
-folder, site = pathlib.Path(sys.argv[1]), sys.argv[2]
-for file in (folder / "bench.json", folder / "bench.md"):
-    file.write_text(file.read_text().replace(site + "/", "site-packages/"))
-PY
-}
+# each report then cites site-packages/..., not this machine's paths
 for r in "${@:-greedy t1 chat}"; do
-    for one in $r; do run "$one"; ((dry)) || strip_paths "$OUT/$one"; done
+    for one in $r; do run "$one"; ((dry)) || python benchmarks/results_file.py strip-paths "$OUT/$one"; done
 done

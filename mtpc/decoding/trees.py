@@ -23,6 +23,7 @@ decoding and for sampling alike, and nothing but token ids travels (no `[N, V]` 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -150,8 +151,7 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
     on this machine; linear between and past the widths measured), against a one-position call for one
     token. Returns (the budget, None when no tree beats plain decoding; its expected tokens per cycle; its
     cost in one-position calls)."""
-    widths = sorted(call_seconds)
-    one = call_seconds[widths[0]] if widths[0] == 1 else _cost(call_seconds, widths, 1)
+    one = _cost(call_seconds, 1)
     best, best_rate, best_tokens, best_cost = None, 1.0, 1.0, 1.0
     for k_index, k in enumerate(depth_topk["k"]):
         if not 1 <= k <= states:
@@ -162,21 +162,20 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
                 break
             tokens += path[k_index]
             nodes = sum(k ** j for j in range(d + 1))
-            cost = _cost(call_seconds, widths, nodes) / one
+            cost = _cost(call_seconds, nodes) / one
             if tokens / cost > best_rate:
                 best = TreeBudget(nodes, k, k ** (d - 1))
                 best_rate, best_tokens, best_cost = tokens / cost, tokens, cost
     return best, best_tokens, best_cost
 
 
-def _cost(call_seconds: dict[int, float], widths: list[int], w: int) -> float:
+def _cost(call_seconds: dict[int, float], w: int) -> float:
     """Seconds of a verify call over `w` positions, linear between (and past) the measured widths."""
+    widths = sorted(call_seconds)
     if len(widths) == 1:
         return call_seconds[widths[0]] * w / widths[0]
-    low = max([x for x in widths if x <= w] or widths[:1])
-    high = min([x for x in widths if x > low and x >= w] or [widths[-1]])
-    if high == low:
-        low = widths[-2]
+    i = min(max(bisect.bisect_left(widths, w), 1), len(widths) - 1)  # the segment around w (an end one outside)
+    low, high = widths[i - 1], widths[i]
     slope = (call_seconds[high] - call_seconds[low]) / (high - low)
     return max(call_seconds[low] + slope * (w - low), 1e-9)
 
