@@ -343,3 +343,85 @@ def test_batched_bench_runs_a_subword_lm(subword, tmp_path):
                                    max_new_tokens=6, progress=False, threads=1, batch_size=2))
     [row] = [r for r in report["rows"] if r["label"] == Path(head).name]
     assert row["greedy_mismatches"] == 0 and row["tok_s"]["mean"] > 0
+
+
+# --------------------------------------------------------------------------- distill-data --chat
+
+def test_distill_data_chat_answers_instructions_rendered_by_the_models_template(subword, corpus, tmp_path, capsys):
+    """Each record is the LM's answer to an instruction about a training document, rendered as `generate
+    --chat` renders a prompt; batched (left-padded) greedy answers are plain greedy decoding's one at a time;
+    `mtpc train` reads the turn exactly as rendered (no <bos> added) with only the answer as targets."""
+    from mtpc import loading
+    from mtpc.chat import chat_ids
+    from mtpc.decoding import PlainDecoder
+    from mtpc.sampling import GREEDY
+    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.training.data import load_documents, split_documents
+    from mtpc.training.instructions import module_name
+    from transformers import LlamaForCausalLM
+
+    model, _ = subword
+    out = tmp_path / "chat.jsonl"
+    argv = ["distill-data", "--model", model, "--data", corpus, "--out", str(out), "--chat", "--num-prompts", "6",
+            "--max-new-tokens", "10", "--batch-size", "3", "--greedy-fraction", "1", "--no-progress"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    tok = loading.model_tokenizer(loading.model_info(model, allow_non_byte_vocab=True))
+    around = chat_ids(model, [{"role": "user", "content": "\x00"}], tok)  # the template's ids around a content
+    cut = around.index(tok.encode("\x00")[0])
+    before, after = around[:cut], around[cut + len(tok.encode("\x00")):]
+    lengths = {len(r["prompt_ids"]) for r in records}
+    assert len(lengths) > 1  # the batches were ragged: left padding was exercised
+    lm = LlamaForCausalLM.from_pretrained(model).eval()
+    train, val = split_documents(load_documents(corpus, ByteTokenizer())[0], 0.02)
+    held_out = {module_name(d.name) for d in val} - {module_name(d.name) for d in train}
+    for r in records:
+        assert r["chat"] is True and r["mode"] == "greedy"
+        ids = r["prompt_ids"]
+        assert ids[:len(before)] == before and ids[len(ids) - len(after):] == after
+        assert not any(m in r["prompt"] for m in held_out)
+        alone = PlainDecoder(lm).generate(torch.tensor([ids]), 10, GREEDY, eos_token_id=sorted(tok.special_ids()))
+        new = alone.sequences[0, len(ids):].tolist()
+        stop = next((k for k, t in enumerate(new) if t in tok.special_ids()), len(new))
+        assert r["completion_ids"] == new[:stop]
+    docs, stats = load_documents(str(out), tok)
+    assert stats.skipped == sum(not r["completion_ids"] for r in records)
+    kept = [r for r in records if r["completion_ids"]]
+    for doc, r in zip(docs, kept):
+        assert doc.tokens.tolist() == [*r["prompt_ids"], *r["completion_ids"], tok.eos_id]
+        assert doc.mask.tolist() == [False] * len(r["prompt_ids"]) + [True] * (len(r["completion_ids"]) + 1)
+    # a rerun completes the file; a rerun without --chat on it is refused (other settings)
+    assert main(argv[:-5] + ["--batch-size", "2", "--greedy-fraction", "1", "--no-progress", "--num-prompts", "7"]) == 0
+    assert out.read_text().splitlines()[:6] == [json.dumps(r) for r in records]
+    refused(capsys, [a for a in argv if a != "--chat"], "other settings", "chat")
+
+
+def test_distill_data_chat_refuses_a_byte_lm_in_one_line(capsys, tmp_path):
+    from _tiny import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "byte-lm")
+    refused(capsys, ["distill-data", "--model", str(model), "--out", str(tmp_path / "c.jsonl"), "--chat"],
+            "--chat needs a model with its own subword tokenizer")
+    assert not (tmp_path / "c.jsonl").exists()
+
+
+def test_instructions_come_from_names_and_docstrings_and_depend_on_the_generator_only():
+    import random
+
+    from mtpc.training.instructions import Instructions, definitions, module_name
+
+    source = (b'"""Tools for frobbing widgets."""\nimport os\n\n'
+              b'def frob(widget, times=1):\n    """Frob a widget the given number of times."""\n    os.system("x")\n\n'
+              b'def _private():\n    """Never asked about, it is private."""\n\n'
+              b'class Widget(\n        object):\n    """A widget that can be frobbed."""\n')
+    summary, found = definitions(source)
+    assert summary == "Tools for frobbing widgets."
+    assert [(d.kind, d.name, d.summary) for d in found] == [
+        ("def", "frob", "Frob a widget the given number of times."), ("class", "Widget", "A widget that can be frobbed.")]
+    assert module_name("email/mime/__init__.py") == "email.mime" and module_name("a/b.jsonl:3") == "a.b.jsonl"
+    instructions = Instructions([("widgets/frobbing.py", source)])
+    texts = [instructions[random.Random(seed)] for seed in range(40)]
+    assert texts == [instructions[random.Random(seed)] for seed in range(40)]
+    assert any("`frob`" in t for t in texts) and any("Widget" in t for t in texts)
+    assert any("`widgets.frobbing`" in t for t in texts) and not any("_private" in t for t in texts)
+    assert definitions(b"def " * 100_000 + b"\n")[1] == []  # a hostile file: bounded, nothing found

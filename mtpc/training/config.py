@@ -208,6 +208,9 @@ class DistillConfig:
     dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
     trust_remote_code: bool = setting(False, help=HELP_REMOTE_CODE)
     progress: bool = setting(True, flag="--no-progress", help=HELP_PROGRESS)
+    chat: bool = setting(  # mtpc.training.instructions; --prompt-len does not apply
+        False, help="prompts are instructions written from the training documents' module names and docstrings, "
+                    "rendered as a user turn with the model's chat template; the records are its answers")
     val_fraction: float = 0.02  # the held-out share of documents (mtpc tiny-lm / train / bench default)
 
     def settings(self) -> dict:
@@ -215,6 +218,10 @@ class DistillConfig:
         keep = asdict(self)
         for key in ("num_prompts", "progress", "out", "batch_size", "trust_remote_code"):
             keep.pop(key)
+        if not self.chat:  # files written before --chat existed have no such key, and still resume
+            keep.pop("chat")
+        else:
+            keep.pop("prompt_len")
         keep["model"] = str(Path(self.model).resolve())
         keep["head"] = str(Path(self.head).resolve()) if self.head else None
         return keep

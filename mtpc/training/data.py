@@ -170,7 +170,9 @@ def text_document(name: str, data: bytes, tok: ByteTokenizer | SubwordTokenizer)
 
 def completion_document(name: str, record: dict, tok: ByteTokenizer | SubwordTokenizer) -> Document:
     """`<bos> prompt completion <eos>`; only the completion and the `<eos>` may be targets (prompt and
-    completion tokenized apart, so the mask falls on a token boundary under a subword tokenizer too)."""
+    completion tokenized apart, so the mask falls on a token boundary under a subword tokenizer too). A
+    `mtpc distill-data --chat` record (`"chat": true`) is `prompt completion <eos>`: its prompt ids are the
+    chat template's whole rendered turn, which writes its own first token."""
     prompt, completion = record.get("prompt"), record.get("completion")
     if not isinstance(prompt, str) or not isinstance(completion, str):
         raise ValueError('"prompt" and "completion" must both be strings')
@@ -180,6 +182,11 @@ def completion_document(name: str, record: dict, tok: ByteTokenizer | SubwordTok
         head, body = record_ids(record, "prompt", tok), record_ids(record, "completion", tok)
     else:
         head, body = body_ids(to_bytes(prompt), tok), body_ids(to_bytes(completion), tok)
+    if record.get("chat") is True and "completion_ids" in record:  # a rendered chat turn: no <bos> before it
+        tokens = np.concatenate([head, body, np.asarray([tok.eos_id], dtype=body.dtype)])
+        mask = np.ones(len(tokens), dtype=bool)
+        mask[:len(head)] = False
+        return Document(name, tokens, mask)
     doc = body_document(name, np.concatenate([head, body]), tok)
     doc.mask[1:1 + len(head)] = False
     return doc

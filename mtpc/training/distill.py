@@ -2,7 +2,7 @@
 
     mtpc distill-data --model DIR [--data SRC] --out FILE.jsonl [--num-prompts N] [--prompt-len L]
                       [--max-new-tokens M] [--temperature T] [--top-p P] [--greedy-fraction G]
-                      [--seed S] [--head DIR] [--no-progress]
+                      [--seed S] [--head DIR] [--chat] [--no-progress]
 
 A head trained on corpus text learns what the *text* does next; a draft is accepted when it matches
 what the *LM* does next (sequence-level self-distillation). This command writes one record per prompt:
@@ -33,6 +33,12 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
   encodes to (the LM may write `de` `f` where the tokenizer writes `def`), and invalid UTF-8 decodes to
   U+FFFD, so re-tokenizing the text would train on other tokens than the LM wrote. The training reader
   checks that the ids spell the text under the model's tokenizer.
+- `--chat` (a subword LM with a chat template): each prompt is an instruction about a training document,
+  written from its module name and docstrings (`mtpc.training.instructions`), rendered as one user turn
+  by the model's own template exactly as `mtpc generate --chat` renders one; the completion is the LM's
+  answer, up to its end-of-turn token. The record says `"chat": true`, and `mtpc train` reads it as the
+  rendered turn, answer, `<eos>` (no `<bos>` of its own: the template writes the first token). Prompts
+  of different lengths decode together, left-padded.
 - With `--head DIR` (a folder from `mtpc train`, its LoRA adapter included) the continuations come
   from `SpeculativeDecoder`: greedy records are the same as plain greedy decoding's, sampled ones are
   exact draws from the same distribution (but not the same draws as without the head).
@@ -80,6 +86,8 @@ def _distill(cfg: DistillConfig) -> dict:
 
     tok = model_tokenizer(cfg)
     prompts = TrainingPrompts(cfg.data, tok, cfg.prompt_len, cfg.val_fraction)  # also validates --data
+    if cfg.chat:
+        prompts = ChatPrompts(prompts, cfg, tok)
     out = Path(cfg.out)
     done = _resume(out, run_settings(cfg, prompts))
     summary = {"records": max(done, cfg.num_prompts), "new_records": 0, "new_bytes": 0, "seconds": 0.0}
@@ -142,7 +150,9 @@ def _check_config(cfg: DistillConfig) -> None:
     # the whole folder, before any record: custom code (auto_map) only with --trust-remote-code
     loading.model_info(cfg.model, allow_non_byte_vocab=True, trust_remote_code=cfg.trust_remote_code)
     context = config.get("max_position_embeddings")
-    if context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
+    if cfg.chat:
+        _check_chat(cfg)
+    elif context is not None and 1 + cfg.prompt_len + cfg.max_new_tokens > context:
         raise InputError(f"<bos> + --prompt-len {cfg.prompt_len} + --max-new-tokens {cfg.max_new_tokens} exceeds "
                          f"the model's context of {context} tokens")
     if cfg.head is not None:
@@ -155,6 +165,17 @@ def _check_config(cfg: DistillConfig) -> None:
     above = next((folder for folder in (out.parent, *out.parent.parents) if folder.exists()), None)
     if above is not None and not above.is_dir():  # a missing folder is made by OutputLock, as for train's OUT
         raise InputError(f"--out {cfg.out}: {above} is not a folder")
+
+
+def _check_chat(cfg: DistillConfig) -> None:
+    """--chat needs a subword model with a chat template (a byte record cannot hold the template's specials)."""
+    from ..chat import find_template
+
+    tok = model_tokenizer(cfg)
+    if tok.kind == "byte":
+        raise InputError("--chat needs a model with its own subword tokenizer and chat template; this is a byte LM "
+                         "(its chat data is mtpc tiny-lm's own format)")
+    find_template(loading.model_folder(cfg.model))  # no template: one line naming the folder
 
 
 def run_settings(cfg: DistillConfig, prompts: "TrainingPrompts") -> dict:
@@ -282,6 +303,30 @@ def _line_starts(tokens: np.ndarray, length: int) -> np.ndarray:
     return starts[ok]
 
 
+class ChatPrompts:
+    """`--chat`: prompts that are instructions (`mtpc.training.instructions`) about the training documents of
+    `prompts`, each rendered as one user turn with the model's chat template, exactly as `mtpc generate --chat`
+    renders a prompt (no `<bos>` is added: the template writes its own)."""
+
+    def __init__(self, prompts: TrainingPrompts, cfg: DistillConfig, tok):
+        from .instructions import Instructions, document_bytes
+
+        self.tok, self.max_new_tokens = tok, cfg.max_new_tokens
+        self.folder = loading.model_folder(cfg.model)
+        self.context = loading.model_config(cfg.model).get("max_position_embeddings")
+        self.instructions = Instructions([(d.name, document_bytes(d.tokens)) for d in prompts.docs])
+        self.fingerprint = prompts.fingerprint
+
+    def __getitem__(self, rng: random.Random) -> list[int]:
+        from ..chat import chat_ids
+
+        ids = chat_ids(self.folder, [{"role": "user", "content": self.instructions[rng]}], self.tok)
+        if self.context is not None and len(ids) + self.max_new_tokens > self.context:
+            raise InputError(f"a chat prompt of {len(ids)} tokens + --max-new-tokens {self.max_new_tokens} exceeds "
+                             f"the model's context of {self.context} tokens")
+        return ids
+
+
 # ------------------------------------------------------------------ generation
 
 
@@ -300,12 +345,13 @@ def _records(indices, cfg: DistillConfig, prompts: TrainingPrompts, generate, to
         prompt = prompts[rng]
         greedy = rng.random() < cfg.greedy_fraction
         requests.append((i, prompt, greedy, seed))
-    outputs = generate([([tok.bos_id] + prompt, greedy, seed) for _, prompt, greedy, seed in requests])
-    return [_record(i, prompt, greedy, new, cycles, tok) for (i, prompt, greedy, _), (new, cycles)
+    lead = [] if cfg.chat else [tok.bos_id]  # a chat template writes its own first token
+    outputs = generate([(lead + prompt, greedy, seed) for _, prompt, greedy, seed in requests])
+    return [_record(i, prompt, greedy, new, cycles, tok, cfg.chat) for (i, prompt, greedy, _), (new, cycles)
             in zip(requests, outputs)]
 
 
-def _record(i: int, prompt: list[int], greedy: bool, new: list[int], cycles: int | None, tok
+def _record(i: int, prompt: list[int], greedy: bool, new: list[int], cycles: int | None, tok, chat: bool = False
             ) -> tuple[dict, int, int, int | None]:
     """Record `i` from the LM's new tokens: those up to the first special token (which names the stop)."""
     stop_set = set(stop_ids(tok))
@@ -323,6 +369,8 @@ def _record(i: int, prompt: list[int], greedy: bool, new: list[int], cycles: int
     completion = tok.decode(new[:cut])
     record = {"index": i, "prompt": tok.decode(prompt), "completion": completion, "prompt_ids": prompt,
               "completion_ids": new[:cut], "mode": mode, "stop": stop}
+    if chat:  # the prompt ids are the whole rendered turn: `mtpc train` adds no <bos> before them
+        record["chat"] = True
     return record, len(completion.encode("utf-8", errors="surrogateescape")), tokens, cycles
 
 
@@ -374,7 +422,7 @@ def _generator(cfg: DistillConfig, tok):
 
 def plain_batch(decoder, requests: list[tuple[list[int], bool, int]], max_new_tokens: int, sampled: Sampling,
                 stop: list[int], device: torch.device) -> list[list[int]]:
-    """Plain batched decoding of equal-length prompts (`mtpc.decoding.plain.PlainDecoder`): the greedy
+    """Plain batched decoding (`mtpc.decoding.plain.PlainDecoder`; prompts of different lengths left-padded): the greedy
     requests together, the sampled ones together, each sampled row with its own generator (seeded by its
     request), so a record does not depend on which records share its batch (up to float rounding of
     batched matrix products). Rows stop at their first `stop` token. Returns each row's new tokens, the
@@ -384,12 +432,26 @@ def plain_batch(decoder, requests: list[tuple[list[int], bool, int]], max_new_to
         chosen = [i for i, request in enumerate(requests) if request[1] == greedy]
         if not chosen:
             continue
-        ids = torch.tensor([requests[i][0] for i in chosen], dtype=torch.long, device=device)  # [B, L]
+        ids, mask = _left_padded([requests[i][0] for i in chosen], device)  # [B, L]: chat prompts differ in length
         generators = [torch.Generator(device).manual_seed(requests[i][2]) for i in chosen]
-        out = decoder.generate(ids, max_new_tokens, sampling, eos_token_id=stop, generator=generators)
+        out = decoder.generate(ids, max_new_tokens, sampling, attention_mask=mask, eos_token_id=stop,
+                               generator=generators)
         for i, row in zip(chosen, out.sequences[:, ids.shape[1]:].tolist()):
             rows[i] = _until_stop(row, set(stop))
     return rows
+
+
+def _left_padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`[B, L]` ids with the shorter rows padded on the left, and their mask (None when all are as long)."""
+    width = max(len(row) for row in rows)
+    if all(len(row) == width for row in rows):
+        return torch.tensor(rows, dtype=torch.long, device=device), None
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[b, width - len(row):] = 1
+    return ids, mask
 
 
 def _until_stop(row: list[int], stop: set[int]) -> list[int]:
