@@ -501,10 +501,12 @@ def test_smollm2_heads_sh_dry_run_commands_parse():
 
 
 @pytest.mark.parametrize("name, tools", [("smollm2_trees.sh", {"bench"}),
-                                         ("smollm2_own_text.sh", {"distill-data", "features", "train"})])
+                                         ("smollm2_own_text.sh", {"distill-data", "features", "train"}),
+                                         ("smollm2_rq2.sh", {"features", "train"}),
+                                         ("smollm2_own_head.sh", {"distill-data", "features", "train"})])
 def test_smollm2_scripts_dry_run_commands_parse(name, tools):
-    """benchmarks/smollm2_trees.sh and smollm2_own_text.sh --dry-run print their commands: every `mtpc` one parses
-    with today's flags, every Python one names a script that exists, and a wrong argument is refused."""
+    """benchmarks/smollm2_*.sh --dry-run print their commands: every `mtpc` one parses with today's flags, every
+    Python one names a script that exists, and a wrong argument is refused."""
     run = subprocess.run(["bash", str(BENCHMARKS / name), "--dry-run"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     commands = [shlex.split(line) for line in run.stdout.splitlines()]
@@ -515,10 +517,46 @@ def test_smollm2_scripts_dry_run_commands_parse(name, tools):
         else:
             assert argv[0] == "python" and (ROOT / argv[1]).is_file(), argv
     assert {argv[1] for argv in commands if argv[0] == "mtpc"} == tools
+    trainings = [a for a in commands if a[1:2] == ["train"]]
     if name == "smollm2_trees.sh":
         assert all("--tree" in argv for argv in commands) and len(commands) == 3  # greedy, t1, chat
+    elif name == "smollm2_own_text.sh":
+        assert len(trainings) == 2  # the same steps on each text
+    elif name == "smollm2_rq2.sh":  # every head of the table, the same steps, the same text
+        assert [Path(a[a.index("--out") + 1]).name for a in trainings] == list(script("smollm2_rq2").RUNS)
+        assert len({a[a.index("--steps") + 1] for a in trainings}) == 1
     else:
-        assert len([a for a in commands if a[1:2] == ["train"]]) == 2  # the same steps on each text
+        assert len(trainings) == 1 and "--chat" in commands[1] and "--init-head" in trainings[0]
+    bad = subprocess.run(["bash", str(BENCHMARKS / name), "--now"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() and not bad.stdout  # refused before running anything
+
+
+def test_smollm2_rq2_collects_training_scores_and_bench_rows(tmp_path, monkeypatch):
+    module = script("smollm2_rq2")
+    monkeypatch.setattr(module, "RECORD", tmp_path / "record.json")
+    runs = tmp_path / "rq2"
+    (runs / "btree4").mkdir(parents=True)
+    (runs / "cp4").mkdir()  # trained, not scored: left out
+    (runs / "btree4" / "head.safetensors").write_bytes(b"\0" * 1_500_000)
+    for name in ("btree4", "cp4"):
+        (runs / name / "train_config.json").write_text(json.dumps({
+            "bindings": {"n": 4}, "steps": 64, "train_tokens": 262144, "train_seconds": 240.0, "tokens_per_second": 1092}))
+    topk = {"token": [[0.4, 0.5, 0.6, 0.7], [0.2, 0.3, 0.4, 0.5], [0.1, 0.2, 0.3, 0.4]],
+            "path": [[0.4, 0.5, 0.6, 0.7], [0.1, 0.2, 0.3, 0.4], [0.01, 0.05, 0.1, 0.2]]}
+    (runs / "score-btree4-nx-own.json").write_text(json.dumps({"val_windows": 2048, "val_accepted": 1.5678,
+                                                              "val_depth_topk": topk}))
+    data = module.collect(runs)
+    assert [h["run"] for h in data["heads"]] == ["btree4"] and "plain_ms_per_step" not in data
+    assert module.table(data).splitlines()[2] == ("| BTree | 4 |  | 262,144 | 1,092 | 4 | 1.5 | 0.40 / 0.20 / 0.10 | "
+                                                 "0.70 / 0.50 / 0.40 | 1.57 |")
+    (runs / "bench").mkdir()
+    (runs / "bench" / "bench.json").write_text(json.dumps({
+        "plain": {"mu_lat": {"mean": 0.032}},
+        "heads": [{"head": "runs/rq2/btree4", "compiled": False, "lookup": False, "mu_acc": {"mean": 1.4567},
+                   "mu_lat": {"mean": 0.0381}, "tok_s": {"mean": 38.2}}]}))
+    data = module.collect(runs)
+    assert data["plain_ms_per_step"] == 32.0 and json.loads((tmp_path / "record.json").read_text()) == data
+    assert module.table(data).splitlines()[2].endswith("| 1.57 | 1.46 | 38.1 |")
 
 
 def test_smollm2_heads_collects_each_runs_record(tmp_path, monkeypatch):
