@@ -40,7 +40,7 @@ run mtpc features --model "$G" --data "$R/nx-chat.jsonl" --out "$R/features-nx-c
 # 3. the shipped head trained on (it keeps its circuit, draft vocabulary, tying and first-token MLP)
 if ((dry)) || [[ ! -f $R/head/head.json ]]; then
     run mtpc train --model "$G" --init-head "$HEAD" --loss kl --features "$R/features-train" --out "$R/head" \
-        --minutes "$MINUTES" --seq-len 512 --batch-size 8 --lr 0.001 --val-every 100000 --dtype bf16 --no-progress
+        --minutes "$MINUTES" --seq-len 512 --batch-size 8 --lr 0.001 --val-every 200 --dtype bf16 --no-progress
 fi
 # 4. both heads on the three held-out texts
 for h in shipped:$HEAD own:$R/head; do
