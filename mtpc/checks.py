@@ -87,11 +87,13 @@ def width_or_adaptive(text: str) -> int | str:
 MAX_TREE_NODES = 1024  # the largest tree a flag may ask for (a head's n and branching bound it further)
 
 
-def tree_or_chain(text: str) -> int | None:
-    """A bench row's window shape: `chain` (None: one drafted continuation) or a tree's node budget in 2..1024."""
-    if text.strip().lower() == "chain":
-        return None
-    return _number(text, int, f"'chain' or an integer in 2..{MAX_TREE_NODES}", lambda v: 2 <= v <= MAX_TREE_NODES)
+def tree_or_chain(text: str) -> int | str | None:
+    """A bench row's window shape: `chain` (None: one drafted continuation), `auto` (each head's budget chosen as
+    `mtpc generate --tree auto` chooses it) or a tree's node budget in 2..1024."""
+    if text.strip().lower() in ("chain", "auto"):
+        return None if text.strip().lower() == "chain" else "auto"
+    return _number(text, int, f"'chain', 'auto' or an integer in 2..{MAX_TREE_NODES}",
+                   lambda v: 2 <= v <= MAX_TREE_NODES)
 
 
 def tree_or_auto(text: str) -> int | str:

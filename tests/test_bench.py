@@ -383,3 +383,36 @@ def test_the_compiled_plain_decoder_compiles_outside_its_timed_steps():
     assert again.stats.compile_seconds == 0  # the same caches: nothing to trace
     assert max(long.stats.cycle_seconds) < long.stats.compile_seconds
     assert torch.equal(again.sequences, eager.generate(ids, 140).sequences)
+
+
+def test_tree_auto_sizes_each_heads_tree_from_its_recorded_acceptance(setup, tmp_path):
+    """`--tree auto`: a head that records a high per-depth acceptance gets a tree (its row says what the choice
+    expected and the verify costs it was made from); one whose tree cannot beat plain decoding keeps only its
+    chain; a head with no record is one input error naming it."""
+    import shutil
+
+    good, poor = tmp_path / "good", tmp_path / "poor"
+    shutil.copytree(setup["heads"]["cp"], good)
+    shutil.copytree(setup["heads"]["ff"], poor)
+    (good / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1, 2], "depth": [1, 2, 3], "path": [[0.95, 1.0], [0.9, 1.0], [0.85, 1.0]]}}))
+    (poor / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1, 2], "depth": [1], "path": [[0.0, 0.0]]}}))
+    report = run_bench(config(setup, heads=[str(good), str(poor)], trees=(None, "auto")))
+    rows = {r["label"]: r for r in report["heads"]}
+    auto = [label for label in rows if label.startswith("good/auto-tree")]
+    assert len(auto) == 1 and set(rows) == {auto[0], "good", "poor"} and report["greedy_identical"] is True
+    chosen = rows[auto[0]]
+    assert chosen["tree"] == int(auto[0].rsplit("tree", 1)[1]) >= 2
+    assert chosen["tree_auto"]["expected_tokens"] > 1 and sorted(map(int, chosen["tree_auto"]["call_ms"])) == [
+        1, 2, 4, 8, 16, 32, 64]
+    assert rows["good"]["tree"] is None and rows["good"]["tree_auto"] is None
+    bare = tmp_path / "bare"
+    shutil.copytree(setup["heads"]["ff"], bare)
+    config_file = bare / "train_config.json"
+    if config_file.exists():
+        recorded = json.loads(config_file.read_text())
+        recorded.pop("val_depth_topk", None)
+        config_file.write_text(json.dumps(recorded))
+    with pytest.raises(InputError, match="--tree auto: the head bare records no per-depth acceptance"):
+        run_bench(config(setup, heads=[str(bare)], trees=("auto",)))

@@ -58,11 +58,12 @@ class BenchConfig:
         (None,), flag="--window", nargs="+", type=width_or_adaptive, metavar="K",
         help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or 'adaptive' "
              "(each window's width chosen from its draft's probabilities); default: n")
-    trees: Sequence[int | None] = setting(  # None: a chain
+    trees: Sequence[int | str | None] = setting(  # None: a chain
         (None,), flag="--tree", nargs="+", type=tree_or_chain, metavar="N",
         help="window shapes to compare side by side: 'chain' (one drafted continuation, the default) and/or "
              "trees of N nodes chosen by the circuit (mtpc.decoding.trees; with --lookup, a match is a branch of "
-             "the tree); a tree takes no --window")
+             "the tree), or 'auto': each head's tree sized from its recorded per-depth acceptance and the verify "
+             "costs measured at the start (as mtpc generate --tree auto); a tree takes no --window")
     acceptance: Sequence[str] = setting(
         ("block",), nargs="+", choices=ACCEPTANCE_RULES,
         help="speculative-sampling rules to compare side by side: block (block verification, the decoder's "
@@ -114,5 +115,6 @@ class Variant:
     compiled: bool = False  # the cycle step runs through torch.compile
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
     tree: int | None = None  # a tree's node budget (None: a chain)
+    tree_auto: dict | None = None  # `--tree auto`: what the choice expected (tokens a cycle, cost), and from what
     acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES
     draft_temperature: float | None = None  # the circuit's sampling temperature (None: the target's)

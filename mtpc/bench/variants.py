@@ -15,7 +15,9 @@ import torch
 from .. import loading
 from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
                         load_head_entry)
-from ..decoding.trees import tree_budget
+from ..decoding.backbone import SplitBackbone
+from ..decoding.trees import AUTO_TREE_WIDTHS, auto_tree, tree_budget
+from ..decoding.verify import verify_call_seconds
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
@@ -27,12 +29,14 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                    lookup: Sequence[bool] = (False,), lookup_tokens: int = 10, compiled: Sequence[bool] = (False,),
                    windows: Sequence[int | str | None] = (None,), acceptance: Sequence[str] = ("block",),
                    draft_temperatures: Sequence[float | None] = (None,),
-                   trees: Sequence[int | None] = (None,)) -> list[Variant]:
+                   trees: Sequence[int | str | None] = (None,),
+                   call_seconds: Callable[[], dict[int, float]] | None = None) -> list[Variant]:
     """One decoder per head x lookup x verify width (None: the head's n; "adaptive": `AdaptiveWidth()`)
     x acceptance rule ("block" or "token") x draft temperature (None: the target's) x eager/compiled, for
     each window shape of `trees` (None: a chain; N: a tree of N nodes, with or without lookup branches, no
     width of its own, and no rows per acceptance rule or draft temperature: a tree's acceptance and drafts
-    use neither).
+    use neither; "auto": each head's budget from its recorded per-depth acceptance and `call_seconds()`, the
+    verify call's seconds by width, measured once).
     A window wider than a head's circuit, or a tree it cannot fill, is an input error."""
     lookup, windows, acceptance = list(dict.fromkeys(lookup)), list(dict.fromkeys(windows)), list(dict.fromkeys(acceptance))
     draft_temperatures = list(dict.fromkeys(draft_temperatures))
@@ -42,7 +46,8 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         if wrong:
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     trees = list(dict.fromkeys(trees))
-    variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], lookup, lookup_tokens, compiled)
+    variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], lookup, lookup_tokens, compiled,
+                              call_seconds)
     if None not in trees:
         return variants
     for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
@@ -62,21 +67,54 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
 
 
 def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
-                   trees: Sequence[int], lookup: Sequence[bool], lookup_tokens: int,
-                   compiled: Sequence[bool]) -> list[Variant]:
-    """One decoder per head x tree budget x lookup x eager/compiled (`--tree N`)."""
+                   trees: Sequence[int | str], lookup: Sequence[bool], lookup_tokens: int,
+                   compiled: Sequence[bool], call_seconds: Callable[[], dict[int, float]] | None) -> list[Variant]:
+    """One decoder per head x tree budget x lookup x eager/compiled (`--tree N`, or `auto`: `_auto_budget`)."""
     variants = []
     for entry, nodes, use, c in itertools.product(entries, trees, lookup, compiled):
+        auto = _auto_budget(entry, call_seconds) if nodes == "auto" else None
+        if nodes == "auto" and auto["nodes"] is None:  # no tree beats plain decoding: the head's chain
+            continue
+        budget = auto["budget"] if auto else nodes
         try:
-            tree_budget(nodes, entry.info["n"], entry.head.num_states)
+            tree_budget(budget, entry.info["n"], entry.head.num_states)
         except ValueError as e:
             raise InputError(f"--tree {nodes} with the head {entry.label}: {e}") from None
-        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=nodes,
+        decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=budget,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                               **({"compile": True} if c else {}))
-        label = f"{entry.label}/tree{nodes}" + ("/lookup" if use else "") + ("/compile" if c else "")
-        variants.append(Variant(label, entry, use, decoder.tree_depth + 1, decoder, compiled=c, tree=nodes))
+        count = auto["nodes"] if auto else nodes
+        label = (f"{entry.label}/{'auto-' if auto else ''}tree{count}" + ("/lookup" if use else "")
+                 + ("/compile" if c else ""))
+        variants.append(Variant(label, entry, use, decoder.tree_depth + 1, decoder, compiled=c, tree=count,
+                                tree_auto={k: v for k, v in auto.items() if k != "budget"} if auto else None))
     return variants
+
+
+def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> dict:
+    """`--tree auto` for one head (`mtpc.decoding.trees.auto_tree`): {"budget", "nodes" (None: no tree beats plain
+    decoding), "children", "expected_tokens", "cost", "call_ms"}."""
+    depth_topk = loading.head_depth_topk(entry.path)
+    if depth_topk is None:
+        raise InputError(f"--tree auto: the head {entry.label} records no per-depth acceptance (val_depth_topk in "
+                         f"train_config.json, or {loading.DEPTH_TOPK_FILE} from benchmarks/depth_acceptance.py): "
+                         "give --tree N")
+    if call_seconds is None:
+        raise ValueError("--tree auto needs call_seconds, the verify call's seconds by width")
+    seconds = call_seconds()
+    budget, tokens, cost = auto_tree(depth_topk, seconds, entry.info["n"], entry.head.num_states)
+    return {"budget": budget, "nodes": budget.nodes if budget else None,
+            "children": budget.children() if budget else None, "expected_tokens": round(tokens, 3),
+            "cost": round(cost, 3), "call_ms": {w: round(s * 1e3, 3) for w, s in seconds.items()}}
+
+
+def _verify_costs(base: torch.nn.Module) -> dict[int, float]:
+    """The LM's verify call seconds by width (`AUTO_TREE_WIDTHS`), for `--tree auto`."""
+    backbone = SplitBackbone(base)
+    if backbone.whole_model:
+        raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
+                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: compare chains (no --tree)")
+    return verify_call_seconds(backbone, AUTO_TREE_WIDTHS)
 
 
 def _width_label(width: int | str | None) -> str:
@@ -107,10 +145,11 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
     head_dtype = getattr(torch, DTYPES[cfg.head_dtype]) if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
+    call_seconds = functools.cache(functools.partial(_verify_costs, base))
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows,
                               acceptance=cfg.acceptance, draft_temperatures=cfg.draft_temperatures,
-                              trees=cfg.trees)
+                              trees=cfg.trees, call_seconds=call_seconds)
     return Loaded(device, dtype, bench_tokenizer(cfg)[1], base, load_model, variants)
 
 

@@ -257,14 +257,14 @@ def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
     head's recorded per-depth acceptance and this model's verify costs measured now; said in one line. None
     (a chain) when no tree of the head's recorded k beats plain decoding."""
     from ..decoding.backbone import SplitBackbone
-    from ..decoding.trees import auto_tree
+    from ..decoding.trees import AUTO_TREE_WIDTHS, auto_tree
     from ..decoding.verify import verify_call_seconds
 
     backbone = SplitBackbone(model)
     if backbone.whole_model:
         raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
                          f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no --tree)")
-    widths = (1, 2, 4, 8, 16, 32, 64)
+    widths = AUTO_TREE_WIDTHS
     seconds = verify_call_seconds(backbone, widths)
     budget, tokens, cost = auto_tree(depth_topk, seconds, head.num_variables, head.num_states)
     curve = ", ".join(f"{w}: {seconds[w] * 1e3:.1f}" for w in widths)

@@ -141,6 +141,9 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     return Window(tokens, None, width, WindowShape(node_parents, depths))
 
 
+AUTO_TREE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # the verify widths `--tree auto` measures (its cost curve)
+
+
 def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: int
               ) -> tuple[TreeBudget | None, float, float]:
     """The tree with the most tokens per unit of cycle cost, as Sequoia sizes its trees: for each recorded `k`
@@ -162,7 +165,7 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
                 break
             tokens += path[k_index]
             nodes = sum(k ** j for j in range(d + 1))
-            cost = _cost(call_seconds, nodes) / one
+            cost = max(_cost(call_seconds, nodes) / one, 1.0)  # never below one call (timing noise on tiny models)
             if tokens / cost > best_rate:
                 best = TreeBudget(nodes, k, k ** (d - 1))
                 best_rate, best_tokens, best_cost = tokens / cost, tokens, cost
