@@ -503,7 +503,8 @@ def test_smollm2_heads_sh_dry_run_commands_parse():
 @pytest.mark.parametrize("name, tools", [("smollm2_trees.sh", {"bench"}),
                                          ("smollm2_own_text.sh", {"distill-data", "features", "train"}),
                                          ("smollm2_rq2.sh", {"features", "train"}),
-                                         ("smollm2_own_head.sh", {"distill-data", "features", "train"})])
+                                         ("smollm2_own_head.sh", {"distill-data", "features", "train"}),
+                                         ("smollm2_hour.sh", {"features", "train"})])
 def test_smollm2_scripts_dry_run_commands_parse(name, tools):
     """benchmarks/smollm2_*.sh --dry-run print their commands: every `mtpc` one parses with today's flags, every
     Python one names a script that exists, and a wrong argument is refused."""
@@ -525,6 +526,8 @@ def test_smollm2_scripts_dry_run_commands_parse(name, tools):
     elif name == "smollm2_rq2.sh":  # every head of the table, the same steps, the same text
         assert [Path(a[a.index("--out") + 1]).name for a in trainings] == list(script("smollm2_rq2").RUNS)
         assert len({a[a.index("--steps") + 1] for a in trainings}) == 1
+    elif name == "smollm2_hour.sh":
+        assert len(trainings) == 1 and "examples/cp.pc" in trainings[0]
     else:
         assert len(trainings) == 1 and "--chat" in commands[1] and "--init-head" in trainings[0]
     bad = subprocess.run(["bash", str(BENCHMARKS / name), "--now"], capture_output=True, text=True, timeout=120)
