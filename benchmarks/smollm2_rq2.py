@@ -30,7 +30,7 @@ def record_of(runs: Path, name: str, structure: str, r: int | None, lora: int, b
     cfg = json.loads((folder / "train_config.json").read_text())
     score = json.loads((runs / f"score-{name}-nx-own.json").read_text())
     topk = score["val_depth_topk"]
-    weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    weights = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))  # a LoRA adapter included
     record = {"run": name, "structure": structure, "n": cfg["bindings"]["n"], "r": r, "lora_layers": lora,
               "steps": cfg["steps"], "train_tokens": cfg["train_tokens"], "minutes": round(cfg["train_seconds"] / 60, 1),
               "tokens_per_second": cfg["tokens_per_second"], "weights_megabytes": round(weights / 1e6, 2),
