@@ -504,7 +504,8 @@ def test_smollm2_heads_sh_dry_run_commands_parse():
                                          ("smollm2_own_text.sh", {"distill-data", "features", "train"}),
                                          ("smollm2_rq2.sh", {"features", "train"}),
                                          ("smollm2_own_head.sh", {"distill-data", "features", "train"}),
-                                         ("smollm2_hour.sh", {"features", "train"})])
+                                         ("smollm2_hour.sh", {"features", "train"}),
+                                         ("smollm2_chat_adds.sh", {"train"})])
 def test_smollm2_scripts_dry_run_commands_parse(name, tools):
     """benchmarks/smollm2_*.sh --dry-run print their commands: every `mtpc` one parses with today's flags, every
     Python one names a script that exists, and a wrong argument is refused."""
@@ -526,6 +527,8 @@ def test_smollm2_scripts_dry_run_commands_parse(name, tools):
     elif name == "smollm2_rq2.sh":  # every head of the table, the same steps, the same text
         assert [Path(a[a.index("--out") + 1]).name for a in trainings] == list(script("smollm2_rq2").RUNS)
         assert len({a[a.index("--steps") + 1] for a in trainings}) == 1
+    elif name == "smollm2_chat_adds.sh":  # the same steps on each store
+        assert len(trainings) == 2 and len({a[a.index("--steps") + 1] for a in trainings}) == 1
     elif name == "smollm2_hour.sh":
         assert len(trainings) == 1 and "examples/cp.pc" in trainings[0]
     else:
@@ -599,3 +602,29 @@ def test_depth_acceptance_scores_a_head_on_a_stores_held_out_split(lab, tmp_path
     table = record["val_depth_topk"]
     assert table["k"] == [1, 2, 4, 8] and table["windows"] == record["val_windows"] > 0
     assert json.loads(out.read_text()) == record and "| depth | top-1 |" in capsys.readouterr().out
+
+
+def test_smollm2_own_head_collects_the_files_and_each_scored_head(tmp_path, monkeypatch):
+    module = script("smollm2_own_head")
+    monkeypatch.setattr(module, "RECORD", tmp_path / "record.json")
+    runs = tmp_path / "own2"
+    runs.mkdir()
+    (runs / "stdlib-chat.jsonl").write_text("\n".join(json.dumps({"prompt_ids": [1] * p, "completion_ids": [2] * c})
+                                                      for p, c in ((30, 100), (40, 7))) + "\n")
+    topk = {"token": [[0.45, 0.5, 0.6, 0.7]], "path": [[0.45, 0.5, 0.6, 0.7]]}
+    for name, accepted in (("shipped", 1.5), ("cp4-hour", 1.875)):
+        for text in module.TEXTS:
+            (runs / f"score-{name}-{text}.json").write_text(json.dumps({
+                "val_accepted": accepted, "val_windows": 2048, "val_depth_topk": topk}))
+    (runs / "score-own-nx.json").write_text("{}")  # not scored on every text: left out
+    (runs / "cp4-hour").mkdir()
+    (runs / "cp4-hour" / "train_config.json").write_text(json.dumps({
+        "features": "runs/own2/features-continuations", "circuit": "examples/cp.pc", "bindings": {"n": 4, "r": 8},
+        "steps": 1000, "train_tokens": 4096000, "train_seconds": 3600.0, "tokens_per_second": 1137, "lr": 0.002,
+        "val_accepted": 1.9}))
+    data = module.collect(runs)
+    assert data["files"] == {"stdlib-chat.jsonl": {"records": 2, "prompt_tokens": 70, "completion_tokens": 107}}
+    assert list(data["heads"]) == ["shipped", "cp4-hour"] and data["heads"]["cp4-hour"]["training"]["minutes"] == 60
+    assert json.loads((tmp_path / "record.json").read_text()) == data
+    assert module.table(data).splitlines()[3] == ("| CP r = 8 from scratch, the LM's continuations, 60 min |"
+                                                 " 0.450 | 1.88 | 0.450 | 1.88 | 0.450 | 1.88 |")
