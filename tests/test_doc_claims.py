@@ -591,6 +591,27 @@ def test_the_smollm2_structures_table_is_the_recorded_run():
            f"{heads['h-ff4']['teacher_forced_tokens_per_cycle']:.2f}" in " ".join(text.split())
 
 
+def test_the_equal_tokens_table_is_the_recorded_run():
+    """docs/results.md's RQ2 table at equal tokens is what benchmarks/smollm2_rq2.py makes of its record, every
+    head saw the same tokens, and the prose's numbers are the record's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_rq2", ROOT / "benchmarks" / "smollm2_rq2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = json.loads(module.RECORD.read_text())
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert module.table(data) in text
+    heads = {h["run"]: h for h in data["heads"]}
+    assert list(heads) == list(module.RUNS) and len({h["train_tokens"] for h in heads.values()}) == 1
+    flat = " ".join(text.split())
+    tokens = {name: f"{h['teacher_forced_tokens_per_window']:.2f}" for name, h in heads.items()}
+    assert f"CP {tokens['cp4']} tokens a window and HMM {tokens['hmm4']} against the FF's {tokens['ff4']}" in flat
+    assert f"depth 2 top-1 {heads['cp4']['depth_top1'][1]:.2f} and {heads['hmm4']['depth_top1'][1]:.2f} against " \
+           f"{heads['ff4']['depth_top1'][1]:.2f}" in flat
+    assert f"{tokens['ff4-lora1']} against {tokens['ff4']}, for a second pass" in flat
+
+
 def test_the_index_put_batch_table_is_the_recorded_runs():
     """results.md's paired batch runs before and after the cache write became `index_put`: every cell is the
     `batch.json` of the run the row names, and each row's command is the one shown (B = 8, 32 prompts)."""
