@@ -1,14 +1,14 @@
 """Which circuit structure drafts SmolLM2 best at equal tokens seen (the MtPC paper's RQ2 on a real LM): the
 heads `benchmarks/smollm2_rq2.sh` trains from the same cached features of the LM's own text, side by side.
 
-    python benchmarks/smollm2_rq2.py collect [--runs runs/rq2]   # -> benchmarks/results/rq2_smollm2.json
+    python benchmarks/smollm2_rq2.py collect [--runs runs/rq2] [--bench docs/bench/smollm2-rq2/bench.json]
     python benchmarks/smollm2_rq2.py table                       # the markdown table of docs/results.md
 
 `collect` reads each head's `train_config.json` (tokens seen, training tokens per second from the store,
 minutes), its size, its teacher-forced scores on the LM's own held-out networkx continuations
-(`score-NAME-nx-own.json`, benchmarks/depth_acceptance.py's record) and, when `RUNS/bench/bench.json`
-exists (an `mtpc bench` of the same heads), each head's tokens per cycle and milliseconds per cycle in
-decoding; `table` prints the table from the recorded JSON (tests/test_doc_claims.py checks that
+(`score-NAME-nx-own.json`, benchmarks/depth_acceptance.py's record) and, when the `--bench` report exists
+(an eager `mtpc bench` of the same heads, greedy), each head's tokens per cycle and milliseconds per cycle
+in decoding; `table` prints the table from the recorded JSON (tests/test_doc_claims.py checks that
 docs/results.md holds exactly it).
 """
 
@@ -46,18 +46,18 @@ def record_of(runs: Path, name: str, structure: str, r: int | None, lora: int, b
     return record
 
 
-def bench_rows(runs: Path) -> tuple[dict, dict | None]:
-    """(head folder name -> its bench row, the bench's plain row) of `RUNS/bench/bench.json`, if it exists."""
-    path = runs / "bench" / "bench.json"
+def bench_rows(path: Path) -> tuple[dict, dict | None]:
+    """(head folder name -> its eager chain row, the bench's plain row) of the bench report `path`, if it exists."""
     if not path.is_file():
         return {}, None
     data = json.loads(path.read_text())
-    rows = {Path(h["head"]).name: h for h in data["heads"] if not h.get("compiled") and not h.get("lookup")}
+    rows = {Path(h["head"]).name: h for h in data["heads"]
+            if not h.get("compiled") and not h.get("lookup") and not h.get("tree")}
     return rows, data["plain"]
 
 
-def collect(runs: Path) -> dict:
-    bench, plain = bench_rows(runs)
+def collect(runs: Path, bench_report: Path) -> dict:
+    bench, plain = bench_rows(bench_report)
     records = [record_of(runs, name, *spec, bench) for name, spec in RUNS.items()
                if (runs / name / "train_config.json").is_file() and (runs / f"score-{name}-nx-own.json").is_file()]
     data = {"what": "SmolLM2-135M-Instruct heads at n = 4 trained by benchmarks/smollm2_rq2.sh from scratch for the "
@@ -95,8 +95,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("collect", "table"))
     parser.add_argument("--runs", default="runs/rq2")
+    parser.add_argument("--bench", default="docs/bench/smollm2-rq2/bench.json")
     args = parser.parse_args(argv)
-    data = collect(Path(args.runs)) if args.action == "collect" else json.loads(RECORD.read_text())
+    data = collect(Path(args.runs), Path(args.bench)) if args.action == "collect" else json.loads(RECORD.read_text())
     print(table(data))
 
 

@@ -48,3 +48,9 @@ train btree4 "$OWN/features-own" --circuit examples/btree.pc -D n=4 -D r=4
 train ff4-lora1 "$R/features-own-inner1" --circuit examples/ff.pc -D n=4 --lora-layers 1
 for h in ff4 cp4 hmm4 btree4; do score $h "$OWN/features-nx-own" nx-own; done
 score ff4-lora1 "$R/features-nx-own-inner1" nx-own
+# 3. in decoding, alone on the machine: greedy, eager, one thread, the README bench's held-out networkx prompts
+#    (tokens per cycle and milliseconds per cycle; EXTRA_HEADS="DIR ..." benches more heads in the same run)
+run mtpc bench --model "$G" --heads "$R/ff4" "$R/cp4" "$R/hmm4" "$R/btree4" "$R/ff4-lora1" \
+    models/heads/smollm2-ff4-k2048 ${EXTRA_HEADS:-} --corpus "$NX" --num-prompts 6 --repeats 1 --prompt-len 128 \
+    --max-new-tokens 128 --threads 1 --dtype bf16 --mode greedy --no-progress --out docs/bench/smollm2-rq2
+run python benchmarks/results_file.py strip-paths docs/bench/smollm2-rq2

@@ -502,7 +502,7 @@ def test_smollm2_heads_sh_dry_run_commands_parse():
 
 @pytest.mark.parametrize("name, tools", [("smollm2_trees.sh", {"bench"}),
                                          ("smollm2_own_text.sh", {"distill-data", "features", "train"}),
-                                         ("smollm2_rq2.sh", {"features", "train"}),
+                                         ("smollm2_rq2.sh", {"features", "train", "bench"}),
                                          ("smollm2_own_head.sh", {"distill-data", "features", "train"}),
                                          ("smollm2_hour.sh", {"features", "train"}),
                                          ("smollm2_chat_adds.sh", {"train"})])
@@ -526,6 +526,7 @@ def test_smollm2_scripts_dry_run_commands_parse(name, tools):
         assert len(trainings) == 2  # the same steps on each text
     elif name == "smollm2_rq2.sh":  # every head of the table, the same steps, the same text
         assert [Path(a[a.index("--out") + 1]).name for a in trainings] == list(script("smollm2_rq2").RUNS)
+        assert {a[1] for a in commands if a[0] == "mtpc"} == {"features", "train", "bench"}
         assert len({a[a.index("--steps") + 1] for a in trainings}) == 1
     elif name == "smollm2_chat_adds.sh":  # the same steps on each store
         assert len(trainings) == 2 and len({a[a.index("--steps") + 1] for a in trainings}) == 1
@@ -551,7 +552,7 @@ def test_smollm2_rq2_collects_training_scores_and_bench_rows(tmp_path, monkeypat
             "path": [[0.4, 0.5, 0.6, 0.7], [0.1, 0.2, 0.3, 0.4], [0.01, 0.05, 0.1, 0.2]]}
     (runs / "score-btree4-nx-own.json").write_text(json.dumps({"val_windows": 2048, "val_accepted": 1.5678,
                                                               "val_depth_topk": topk}))
-    data = module.collect(runs)
+    data = module.collect(runs, runs / "bench" / "bench.json")
     assert [h["run"] for h in data["heads"]] == ["btree4"] and "plain_ms_per_step" not in data
     assert module.table(data).splitlines()[2] == ("| BTree | 4 |  | 262,144 | 1,092 | 4 | 1.5 | 0.40 / 0.20 / 0.10 | "
                                                  "0.70 / 0.50 / 0.40 | 1.57 |")
@@ -560,7 +561,7 @@ def test_smollm2_rq2_collects_training_scores_and_bench_rows(tmp_path, monkeypat
         "plain": {"mu_lat": {"mean": 0.032}},
         "heads": [{"head": "runs/rq2/btree4", "compiled": False, "lookup": False, "mu_acc": {"mean": 1.4567},
                    "mu_lat": {"mean": 0.0381}, "tok_s": {"mean": 38.2}}]}))
-    data = module.collect(runs)
+    data = module.collect(runs, runs / "bench" / "bench.json")
     assert data["plain_ms_per_step"] == 32.0 and json.loads((tmp_path / "record.json").read_text()) == data
     assert module.table(data).splitlines()[2].endswith("| 1.57 | 1.46 | 38.1 |")
 
