@@ -139,7 +139,8 @@ def test_a_second_stage_can_read_the_first_token(tiny_lm, corpus, tmp_path):
     embedding: the same held-out windows scored the same) and trains the embedding; the saved head reads it."""
     from mtpc.heads.head import load_head
 
-    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
+    # the CLI's split (val_fraction 0.02): the same held-out windows in both stages
+    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2, val_fraction=0.02))
     assert main(["train", "--model", tiny_lm, "--init-head", str(tmp_path / "stage1"), "--data", corpus, "--out",
                  str(tmp_path / "stage2"), "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision",
                  "fp32", "--no-progress", "--first-token", "--val-every", "1", "--lr", "1e-2",
@@ -159,7 +160,7 @@ def test_a_second_stage_can_read_the_first_token_through_an_mlp(tiny_lm, corpus,
     output layer) and trains the MLP; the saved head reads x_0 through it."""
     from mtpc.heads.head import load_head
 
-    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2))
+    train(config(tiny_lm, corpus, tmp_path / "stage1", steps=2, val_fraction=0.02))  # the CLI's split
     assert main(["train", "--model", tiny_lm, "--init-head", str(tmp_path / "stage1"), "--data", corpus, "--out",
                  str(tmp_path / "stage2"), "--steps", "3", "--seq-len", "32", "--batch-size", "4", "--precision",
                  "fp32", "--no-progress", "--first-token-mlp", "6", "--val-every", "1", "--lr", "1e-2",
