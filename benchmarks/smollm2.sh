@@ -11,8 +11,9 @@ G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
 HEAD=${HEAD:-models/heads/smollm2-ff4-k2048}  # HEAD=... benches another head the same way
 OUT=${OUT:-docs/bench/smollm2}  # OUT=... keeps another head's reports apart
-CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 --compile --lookup both"
-CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 --compile --lookup both"
+EXTRA=${EXTRA:-}  # more bench options for every run, e.g. EXTRA="--tree chain 8" (tree rows beside the chain)
+CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 --compile --lookup both $EXTRA"
+CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 --compile --lookup both $EXTRA"
 run() {
     case "$1" in
         greedy-bf16) mtpc bench $CODE --threads 1 --dtype bf16 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
