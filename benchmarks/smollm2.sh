@@ -3,7 +3,8 @@
 # held-out third-party code (the installed networkx package's sources) and chat instructions, 128 new
 # tokens, one thread, each dtype against the other decoders in the same dtype (one `mtpc bench` per line).
 #   bash benchmarks/smollm2.sh [RUN ...]   runs: greedy-bf16 t1-bf16 t07-bf16 greedy-fp32 chat-bf16 greedy-bf16-2threads
-# Reports go to docs/bench/smollm2/<run>/ (bench.json, bench.md, tradeoff.png).
+# Reports go to docs/bench/smollm2/<run>/ (bench.json, bench.md, tradeoff.png). HEAD=DIR benches another head,
+# OUT=DIR writes its reports elsewhere, EXTRA="..." adds bench options to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
