@@ -17,8 +17,8 @@ TEXTS = {"nx-own": "the LM's own networkx continuations", "nx": "networkx's sour
          "nx-chat": "the LM's answers about networkx"}
 # score name -> (row label, training folder under RUNS, or None: the shipped head)
 HEADS = {"shipped": ("smollm2-ff4-k2048 (shipped)", None),
-         "own": ("FF: the shipped head + the LM's own text, 30 min", "head"),
-         "cp4-hour": ("CP r = 8 from scratch, the LM's continuations, 60 min", "cp4-hour"),
+         "own": ("smollm2-ff4-k2048-own: the shipped head + 30 min of both texts", "head"),
+         "cp4-hour": ("CP r = 8 from scratch, 60 min of the continuations", "cp4-hour"),
          "adds-continuations": ("the shipped head + 120 steps of continuations", "adds-continuations"),
          "adds-mixed": ("the shipped head + 120 steps of continuations and answers", "adds-mixed")}
 FILES = ("stdlib-own.jsonl", "stdlib-chat.jsonl", "nx-chat.jsonl")

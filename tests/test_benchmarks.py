@@ -627,5 +627,5 @@ def test_smollm2_own_head_collects_the_files_and_each_scored_head(tmp_path, monk
     assert data["files"] == {"stdlib-chat.jsonl": {"records": 2, "prompt_tokens": 70, "completion_tokens": 107}}
     assert list(data["heads"]) == ["shipped", "cp4-hour"] and data["heads"]["cp4-hour"]["training"]["minutes"] == 60
     assert json.loads((tmp_path / "record.json").read_text()) == data
-    assert module.table(data).splitlines()[3] == ("| CP r = 8 from scratch, the LM's continuations, 60 min |"
+    assert module.table(data).splitlines()[3] == ("| CP r = 8 from scratch, 60 min of the continuations |"
                                                  " 0.450 | 1.88 | 0.450 | 1.88 | 0.450 | 1.88 |")

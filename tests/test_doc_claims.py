@@ -676,6 +676,32 @@ def test_the_own_text_table_is_its_record():
     assert round(100 * record["own"]["nx-own"]["val_depth_topk"]["token"][0][0]) == 50
 
 
+def test_the_own_text_at_volume_table_is_its_record():
+    """results.md's table of the heads trained on the LM's own text at volume is what
+    benchmarks/smollm2_own_head.py makes of its record, and the token counts the prose gives are the files'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_own_head", ROOT / "benchmarks" / "smollm2_own_head.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = json.loads(module.RECORD.read_text())
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert module.table(data) in text and {"shipped", "own", "cp4-hour"} <= set(data["heads"])
+    flat = " ".join(text.split())
+    for name in ("stdlib-own.jsonl", "stdlib-chat.jsonl"):
+        f = data["files"][name]
+        assert f"{f['records']:,} records, {f['completion_tokens']:,} tokens written by the LM" in flat, name
+    heads = data["heads"]
+    first = {(h, t): heads[h][t]["val_depth_topk"]["token"][0][0] for h in heads for t in module.TEXTS}
+    tokens = {(h, t): f"{heads[h][t]['val_accepted']:.2f}" for h in heads for t in module.TEXTS}
+    assert (f"from {100 * first['shipped', 'nx-own']:.0f}% to {100 * first['own', 'nx-own']:.0f}% on the LM's own "
+            f"continuations and from {100 * first['shipped', 'nx-chat']:.0f}% to {100 * first['own', 'nx-chat']:.0f}% "
+            f"on its answers, and the teacher-forced tokens per window from {tokens['shipped', 'nx-own']} to "
+            f"{tokens['own', 'nx-own']} and from {tokens['shipped', 'nx-chat']} to {tokens['own', 'nx-chat']}") in flat
+    assert (f"{first['adds-mixed', 'nx-chat']:.3f} against {first['adds-continuations', 'nx-chat']:.3f} first tokens "
+            f"and {tokens['adds-mixed', 'nx-chat']} against {tokens['adds-continuations', 'nx-chat']} tokens") in flat
+
+
 def test_the_smollm2_trees_table_is_the_recorded_runs():
     """docs/results.md's trees table is what benchmarks/smollm2_table.py makes of the reports
     benchmarks/smollm2_trees.sh wrote (docs/bench/smollm2-trees/*/bench.json), every row; and the float32
@@ -691,3 +717,24 @@ def test_the_smollm2_trees_table_is_the_recorded_runs():
     assert fp32["config"]["dtype"] == "fp32" and fp32["greedy_identical"] is True
     assert {r["label"] for r in fp32["heads"]} >= {"smollm2-ff4-k2048/tree8", "smollm2-ff4-k2048/tree8/lookup"}
     assert all(p["greedy_check"]["identical"] == p["greedy_check"]["compared"] > 0 for p in fp32["peers"])
+
+
+def test_the_own_text_heads_card_is_its_records():
+    """models/README.md's card of smollm2-ff4-k2048-own: its training line is its train_config.json, its
+    held-out scores are benchmarks/results/own_head_smollm2.json's, its depth table its depth_topk.json."""
+    from mtpc.training.trainer_validation import depth_table
+
+    folder = ROOT / "models" / "heads" / "smollm2-ff4-k2048-own"
+    cfg = json.loads((folder / "train_config.json").read_text())
+    card = " ".join((ROOT / "models" / "README.md").read_text().split())
+    assert (f"{cfg['steps']:,} steps of 8 x 512 tokens, {cfg['train_tokens']:,} tokens" in card
+            and f"in {cfg['train_seconds']:,.0f} s ({cfg['tokens_per_second']:,} tok/s" in card)
+    assert cfg["init_head"] == "models/heads/smollm2-ff4-k2048" and f"teacher-forced {cfg['val_accepted']:.2f} tokens" in card
+    heads = json.loads((ROOT / "benchmarks" / "results" / "own_head_smollm2.json").read_text())["heads"]
+    own, shipped = heads["own"], heads["shipped"]
+    first = {t: f"{100 * own[t]['val_depth_topk']['token'][0][0]:.1f}%" for t in ("nx-own", "nx-chat", "nx")}
+    before = {t: f"{100 * shipped[t]['val_depth_topk']['token'][0][0]:.1f}%" for t in ("nx-own", "nx-chat", "nx")}
+    assert (f"on {first['nx-own']} of the windows of SmolLM2's own continuations of networkx prompts "
+            f"({before['nx-own']} for the shipped head), {first['nx-chat']} of its answers to instructions about "
+            f"networkx ({before['nx-chat']}) and {first['nx']} of networkx's sources ({before['nx']})") in card
+    assert depth_table(json.loads((folder / "depth_topk.json").read_text())) in (ROOT / "models" / "README.md").read_text()
