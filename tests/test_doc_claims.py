@@ -610,6 +610,9 @@ def test_the_equal_tokens_table_is_the_recorded_run():
     assert f"depth 2 top-1 {heads['cp4']['depth_top1'][1]:.2f} and {heads['hmm4']['depth_top1'][1]:.2f} against " \
            f"{heads['ff4']['depth_top1'][1]:.2f}" in flat
     assert f"{tokens['ff4-lora1']} against {tokens['ff4']}, for a second pass" in flat
+    cycle = {name: f"{h['decoding_tokens_per_cycle']:.2f}" for name, h in heads.items()}
+    assert (f"CP {cycle['cp4']} tokens a cycle, HMM {cycle['hmm4']}, BTree {cycle['btree4']}, FF {cycle['ff4']} and the "
+            f"FF with LoRA {cycle['ff4-lora1']}") in flat and f"{data['plain_ms_per_step']:.1f} ms plain step" in flat
 
 
 def test_the_index_put_batch_table_is_the_recorded_runs():
