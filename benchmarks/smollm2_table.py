@@ -6,6 +6,8 @@ cycle and speed-up over transformers' own `generate` and over compiled plain dec
     python benchmarks/smollm2_table.py --reports docs/bench/smollm2-trees --runs greedy t1 chat greedy-sizes
 
 (the second: the trees table, from `benchmarks/smollm2_trees.sh`'s reports)
+    python benchmarks/smollm2_table.py --reports docs/bench/smollm2-own --runs greedy-bf16 t1-bf16 chat-bf16 \
+        --readme smollm2-ff4-k2048-own   (the README's table)
 
 Prints the markdown table (tests/test_doc_claims.py checks that docs/results.md holds exactly this).
 """
@@ -52,12 +54,44 @@ def table(reports: Path, runs: tuple[str, ...] = RUNS) -> str:
     return "\n".join(lines)
 
 
+README_COLUMNS = (("plain, compiled", COMPILED, False), ("head, compiled", "{head}/compile", True),
+                  ("head + prompt lookup, compiled", "{head}/lookup/compile", True),
+                  ("head, tree of 8, compiled", "{head}/tree8/compile", True),
+                  ("head, tree of 8 + lookup, compiled", "{head}/tree8/lookup/compile", True),
+                  ("transformers prompt lookup", "hf prompt-lookup:10", True))
+
+
+def readme_table(reports: Path, runs: tuple[str, ...], head: str) -> str:
+    """The README's results table: per run, transformers' `generate` in tokens per second, then each decoder's
+    speed-up over it (tokens per cycle in parentheses), the fastest in bold; a decoder the run lacks is empty."""
+    lines = ["| run | transformers `generate` | " + " | ".join(name for name, _, _ in README_COLUMNS) + " |",
+             "| --- | --- |" + " --- |" * len(README_COLUMNS)]
+    for name in runs:
+        report = json.loads((reports / name / "bench.json").read_text())
+        rows = {r["label"]: r for r in rows_of(report)}
+        base = rows[GENERATE]["tok_s"]["mean"]
+        cells = {}
+        for column, label, cycles in README_COLUMNS:
+            row = rows.get(label.format(head=head))
+            if row is not None:
+                cells[column] = (row["tok_s"]["mean"] / base, f" ({row['mu_acc']['mean']:.2f})" if cycles else "")
+        best = max(ratio for ratio, _ in cells.values())
+        shown = [("**{:.2f}x**" if ratio == best else "{:.2f}x").format(ratio) + extra if column in cells else ""
+                 for column, (ratio, extra) in ((c, cells.get(c, (0, ""))) for c, _, _ in README_COLUMNS)]
+        lines.append(f"| {run_label(name, report)} | {base:.1f} tok/s | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", default=str(ROOT / "docs" / "bench" / "smollm2"))
     parser.add_argument("--runs", nargs="+", default=list(RUNS), help="the runs' folders, in table order")
+    parser.add_argument("--readme", metavar="HEAD", help="print the README's table of this head's runs instead")
     args = parser.parse_args(argv)
-    print(table(Path(args.reports), tuple(args.runs)))
+    if args.readme:
+        print(readme_table(Path(args.reports), tuple(args.runs), args.readme))
+    else:
+        print(table(Path(args.reports), tuple(args.runs)))
 
 
 if __name__ == "__main__":
