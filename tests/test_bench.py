@@ -407,6 +407,9 @@ def test_tree_auto_sizes_each_heads_tree_from_its_recorded_acceptance(setup, tmp
     assert chosen["tree_auto"]["expected_tokens"] > 1 and sorted(map(int, chosen["tree_auto"]["call_ms"])) == [
         1, 2, 4, 8, 16, 32, 64]
     assert rows["good"]["tree"] is None and rows["good"]["tree_auto"] is None
+    alone = {r["label"]: r for r in run_bench(config(setup, heads=[str(poor)], trees=("auto",)))["heads"]}
+    assert list(alone) == ["poor/auto-chain"] and alone["poor/auto-chain"]["tree"] is None  # without 'chain' asked
+    assert alone["poor/auto-chain"]["tree_auto"]["nodes"] is None
     bare = tmp_path / "bare"
     shutil.copytree(setup["heads"]["ff"], bare)
     config_file = bare / "train_config.json"

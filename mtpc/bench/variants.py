@@ -47,7 +47,7 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
             raise InputError(f"--window {wrong[0]}: the head {entry.label} verifies windows of 2 to {widest} tokens")
     trees = list(dict.fromkeys(trees))
     variants = _tree_variants(entries, decoder_cls, [t for t in trees if t is not None], lookup, lookup_tokens, compiled,
-                              call_seconds)
+                              call_seconds, chains=None in trees)
     if None not in trees:
         return variants
     for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
@@ -68,12 +68,22 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
 
 def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
                    trees: Sequence[int | str], lookup: Sequence[bool], lookup_tokens: int,
-                   compiled: Sequence[bool], call_seconds: Callable[[], dict[int, float]] | None) -> list[Variant]:
-    """One decoder per head x tree budget x lookup x eager/compiled (`--tree N`, or `auto`: `_auto_budget`)."""
+                   compiled: Sequence[bool], call_seconds: Callable[[], dict[int, float]] | None,
+                   chains: bool = False) -> list[Variant]:
+    """One decoder per head x tree budget x lookup x eager/compiled (`--tree N`, or `auto`: `_auto_budget`; where
+    no tree beats plain decoding, the head's chain, once: as a row `HEAD/auto-chain` unless `chains` has it)."""
     variants = []
     for entry, nodes, use, c in itertools.product(entries, trees, lookup, compiled):
         auto = _auto_budget(entry, call_seconds) if nodes == "auto" else None
-        if nodes == "auto" and auto["nodes"] is None:  # no tree beats plain decoding: the head's chain
+        if auto is not None and auto["nodes"] is None:
+            if not chains:
+                decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
+                                      lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                                      **({"compile": True} if c else {}))
+                label = f"{entry.label}/auto-chain" + ("/lookup" if use else "") + ("/compile" if c else "")
+                window = decoder.span if use else min(decoder.width, entry.info["n"])
+                variants.append(Variant(label, entry, use, window, decoder, compiled=c,
+                                        tree_auto={k: v for k, v in auto.items() if k != "budget"}))
             continue
         budget = auto["budget"] if auto else nodes
         try:
