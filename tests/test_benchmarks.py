@@ -538,6 +538,31 @@ def test_smollm2_scripts_dry_run_commands_parse(name, tools):
     assert bad.returncode == 2 and bad.stderr.strip() and not bad.stdout  # refused before running anything
 
 
+def test_smollm2_common_sh_preamble_honours_dry_run_and_refuses_a_wrong_argument(tmp_path):
+    """benchmarks/smollm2_common.sh, sourced by a script in benchmarks/: `run` and `logged` print under --dry-run
+    and run (logging) without it, G names the wheel's GGUF file, NX networkx's folder, one thread per job."""
+    probe = BENCHMARKS / f"_probe_{os.getpid()}.sh"  # the preamble cds to its caller's parent: it must live here
+    log = tmp_path / "log.txt"
+    probe.write_text('source "$(dirname "$0")/smollm2_common.sh"\n'
+                     f'run echo ran; logged {log} echo logged\n'
+                     'echo "G=$G"; echo "NX=$NX"; echo "threads=$OMP_NUM_THREADS"; pwd\n')
+    try:
+        dry = subprocess.run(["bash", str(probe), "--dry-run"], capture_output=True, text=True, timeout=120)
+        logged_dry = log.exists()
+        real = subprocess.run(["bash", str(probe)], capture_output=True, text=True, timeout=120)
+        bad = subprocess.run(["bash", str(probe), "--now"], capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[:2] == ["echo ran", "echo logged"] and not logged_dry
+    assert lines[2].startswith("G=") and lines[2].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert lines[3].startswith("NX=") and lines[3].endswith("networkx") and lines[4] == "threads=1"
+    assert lines[5] == str(ROOT)
+    assert real.returncode == 0 and real.stdout.splitlines()[0] == "ran" and log.read_text() == "logged\n"
+    assert bad.returncode == 2 and "usage" in bad.stderr and not bad.stdout
+
+
 def test_smollm2_rq2_collects_training_scores_and_bench_rows(tmp_path, monkeypatch):
     module = script("smollm2_rq2")
     monkeypatch.setattr(module, "RECORD", tmp_path / "record.json")
