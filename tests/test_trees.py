@@ -1,6 +1,6 @@
 """A tree of drafts per cycle is lossless: greedy output equals plain greedy decoding (each row of a batch,
 with a LoRA draft path, compiled), sampled output follows the verifier's exact joint (chi-square against
-enumeration, a wrong node draw caught); the tree's verify call gives each node the logits of its own path;
+enumeration, a second test of a rejected child caught); the tree's verify call gives each node the logits of its own path;
 the circuit's choice is the best prefixes by its exact joint."""
 
 import itertools
@@ -11,13 +11,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from circuitc.runtime.kernels import inverse_cdf
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import PlainDecoder, TreeBudget
 from mtpc.decoding.acceptance import AcceptanceRule
 from mtpc.decoding.backbone import SplitBackbone, attach_draft_lora
 from mtpc.decoding.drafting import WindowShape
-from mtpc.decoding.trees import auto_tree, choose_tree
+from mtpc.decoding.trees import auto_tree, choose_tree, tree_draws, without_replacement
 from mtpc.decoding.verify import Verifier
 from mtpc.sampling import Sampling
 from test_batched import assert_rows_equal_plain, batch_prompts, left_padded
@@ -168,13 +167,47 @@ def test_the_circuit_keeps_its_most_probable_prefixes(structure):
 
 # --------------------------------------------------------------------------- sampling
 
-class SecondChance(AcceptanceRule):
-    """Wrong: a draw that misses the tree's children is drawn once more (from a reused uniform)."""
+def test_without_replacement_draws_each_next_state_from_the_rest():
+    """Ordered pairs drawn without replacement follow q(a) q(b) / (1 - q(a)) (chi-square), never a repeat."""
+    q = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
+    u = torch.rand(4000, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pairs = without_replacement(q.expand(4000, 4), u)
+    assert (pairs[:, 0] != pairs[:, 1]).all()
+    exact = {(a, b): float(q[a] * q[b] / (1 - q[a])) for a in range(4) for b in range(4) if a != b}
+    counts = torch.bincount(pairs[:, 0] * 4 + pairs[:, 1], minlength=16)
+    observed = torch.tensor([float(counts[a * 4 + b]) for a, b in exact])
+    expected = torch.tensor(list(exact.values())) * 4000
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    assert statistic < 32.9  # chi-square, 11 degrees of freedom, p = 0.0005
 
-    def draw_at_node(self, probs, tokens, children, u):
-        x = inverse_cdf(probs, u)
-        hit = (children & (tokens == x[:, None])).any(1)
-        return torch.where(hit, x, inverse_cdf(probs, (u * 7919.0) % 1.0))
+
+def test_a_sampled_trees_kept_children_are_the_first_drawn():
+    """Sampling: the root's children in node order are the first of its draws in order, whatever their
+    probabilities (acceptance tests them in that order), and the window carries the root's distribution."""
+    vocab, n, v = 12, 3, 10
+    model = tiny_lm(vocab, seed=1)
+    head = random_head("hmm", n, v, seed=5, std=0.7)
+    budget = TreeBudget(5, branching=3)
+    decoder = SpeculativeDecoder(model, head, tree=budget)
+    h = torch.randn(64, head.hidden_size, dtype=torch.float64)
+    first = torch.randint(0, v, (64,), generator=torch.Generator().manual_seed(1))
+    draws = torch.rand(64, tree_draws(budget, n), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    window = choose_tree(decoder.drafter, decoder.tree, h, first, draws=draws)
+    assert window.rows.shape == (64, 5, v) and torch.allclose(window.rows[:, 0].sum(-1), torch.ones(64).double())
+    drawn = without_replacement(window.rows[:, 0], draws[:, :3])  # [64, 3] the root's draws, in order
+    kinds = set()
+    for b in range(64):
+        children = [window.tokens[b, i].item() for i in range(5) if window.shape.parents[b, i] == 0 and i > 0]
+        assert children == drawn[b, :len(children)].tolist()
+        kinds.add(len(children))
+    assert len(kinds) > 1  # some roots keep fewer children than others
+
+
+class SecondChance(AcceptanceRule):
+    """Wrong: a rejected child is tested once more (with a reused uniform) before the residual."""
+
+    def accept(self, p_x, q_x, u):
+        return (u * q_x < p_x) | ((u * 7919.0) % 1.0 * q_x < p_x)
 
 
 @pytest.mark.parametrize("n, v, tree, target", [
@@ -183,13 +216,15 @@ class SecondChance(AcceptanceRule):
     (2, 5, 3, {"top_p": 0.9}),
 ])
 def test_sampling_over_a_tree_is_exact_and_a_second_chance_is_caught(n, v, tree, target):
+    """Recursive rejection sampling over children drawn without replacement; the control gives a rejected child
+    a second test."""
     model, head = sampling_setup(n, v)
     joint = exact_joint(model, PROMPT, Sampling(**{"temperature": 1.0, **target}))
-    count = 600  # measured: the right rule p = 0.34-0.98, the second chance p < 1e-9
+    count = 600  # measured: the right rule p = 0.11-0.52, the second chance p < 1e-10
     right = speculative_samples(SpeculativeDecoder(model, head, tree=tree), PROMPT, count, seed=1, **target)
     assert chi_square_pvalue(right, joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, acceptance=SecondChance()), PROMPT, count,
-                                seed=1, **target)
+    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, acceptance=SecondChance()), PROMPT,
+                                count, seed=1, **target)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
@@ -203,15 +238,16 @@ def test_sampling_with_lookup_branches_is_exact_and_a_second_chance_is_caught(tr
     outs = [decoder.generate(prompt, 3, Sampling(1.0), generator=gen) for _ in range(600)]
     assert sum(o.stats.proposer_windows.get("lookup", 0) for o in outs) > 100  # measured: 162
     assert chi_square_pvalue([o.sequences[0, -3:].tolist() for o in outs], joint) > 1e-3
-    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, lookup=lookup, acceptance=SecondChance()),
-                                prompt, 600, seed=2)
+    wrong = speculative_samples(SpeculativeDecoder(model, head, tree=tree, lookup=lookup,
+                                                   acceptance=SecondChance()), prompt, 600, seed=2)
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
-def test_a_draw_held_by_two_children_follows_the_deeper_branch():
-    """The circuit's child and a lookup branch's may hold the same token: the same context, so following either
-    is exact, and the walk takes the last (the branch's, grafted after the circuit's nodes), which reaches deeper."""
-    from mtpc.decoding.acceptance import accept_tree
+def test_a_lookup_branch_is_tested_before_the_circuits_children():
+    """The circuit's child and a lookup branch's may hold the same token: the branch's point mass is tested first
+    (kept with probability p), so a draw the two share follows the branch, which reaches deeper; a circuit child
+    drawn past its distribution's support (probability 0) is never tested."""
+    from mtpc.decoding.acceptance import TreeProposals, accept_tree
 
     V = 8
     tokens = torch.tensor([[2, 5, 4, 5, 6, 7]])  # the circuit's children 5, 4; the branch 5 -> 6 -> 7
@@ -221,10 +257,23 @@ def test_a_draw_held_by_two_children_follows_the_deeper_branch():
     logits = torch.full((1, 6, V), -30.0, dtype=torch.float64)
     for node, token in target.items():
         logits[0, node, token] = 30.0
+    rows = torch.zeros(1, 6, V, dtype=torch.float64)
+    rows[0, 0, 5] = rows[0, 0, 4] = 0.5  # the root's children were drawn from q(5) = q(4) = 1/2
+    proposals = TreeProposals(rows, torch.arange(V), nodes=3, branching=2, depth=1)
+    uniforms = torch.full((1, 4 * 4), 0.5, dtype=torch.float64)
     verdict = accept_tree(Sampling(1.0), AcceptanceRule(), tokens, parents, depths, logits, torch.zeros(1, 6, 4),
-                          torch.tensor([4]), torch.tensor([-1]), torch.full((1, 4), 0.5, dtype=torch.float64), 3)
+                          torch.tensor([4]), torch.tensor([-1]), uniforms, 3, proposals)
     assert verdict.accepted.tolist() == [4] and verdict.path.tolist() == [[0, 3, 4, 5]]
     assert verdict.next_first.tolist() == [0]
+    # without the branch, the circuit's child 5 is kept (p(5) / q(5) > 1); with q(5) = 0 it is skipped and 4,
+    # rejected (p(4) ~ 0), leaves the residual: the target's own 5
+    for q5, accepted in ((0.5, 2), (0.0, 1)):
+        rows[0, 0, 5], rows[0, 0, 4] = q5, 1 - q5
+        verdict = accept_tree(Sampling(1.0), AcceptanceRule(), tokens[:, :3], parents[:, :3], depths[:, :3],
+                              logits[:, :3], torch.zeros(1, 3, 4), torch.tensor([4]), torch.tensor([-1]), uniforms, 1,
+                              TreeProposals(rows[:, :3], torch.arange(V), 3, 2, 1))
+        assert verdict.accepted.tolist() == [accepted]
+        assert verdict.next_first.tolist() == [1 if accepted == 2 else 5]
 
 
 def test_sampled_rows_of_a_tree_batch_are_exact():

@@ -23,7 +23,8 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ..sampling import Sampling
 
-__all__ = ["AcceptanceRule", "BlockVerification", "Verdict", "accept_tree", "accept_window", "cycle_uniforms"]
+__all__ = ["AcceptanceRule", "BlockVerification", "TreeProposals", "Verdict", "accept_tree", "accept_window",
+           "cycle_uniforms"]
 
 
 # --------------------------------------------------------------------------- acceptance rule
@@ -46,13 +47,6 @@ class AcceptanceRule:
         total = r.sum(-1, keepdim=True)
         # total = 0 only when p = q, where nothing is ever rejected; `where` keeps it on the device
         return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
-
-    def draw_at_node(self, probs: torch.Tensor, tokens: torch.Tensor, children: torch.Tensor,
-                     u: torch.Tensor) -> torch.Tensor:
-        """A tree's draw at its current node (`accept_tree`): `probs` `[B, V]` the target there, `tokens` `[B, N]`
-        the tree's tokens, `children` `[B, N]` bool the node's tested children, `u` `[B]` uniforms. The target's
-        own draw, whatever the children: the path descends when it is one of them."""
-        return inverse_cdf(probs, u)
 
     def keep(self, p_x: torch.Tensor, q_x: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
              tested: torch.Tensor, tests: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -165,20 +159,32 @@ def accept_window(sampling: Sampling, rule: AcceptanceRule, window: torch.Tensor
     return Verdict(accepted, carried, next_first, hidden[batch, kept])
 
 
+@dataclass(frozen=True)
+class TreeProposals:
+    """What a sampled tree was drawn from (`mtpc.decoding.trees.choose_tree`): `rows` `[B, N, v]` float64, node
+    `i`'s children drawn in node order without replacement from `rows[b, i]`, a distribution over the circuit's
+    states; `row_tokens` `[v]` long the LM token of each state; `nodes` the circuit's nodes (later ones, a lookup
+    branch's, are point masses); `branching` the most children a circuit node has; `depth` the deepest node
+    the circuit drafts."""
+
+    rows: torch.Tensor
+    row_tokens: torch.Tensor
+    nodes: int
+    branching: int
+    depth: int
+
+
 def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, parents: torch.Tensor,
                 depths: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor,
-                uniforms: torch.Tensor | None, max_depth: int) -> Verdict:
+                uniforms: torch.Tensor | None, max_depth: int, proposals: TreeProposals | None = None) -> Verdict:
     """Accept a path of every row's tree: `tokens` `[B, N]` (node 0, `x_0`, already committed), `parents`
     and `depths` `[B, N]` long (its `WindowShape`), the verifier's `logits` `[B, N, V]` (`logits[b, i]` the
     target after the path to node `i`) and `hidden` `[B, N, d]`; `max_depth` bounds the depths.
 
     A node is tested only at a depth below `limit[b]` and under no EOS. Greedy: the deepest node whose
-    every node on the way is the target's argmax at its parent. Sampling: from the root, a token is drawn
-    from the target at the current node (`uniforms[:, depth]`, `rule.draw_at_node`); the path descends while the
-    draw is a tested child's token (the last such child, when two hold it), and the first draw that is
-    not becomes the next `x_0`. Every committed
-    token is then a draw from its target, whatever the tree, so the rule is exact for any tree chosen
-    from the past alone (the circuit's is: it draws nothing). Fixed shapes, no host reads."""
+    every node on the way is the target's argmax at its parent. Sampling (`proposals`, `uniforms`
+    `[B, (max_depth + 1) * (branching + 2)]`): recursive rejection sampling down the tree (`sampled_walk`).
+    Fixed shapes, no host reads."""
     B, N = tokens.shape
     batch = torch.arange(B, device=tokens.device)  # [B]
     clear = ~torch.isin(tokens, eos)  # [B, N] the path down to the node holds no EOS
@@ -194,23 +200,8 @@ def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, 
         carried = logits[batch, final]  # [B, V]
         next_first = carried.argmax(-1)
     else:
-        final = torch.zeros(B, dtype=torch.long, device=tokens.device)  # [B] the current node
-        going = torch.ones(B, dtype=torch.bool, device=tokens.device)
-        carried = next_first = None
-        for depth in range(max_depth + 1):
-            probs = sampling.probs(logits[batch, final])  # [B, V] float64, the target at the current node
-            children = tested & (parents == final[:, None])  # [B, N]
-            draw = rule.draw_at_node(probs, tokens, children, uniforms[:, depth])  # [B]
-            child = children & (tokens == draw[:, None])  # [B, N]
-            descend = going & child.any(1)
-            stops = going & ~descend
-            carried = probs if carried is None else torch.where(stops[:, None], probs, carried)
-            next_first = draw if next_first is None else torch.where(stops, draw, next_first)
-            # two children holding the drawn token (the circuit's and a lookup branch's) share their context, so
-            # either is exact: the last one, a lookup branch where there is one, reaches deepest
-            last = (child * torch.arange(1, N + 1, device=tokens.device)).argmax(1)  # [B]
-            final = torch.where(descend, last, final)
-            going = descend
+        final, carried, next_first = sampled_walk(sampling, rule, tokens, parents, tested, logits, uniforms,
+                                                  max_depth, proposals)
     accepted = 1 + depths[batch, final]  # [B]
     # the node at each depth of the path: walk up from the final node, one step per depth
     path, node = [final], final
@@ -222,6 +213,58 @@ def accept_tree(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, 
     column = torch.arange(max_depth + 1, device=tokens.device)  # [D + 1]
     path = path.gather(1, (column + shift).clamp_max(max_depth))
     return Verdict(accepted, carried, next_first, hidden[batch, final], path)
+
+
+def sampled_walk(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor, parents: torch.Tensor,
+                 tested: torch.Tensor, logits: torch.Tensor, uniforms: torch.Tensor, max_depth: int,
+                 proposals: TreeProposals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling down a sampled tree (Jeon et al. 2024; SpecInfer's multi-step speculative
+    sampling), from the root: at the current node the target `p` is tested against its children one by one,
+    a lookup branch's point mass first, then the circuit's in the order they were drawn. A child `x` drawn
+    from `q` is kept with probability `min(1, p(x) / q(x))` (`rule.accept`); after a rejection `p` becomes
+    `rule.residual(p, q)` and, for the circuit's child, `q` loses `x` (it was drawn without replacement). A kept
+    child is the next node; when none is kept the next `x_0` is drawn from `p` as it stands. Each stage is
+    speculative sampling of the stage's target, so every committed token follows its target exactly.
+    Returns each row's final node `[B]`, the distribution its next `x_0` came from `[B, V]` and that token `[B]`."""
+    B, N = tokens.shape
+    batch, index = torch.arange(B, device=tokens.device), torch.arange(N, device=tokens.device)
+    circuit = index < proposals.nodes  # [N] the circuit's nodes; later ones are a lookup branch's point masses
+    order = torch.where(circuit, index + N, index)  # [N] testing order: point masses first
+    stride = proposals.branching + 2  # uniforms per depth: the stages' tests and the final draw
+    states = proposals.row_tokens.expand(B, -1)  # [B, v]
+    final = torch.zeros(B, dtype=torch.long, device=tokens.device)  # [B] the current node
+    going = torch.ones(B, dtype=torch.bool, device=tokens.device)
+    carried = next_first = None
+    for depth in range(max_depth + 1):
+        p = sampling.probs(logits[batch, final])  # [B, V] float64, the target at the current node
+        q = p.new_zeros(p.shape).scatter(1, states, proposals.rows[batch, final].to(p.dtype))  # [B, V]
+        untried = tested & (parents == final[:, None])  # [B, N] the current node's children
+        kept = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # [B] the kept child, -1: none yet
+        stages = (proposals.branching if depth < proposals.depth else 0) + int(N > proposals.nodes)
+        for stage in range(stages):
+            pick = torch.where(untried, order, 2 * N).argmin(1)  # [B] the next child to test
+            live = going & (kept < 0) & untried.any(1)
+            x = tokens[batch, pick][:, None]  # [B, 1]
+            point = ~circuit[pick]  # [B]
+            stage_q = torch.where(point[:, None], torch.zeros_like(p).scatter(1, x, 1.0), q)  # [B, V]
+            p_x, q_x = p.gather(1, x)[:, 0], stage_q.gather(1, x)[:, 0]
+            tests = (q_x > 0) & live  # a child of probability 0 was drawn past the support: never tested
+            ok = torch.as_tensor(rule.accept(p_x, q_x, uniforms[:, depth * stride + stage]), device=p.device) & tests
+            kept = torch.where(ok, pick, kept)
+            rejected = tests & ~ok
+            p = torch.where(rejected[:, None], rule.residual(p, stage_q), p)
+            fewer = q.scatter(1, x, 0.0)
+            fewer = fewer / fewer.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+            q = torch.where((rejected & ~point)[:, None], fewer, q)
+            untried = untried & ~(live[:, None] & (index == pick[:, None]))
+        descend = going & (kept >= 0)
+        stops = going & ~descend
+        draw = inverse_cdf(p, uniforms[:, depth * stride + stride - 1])  # [B]
+        carried = p if carried is None else torch.where(stops[:, None], p, carried)
+        next_first = draw if next_first is None else torch.where(stops, draw, next_first)
+        final = torch.where(descend, kept, final)
+        going = descend
+    return final, carried, next_first
 
 
 def cycle_uniforms(rows: int, size: int, generator, device) -> torch.Tensor:

@@ -4,7 +4,7 @@ host's view of each row.
 A cycle step (`SpeculativeDecoder.cycle_step`) returns a `StepOutput` on the device; the host reads its
 `packet` once (`CyclePacket.read`) and keeps, per row, a `Row`: the tokens it added, its budget left,
 whether it is live, and its next window's first token and verify width. `Pending` is the next cycle's
-windows as they sit on the device.
+windows as they sit on the device. `CycleDraws` says which of a sampling cycle's uniforms serves which draw.
 """
 
 from __future__ import annotations
@@ -16,7 +16,35 @@ import torch
 from .drafting import Window
 from .host import HostReads
 
-__all__ = ["CyclePacket", "Pending", "Row", "StepOutput"]
+__all__ = ["CycleDraws", "CyclePacket", "Pending", "Row", "StepOutput"]
+
+
+@dataclass(frozen=True)
+class CycleDraws:
+    """How a sampling cycle's uniforms `[B, draft + fill + decide]` float64 split: `draft` columns draw the
+    next windows (a chain's `n`, a tree's children: `trees.tree_draws`), `fill` a host proposer's circuit fill
+    after its own tokens, `decide` this cycle's acceptance (a chain's first `W` of them test its verified
+    positions and draw the next `x_0`; a tree's walk reads all of them). Each draw has columns of its own."""
+
+    draft: int
+    fill: int
+    decide: int
+    tree: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.draft + self.fill + self.decide
+
+    def of_draft(self, uniforms: torch.Tensor | None) -> torch.Tensor | None:
+        return None if uniforms is None else uniforms[:, :self.draft]
+
+    def of_fill(self, uniforms: torch.Tensor | None, row: int) -> torch.Tensor | None:
+        return None if uniforms is None else uniforms[row, self.draft:self.draft + self.fill]
+
+    def of_decide(self, uniforms: torch.Tensor | None, width: int) -> torch.Tensor | None:
+        """The acceptance's columns for a verify `width` (all of them for a tree)."""
+        start = self.draft + self.fill
+        return None if uniforms is None else uniforms[:, start:start + (self.decide if self.tree else width)]
 
 
 @dataclass

@@ -64,7 +64,8 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ..heads import MTPHead
 from ..sampling import GREEDY, Sampling, check_draft_temperature
-from .acceptance import AcceptanceRule, BlockVerification, Verdict, accept_tree, accept_window, cycle_uniforms
+from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
+                         cycle_uniforms)
 from .backbone import SplitBackbone
 from .compiling import StepVariant, StepVariants, tensor_layout
 from .cycle import CyclePacket, Pending, Row, StepOutput
@@ -116,6 +117,7 @@ class SpeculativeDecoder:
         self.span = max(self.widths[-1] + reserve, *spans)  # the tokens of every window
         self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
         self.circuit = CircuitProposer(self.drafter, self.tree, reserve)
+        self.draws = self.circuit.cycle_draws(self.span, self.tree_depth)  # which uniforms draw what
         lookups = [LookupProposer(self.lookup, self.drafter, self.widths, self.tree_depth)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
@@ -195,12 +197,12 @@ class SpeculativeDecoder:
         stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         for proposer in self.proposers:
             proposer.start([prompt[b, pads[b]:].tolist() for b in range(len(rows))])
-        uniforms = cycle_draws(sampling, generator, h, 2 * self.n + self.span)
+        uniforms = cycle_draws(sampling, generator, h, self.draws.total)
         if sampling.greedy:
             first = logits.argmax(-1)  # [B]
         else:
-            first = inverse_cdf(sampling.probs(logits), uniforms[:, 2 * self.n])  # [B]
-        window = self.circuit.draft(h, first, sampling, _columns(uniforms, 0, self.n), self.draft_temperature_for(sampling))
+            first = inverse_cdf(sampling.probs(logits), self.draws.of_decide(uniforms, 1)[:, 0])  # [B]
+        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms), self.draft_temperature_for(sampling))
         firsts, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         for row, first_token, width in zip(rows, firsts, widths):
             row.first, row.width = first_token, width
@@ -217,7 +219,7 @@ class SpeculativeDecoder:
         committed = [[row.first] if end else [] for row, end in zip(rows, ends)]
         if not any(verify):
             return committed, 0, pending
-        uniforms = cycle_draws(sampling, generator, pending.hidden, 2 * self.n + self.span)
+        uniforms = cycle_draws(sampling, generator, pending.hidden, self.draws.total)
         window, widths, lengths, drafted_by = self._windows(pending, rows, verify, sampling, uniforms)
         stats.count_windows([name for name, v in zip(drafted_by, verify) if v])
         W = max(w for w, v in zip(widths, verify) if v)
@@ -248,7 +250,7 @@ class SpeculativeDecoder:
             return window, widths, lengths, drafted_by
         temperature = self.draft_temperature_for(sampling)
         for b in (b for b, v in enumerate(verify) if v):
-            draws = None if uniforms is None else uniforms[b, self.n:2 * self.n]  # never the next window's draws
+            draws = self.draws.of_fill(uniforms, b)  # never the next window's draws
             view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature, pending.window)
             for proposer in self.proposers:
                 proposal = proposer.propose(view)
@@ -263,19 +265,18 @@ class SpeculativeDecoder:
         """A cycle of the whole batch as one function of fixed-shape tensors (with `compile=True` one
         graph): verify the windows' first `W` tokens at `places` (`[B, W]` slots and positions), accept
         (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`),
-        draft the next windows. `uniforms` `[B, 2n + S]` float64 (sampling; None when greedy): per row
-        `[:n]` draw the next window, `[n:2n]` a host proposer's circuit fill, `[2n:2n + W]` decide this one
-        (each row's next `x_0` with the uniform after its own width's tests)."""
-        n, W = self.n, places.slots.shape[1]
+        draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
+        `self.draws` (`CycleDraws`) says."""
+        W = places.slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
         places = places if window.shape is None else places.for_tree(window.shape, self.tree_depth)  # a tree's
         logits, hidden = self.verifier.forward(tokens, places)  # [B, W, V], [B, W, d]
         verdict = decide(sampling, self.acceptance, window, logits, hidden, limit, eos_ids,
-                         _columns(uniforms, 2 * n, 2 * n + W), self.tree_depth)
+                         self.draws.of_decide(uniforms, W), self.tree_depth, self.circuit.tree_proposals(window, W))
         if verdict.path is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
             self.verifier.keep_path(places, verdict.path)
             tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
-        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, _columns(uniforms, 0, n),
+        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.draws.of_draft(uniforms),
                                  self.draft_temperature_for(sampling))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
@@ -298,9 +299,9 @@ class SpeculativeDecoder:
         """Make ready, on this generation's caches and cycle-shaped inputs, the step variant of every verify width
         (the growing attended length is its one dynamic dimension); the first cycle overwrites rows written here."""
         B = h.shape[0]
-        uniforms = cycle_draws(sampling, None, h, 2 * self.n + self.span)
+        uniforms = cycle_draws(sampling, None, h, self.draws.total)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
-        window = self.circuit.draft(h, first, sampling, _columns(uniforms, 0, self.n), 1.0)
+        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms), 1.0)
         self.steps.start()
         layout = tensor_layout(self.backbone.model, self.head)
         for width in sorted(set(self.widths).union(*(p.widths for p in self.proposers))):
@@ -366,15 +367,17 @@ def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, p
 
 
 def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: torch.Tensor, hidden: torch.Tensor,
-           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, tree_depth: int) -> Verdict:
+           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, tree_depth: int,
+           proposals: TreeProposals | None = None) -> Verdict:
     """A cycle's acceptance of its verified `window` (the first `W` tokens of each row, `logits` `[B, W, V]`):
-    a chain's by `accept_window` and `rule`, a tree's by `accept_tree` (its verdict carries the path)."""
+    a chain's by `accept_window` and `rule`, a tree's by `accept_tree` (its verdict carries the path;
+    `proposals`: what a sampled tree was drawn from)."""
     W = logits.shape[1]
     tokens = window.tokens[:, :W]
     if window.shape is not None:
         shape = window.shape.first(W)
         return accept_tree(sampling, rule, tokens, shape.parents, shape.depths, logits, hidden, limit, eos_ids, uniforms,
-                           min(tree_depth, W - 1))  # a call without a lookup branch verifies shallower trees
+                           min(tree_depth, W - 1), proposals)  # a call without a lookup branch: shallower trees
     rows = None if window.rows is None else window.rows[:, :W]
     return accept_window(sampling, rule, tokens, logits, hidden, limit, eos_ids, rows, uniforms, window.width)
 
@@ -452,11 +455,6 @@ def cycle_draws(sampling: Sampling, generator, h: torch.Tensor, size: int) -> to
     if sampling.greedy:
         return None
     return cycle_uniforms(h.shape[0], size, generator, h.device)
-
-
-def _columns(uniforms: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
-    """Columns `start:end` of a sampling cycle's uniforms (greedy: there are none)."""
-    return None if uniforms is None else uniforms[:, start:end]
 
 
 def _no_stamp(kind: str) -> None:

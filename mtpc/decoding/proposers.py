@@ -23,9 +23,11 @@ from typing import Protocol
 import torch
 
 from ..sampling import Sampling
+from .acceptance import TreeProposals
+from .cycle import CycleDraws
 from .drafting import Drafter, Window
 from .proposals import LookupState, PromptLookup
-from .trees import TreeBudget, choose_tree, with_branch
+from .trees import TreeBudget, choose_tree, tree_draws, with_branch
 
 __all__ = ["CircuitProposer", "HostProposer", "LookupProposer", "Outcome", "RowView", "RowWindow", "point_mass_window"]
 
@@ -111,10 +113,31 @@ class CircuitProposer:
 
     def draft(self, h: torch.Tensor, first: torch.Tensor, sampling: Sampling, draws: torch.Tensor | None,
               temperature: float) -> Window:
-        """`h` `[B, d]`, `first` `[B]` long, `draws` `[B, n]` (sampling) -> the batch's windows."""
+        """`h` `[B, d]`, `first` `[B]` long, `draws` (sampling) `[B, n]` or a tree's `[B, tree_draws]` -> the
+        batch's windows."""
         if self.tree is not None:
-            return choose_tree(self.drafter, self.tree, h, first, self.reserve)
+            return choose_tree(self.drafter, self.tree, h, first, self.reserve, None if sampling.greedy else draws,
+                               temperature)
         return self.drafter.circuit_window(h, first, sampling, draws, temperature)
+
+    def cycle_draws(self, span: int, tree_depth: int) -> CycleDraws:
+        """How a sampling cycle's uniforms split for this circuit (`span`: the windows' tokens; `tree_depth`: the
+        deepest path a tree verifies): a chain's draft takes `n`, a tree's `tree_draws`; a chain's acceptance
+        up to `span`, a tree's walk `branching + 2` per depth (its stages' tests and the final draw)."""
+        n = self.drafter.n
+        if self.tree is None:
+            return CycleDraws(n, n, span)
+        return CycleDraws(tree_draws(self.tree, n), n, (tree_depth + 1) * (self.tree.children() + 2), tree=True)
+
+    def tree_proposals(self, window: Window, width: int) -> TreeProposals | None:
+        """What a sampled tree's first `width` nodes were drawn from (None: greedy, or a chain)."""
+        if window.shape is None or window.rows is None:
+            return None
+        head = self.drafter.head
+        row_tokens = head.state_tokens if head.state_tokens is not None else torch.arange(
+            head.num_states, device=window.rows.device)
+        return TreeProposals(window.rows[:, :width], row_tokens, self.tree.nodes, self.tree.children(),
+                             min(self.drafter.n, self.tree.nodes) - 1)
 
 
 class LookupProposer:

@@ -16,9 +16,15 @@ by score are kept with the root. A child never scores above its parent, so the k
 kept node's ancestors. For a circuit whose conditionals follow the branch (CP, HMM, BTree) the children
 of two siblings differ; a fully factorised head proposes the same children under every node.
 
-The tree is a function of the hidden state and `x_0` alone (no draws), so the acceptance may draw each
-committed token from the verifier's target and descend while the draw is a child: lossless for greedy
-decoding and for sampling alike, and nothing but token ids travels (no `[N, V]` proposal rows).
+Greedy decoding keeps each expanded node's most probable children, a function of the hidden state and
+`x_0` alone, and acceptance keeps the deepest path of argmaxes. Sampling draws each expanded node's
+children from the circuit's exact conditional (at the draft temperature) without replacement, in
+order (`without_replacement`), and acceptance tests them in that order by recursive rejection sampling
+(`mtpc.decoding.acceptance.accept_tree`), which needs every node's tested children to be the first ones
+drawn, however many: so a sampled child is scored by its rank, the parent's score plus the log of the
+conditional's rank-th largest probability, never by the token drawn, and siblings score strictly by
+rank. The proposals travel as the circuit's conditionals over its own states (`[N, v]`, 16 KiB a node
+at `v` = 2,048 in float64), never as `[N, V]` rows over the LM's vocabulary.
 """
 
 from __future__ import annotations
@@ -28,15 +34,20 @@ from dataclasses import dataclass
 
 import torch
 
+from circuitc.runtime.kernels import inverse_cdf
+
 from ..checks import MAX_TREE_NODES
 from .drafting import Drafter, Window, WindowShape
 
-__all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "with_branch"]
+__all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "tree_draws", "with_branch", "without_replacement"]
 
 # a state the circuit gives probability 0 scores this per depth (finite: the tie-break below stays exact)
 IMPOSSIBLE = -1e4
 # subtracted per depth: a child then scores strictly below its parent, so the best `nodes` hold their ancestors
 DEPTH_TIE_BREAK = 1e-9
+# subtracted per rank when sampling: siblings score strictly by rank, so the kept ones are the first drawn
+# (above the float64 resolution of scores down to n * IMPOSSIBLE)
+RANK_TIE_BREAK = 1e-10
 
 
 @dataclass(frozen=True)
@@ -86,12 +97,15 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
 
 
 def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor,
-                reserve: int = 0) -> Window:
+                reserve: int = 0, draws: torch.Tensor | None = None, temperature: float = 1.0) -> Window:
     """Every row's tree after its committed `first` `[B]` long, from the draft hidden state `h` `[B, d]`:
     tokens `[B, N + R]` (node 0 = `first`), its `WindowShape`, width `N`. Fixed shapes: the compiled
     cycle step traces it. `reserve` `R`: nodes `N .. N + R - 1` are left empty (depth 0, never tested) for
     a branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens, which widens the
-    row to `N + R`); a cycle in which no row has one verifies the first `N` only."""
+    row to `N + R`); a cycle in which no row has one verifies the first `N` only. `draws` (sampling)
+    `[B, tree_draws(budget, n)]` float64 uniforms: the children are drawn from the circuit's conditionals at
+    `temperature`, and the window's `rows` `[B, N + R, v]` float64 hold each node's (zero where it has no
+    children); None: the most probable children, no rows."""
     head, program = drafter.head, drafter.program
     n, b, e, N = drafter.n, budget.children(), budget.expanded(), budget.nodes
     B = h.shape[0]
@@ -110,10 +124,19 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     all_scores = scores.new_full((B, 1), float("inf"))  # [B, C] the root is always kept
     depths = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, C]
     expanded = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, E] candidate ids of `paths`
+    drawn_from, column = [], 0  # sampling: (expanded candidate ids [B, E], their children's distribution [B, E, v])
     for depth in range(1, n):
         rows = conditional(theta, paths)[:, :, depth]  # [B, E, v] q(d_depth | the path)
-        logq = rows.clamp_min(0).log().clamp_min(IMPOSSIBLE)
-        top, child = logq.topk(b, dim=-1)  # [B, E, b]
+        if draws is None:
+            top, child = rows.clamp_min(0).log().clamp_min(IMPOSSIBLE).topk(b, dim=-1)  # [B, E, b]
+        else:
+            q = tempered(rows, temperature)  # [B, E, v]
+            E = q.shape[1]
+            child = without_replacement(q, draws[:, column:column + E * b].reshape(B, E, b))  # [B, E, b]
+            column += E * b
+            rank = torch.arange(b, device=h.device) * RANK_TIE_BREAK
+            top = q.topk(b, dim=-1).values.log().clamp_min(IMPOSSIBLE) - rank  # by rank, not by the token drawn
+            drawn_from.append((expanded, q))
         child_scores = (scores[..., None] + top - DEPTH_TIE_BREAK).flatten(1)  # [B, E*b]
         child_paths = paths[:, :, None].expand(-1, -1, b, -1).clone()  # [B, E, b, n]
         child_paths[..., depth] = child
@@ -134,11 +157,46 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     tokens = head.tokens_of(states.gather(1, chosen))  # [B, N]
     tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
     depths = depths.gather(1, chosen)
+    node_rows = None
+    if draws is not None:  # each kept node's children's distribution: the one expanded candidate it is, or none
+        node_rows = sum(torch.bmm((chosen[:, :, None] == ids[:, None, :]).to(q.dtype), q) for ids, q in drawn_from)
     if reserve:  # empty nodes N .. N + R - 1: token 0 at depth 0 under the root, never tested
         empty = torch.zeros(B, reserve, dtype=torch.long, device=h.device)
         tokens, depths, node_parents = (torch.cat([t, empty], 1) for t in (tokens, depths, node_parents))
+        if node_rows is not None:
+            node_rows = torch.nn.functional.pad(node_rows, (0, 0, 0, reserve))
     width = torch.full((B,), N, dtype=torch.long, device=h.device)
-    return Window(tokens, None, width, WindowShape(node_parents, depths))
+    return Window(tokens, node_rows, width, WindowShape(node_parents, depths))
+
+
+def tempered(rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`[..., v]` the circuit's conditionals -> float64 raised to `1 / temperature` and normalised (a row
+    with no mass stays zero), as `DraftProgram.sample` draws at a temperature."""
+    q = rows.double().clamp_min(0)
+    if temperature != 1:
+        q = q.pow(1 / temperature)
+    return q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+
+
+def without_replacement(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """`[..., k]` long: `k` states drawn in order without replacement from `q` `[..., v]` with the uniforms
+    `u` `[..., k]`: the first from `q`, each next one from `q` less the states drawn before it. (Past the
+    support the draws repeat a state of probability 0, which the acceptance never tests.)"""
+    weights, drawn = q, []
+    for i in range(u.shape[-1]):
+        state = inverse_cdf(weights, u[..., i])  # [...]
+        drawn.append(state)
+        weights = weights.scatter(-1, state[..., None], 0.0)
+    return torch.stack(drawn, -1)
+
+
+def tree_draws(budget: TreeBudget, n: int) -> int:
+    """The uniforms `choose_tree` draws a sampled tree with: `branching` per expanded node, every depth."""
+    b, e = budget.children(), budget.expanded()
+    total, width = 0, 1  # width: the nodes expanded at a depth
+    for _ in range(1, n):
+        total, width = total + width * b, min(e, width * b)
+    return total
 
 
 AUTO_TREE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # the verify widths `--tree auto` measures (its cost curve)
@@ -188,6 +246,7 @@ def with_branch(window: Window, row: int, branch: list[int], nodes: int) -> Wind
     with `branch` grafted as a chain under the root in its empty nodes from `nodes` on (see `choose_tree`'s
     `reserve`), its width all `S` nodes. Eager: the host's choice."""
     tokens = window.tokens[row].clone()
+    rows = None if window.rows is None else window.rows[row]  # a branch's nodes have none: point masses
     parents, depths = window.shape.parents[row].clone(), window.shape.depths[row].clone()
     k = len(branch)
     tokens[nodes:nodes + k] = torch.tensor(branch, dtype=tokens.dtype, device=tokens.device)
@@ -195,7 +254,7 @@ def with_branch(window: Window, row: int, branch: list[int], nodes: int) -> Wind
     parents[nodes:nodes + k] = torch.where(chain == 0, 0, nodes + chain - 1)
     depths[nodes:nodes + k] = chain + 1
     width = torch.tensor(tokens.shape[0], device=tokens.device)
-    return Window(tokens, None, width, WindowShape(parents, depths))
+    return Window(tokens, rows, width, WindowShape(parents, depths))
 
 
 def paths_of_root(prefix: torch.Tensor, n: int) -> torch.Tensor:
