@@ -217,8 +217,8 @@ def table_rows(path, first_header: str) -> list[list[str]]:
 
 
 def test_the_readme_results_are_the_recorded_smollm2_runs():
-    """The README's results table is what benchmarks/smollm2_table.py makes of the own-text head's reports
-    (docs/bench/smollm2-own: each row one run of benchmarks/smollm2.sh, each cell a decoder's speed-up over
+    """The README's results table is what benchmarks/smollm2_table.py makes of the CP head's reports
+    (docs/bench/smollm2-cp: each row one run of benchmarks/smollm2.sh, each cell a decoder's speed-up over
     transformers' generate with tokens per cycle in parentheses); the environment it names is the runs'; and
     the float32 record it cites says every greedy output was plain decoding's and transformers'."""
     import importlib.util
@@ -226,8 +226,8 @@ def test_the_readme_results_are_the_recorded_smollm2_runs():
     spec = importlib.util.spec_from_file_location("smollm2_table", ROOT / "benchmarks" / "smollm2_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    reports = ROOT / "docs" / "bench" / "smollm2-own"
-    made = module.readme_table(reports, ("greedy-bf16", "t1-bf16", "chat-bf16"), "smollm2-ff4-k2048-own")
+    reports = ROOT / "docs" / "bench" / "smollm2-cp"
+    made = module.readme_table(reports, ("greedy-bf16", "t1-bf16", "chat-bf16"), "smollm2-cp4-k2048-own")
     assert made in _readme.README.read_text() and made.count("\n") == 4
     text = " ".join(_readme.README.read_text().split())
     env = report(reports / "greedy-bf16")["environment"]
@@ -235,7 +235,19 @@ def test_the_readme_results_are_the_recorded_smollm2_runs():
     fp32 = report(reports / "fp32-exactness")
     assert fp32["config"]["dtype"] == "fp32" and fp32["greedy_identical"] is True
     assert all(h["greedy_check"]["identical"] == h["greedy_check"]["compared"] > 0 for h in fp32["heads"] + fp32["peers"])
-    assert {h["label"] for h in fp32["heads"]} >= {"smollm2-ff4-k2048-own/tree8", "smollm2-ff4-k2048-own/tree8/lookup"}
+    assert {h["label"] for h in fp32["heads"]} >= {"smollm2-cp4-k2048-own/tree8", "smollm2-cp4-k2048-own/tree8/lookup"}
+    own = report(ROOT / "docs" / "bench" / "smollm2-own" / "greedy-bf16")  # the FF head's run the README compares
+    ratios = {}
+    for name, folder in (("cp", reports), ("own", ROOT / "docs" / "bench" / "smollm2-own")):
+        run = report(folder / "greedy-bf16")
+        plain = next(p for p in run["peers"] if p["label"] == "plain (static + compile)")["tok_s"]["mean"]
+        head = next(h for h in run["heads"] if h["label"].endswith("-own/compile"))["tok_s"]["mean"]
+        ratios[name] = f"{head / plain:.2f}x"
+    generate = {r: next(p for p in x["peers"] if p["label"] == "hf generate")["tok_s"]["mean"]
+                for r, x in (("cp", report(reports / "greedy-bf16")), ("own", own))}
+    assert (f"`generate` ran at {generate['cp']:.1f} tok/s in the greedy run and {generate['own']:.1f} in the same "
+            f"command's run of the FF own-text head earlier that day, and against compiled plain decoding the two "
+            f"heads decode code alike ({ratios['cp']} and {ratios['own']})") in text
 
 
 BYTE_RUNS = {"t1": "t1-transformers-5.25", "t07": "t07-transformers-5.24", "greedy": "greedy-transformers-5.24"}
@@ -744,3 +756,46 @@ def test_the_own_text_heads_card_is_its_records():
             f"({before['nx-own']} for the shipped head), {first['nx-chat']} of its answers to instructions about "
             f"networkx ({before['nx-chat']}) and {first['nx']} of networkx's sources ({before['nx']})") in card
     assert depth_table(json.loads((folder / "depth_topk.json").read_text())) in (ROOT / "models" / "README.md").read_text()
+
+
+def test_the_cp_heads_card_is_its_records():
+    """models/README.md's card of smollm2-cp4-k2048-own: its stages are its and its first stage's
+    train_config.json (the first stage's as benchmarks/smollm2_own_head.py recorded it), its held-out scores
+    benchmarks/results/own_head_smollm2.json's, its depth table its depth_topk.json."""
+    from mtpc.training.trainer_validation import depth_table
+
+    folder = ROOT / "models" / "heads" / "smollm2-cp4-k2048-own"
+    cfg = json.loads((folder / "train_config.json").read_text())
+    card = " ".join((ROOT / "models" / "README.md").read_text().split())
+    heads = json.loads((ROOT / "benchmarks" / "results" / "own_head_smollm2.json").read_text())["heads"]
+    first = heads["cp4-hour"]["training"]
+    assert (first["circuit"], first["bindings"], first["steps"]) == ("examples/cp.pc", {"n": 4, "r": 8}, 720)
+    assert f"{first['train_tokens']:,} tokens of the continuations alone" in card
+    assert cfg["init_head"] == "runs/own2/cp4-hour" and cfg["features"] == "runs/own2/features-train"
+    assert (f"{cfg['steps']:,} steps of 8 x 512 tokens, {cfg['train_tokens']:,} tokens in {cfg['train_seconds']:,.0f} s "
+            f"({cfg['tokens_per_second']:,} tok/s" in card and f"teacher-forced {cfg['val_accepted']:.2f} tokens" in card)
+    cp, ff = heads["cp4-mixed"], heads["own"]
+    pct = {t: (f"{100 * cp[t]['val_depth_topk']['token'][0][0]:.1f}%", f"{100 * ff[t]['val_depth_topk']['token'][0][0]:.1f}%")
+           for t in ("nx-own", "nx-chat", "nx")}
+    assert (f"on {pct['nx-own'][0]} of the windows of SmolLM2's own continuations of networkx prompts "
+            f"({pct['nx-own'][1]} for the FF own-text head), {pct['nx-chat'][0]} of its answers to instructions about "
+            f"networkx ({pct['nx-chat'][1]}) and {pct['nx'][0]} of networkx's sources ({pct['nx'][1]})") in card
+    windows = ", ".join(f"{cp[t]['val_accepted']:.2f}" for t in ("nx-own", "nx-chat"))
+    assert f"tokens per window {windows} and {cp['nx']['val_accepted']:.2f}" in card
+    assert depth_table(json.loads((folder / "depth_topk.json").read_text())) in (ROOT / "models" / "README.md").read_text()
+
+
+def test_the_cp_heads_decoding_table_is_the_recorded_runs():
+    """docs/results.md's table of the CP head in decoding is what benchmarks/smollm2_table.py makes of its three
+    reports, every row; its float32 record says every greedy output was plain decoding's and transformers'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_table", ROOT / "benchmarks" / "smollm2_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reports = ROOT / "docs" / "bench" / "smollm2-cp"
+    made = module.table(reports, ("greedy-bf16", "t1-bf16", "chat-bf16"))
+    assert made.count("smollm2-cp4-k2048-own/tree8/compile") == 3 and made in (ROOT / "docs" / "results.md").read_text()
+    fp32 = report(reports / "fp32-exactness")
+    assert fp32["greedy_identical"] is True and fp32["config"]["dtype"] == "fp32"
+    assert all(h["greedy_check"]["identical"] == h["greedy_check"]["compared"] > 0 for h in fp32["heads"] + fp32["peers"])

@@ -91,3 +91,24 @@ def test_a_damaged_folder_names_the_file_and_the_problem(tmp_path, change, messa
     with pytest.raises(InputError, match=message) as info:
         load_head(folder)
     assert "root:" not in str(info.value)  # a string graph is refused, never read as a path and echoed
+
+
+def test_weights_stored_narrower_than_the_head_runs(tmp_path):
+    """head.json's `compute_dtype`: float16 weights of a float32 head load as float32 parameters holding the
+    float16 values (a shipped head in half the bytes); a compute_dtype that is no float type is one line."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    head = MTPHead(builders.cp_graph(3, 2, 7), 12, sum_init_std=0.2, dtype=torch.float32)
+    head.save_pretrained(tmp_path / "h")
+    weights = tmp_path / "h" / "head.safetensors"
+    save_file({k: v.half() for k, v in load_file(str(weights)).items()}, str(weights))
+    assert load_head(tmp_path / "h").dtype == torch.float16  # without it, the weights' own dtype
+    config = json.loads((tmp_path / "h" / "head.json").read_text())
+    (tmp_path / "h" / "head.json").write_text(json.dumps({**config, "compute_dtype": "float32"}))
+    back = load_head(tmp_path / "h")
+    assert back.dtype == torch.float32
+    assert all(torch.equal(p, q.half().float()) for p, q in zip(back.parameters(), head.parameters()))
+    (tmp_path / "h" / "head.json").write_text(json.dumps({**config, "compute_dtype": "int8"}))
+    with pytest.raises(InputError, match="compute_dtype must be one of"):
+        load_head(tmp_path / "h")

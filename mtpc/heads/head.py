@@ -649,7 +649,7 @@ def save_head(head: MTPHead, directory: str | Path) -> Path:
 def load_head(directory: str | Path, device: torch.device | str | None = None) -> MTPHead:
     """Rebuild a head saved by `save_head` (or `save_pretrained`): compile its graph, check the sizes
     it implies against `head.safetensors`' header and the machine's memory, then build it and load its
-    weights (exact, same dtype). A damaged folder raises `InputError` naming the file and what is wrong,
+    weights (exact, same dtype, or widened to `head.json`'s `compute_dtype`). A damaged folder raises `InputError` naming the file and what is wrong,
     before anything the size of the head is allocated."""
     directory = readable_folder(directory, "head folder")
     config = _read_head_config(directory / CONFIG_FILE)
@@ -778,10 +778,26 @@ def _read_head_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+COMPUTE_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+                  "float16": torch.float16}
+
+
+def _compute_dtype(config: dict, tensors: dict[str, torch.Tensor], directory: Path) -> torch.dtype:
+    """The dtype the head runs in: its weights' own, or `head.json`'s `compute_dtype` where a shipped head
+    stores them narrower than it runs (float16 weights of a float32 head: half the bytes in a repository)."""
+    name = config.get("compute_dtype")
+    if name is None:
+        return next(iter(tensors.values())).dtype
+    if not isinstance(name, str) or name not in COMPUTE_DTYPES:
+        raise InputError(f"{directory / CONFIG_FILE}: compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, got "
+                         f"{str(name)[:40]!r}")
+    return COMPUTE_DTYPES[name]
+
+
 def _head_from_config(config: dict, circ, tensors: dict[str, torch.Tensor], directory: Path) -> MTPHead:
     kwargs, ranks = _build_args(config)
     try:
-        head = MTPHead(circ, config["hidden_size"], dtype=next(iter(tensors.values())).dtype,
+        head = MTPHead(circ, config["hidden_size"], dtype=_compute_dtype(config, tensors, directory),
                        **kwargs, **ranks)
     except (ValueError, TypeError) as e:
         raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({first_line(e)})") from None
