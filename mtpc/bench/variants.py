@@ -75,28 +75,25 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
     variants = []
     for entry, nodes, use, c in itertools.product(entries, trees, lookup, compiled):
         auto = _auto_budget(entry, call_seconds) if nodes == "auto" else None
-        if auto is not None and auto["nodes"] is None:
-            if not chains:
-                decoder = decoder_cls(entry.model, entry.head, entry.lora_layers,
-                                      lookup=PromptLookup(tokens=lookup_tokens) if use else None,
-                                      **({"compile": True} if c else {}))
-                label = f"{entry.label}/auto-chain" + ("/lookup" if use else "") + ("/compile" if c else "")
-                window = decoder.span if use else min(decoder.width, entry.info["n"])
-                variants.append(Variant(label, entry, use, window, decoder, compiled=c,
-                                        tree_auto={k: v for k, v in auto.items() if k != "budget"}))
-            continue
-        budget = auto["budget"] if auto else nodes
-        try:
-            tree_budget(budget, entry.info["n"], entry.head.num_states)
-        except ValueError as e:
-            raise InputError(f"--tree {nodes} with the head {entry.label}: {e}") from None
+        budget = auto["budget"] if auto else nodes  # None: no tree beats plain decoding, the head's chain
+        if budget is None and chains:
+            continue  # the chain rows have it
+        if budget is not None:
+            try:
+                tree_budget(budget, entry.info["n"], entry.head.num_states)
+            except ValueError as e:
+                raise InputError(f"--tree {nodes} with the head {entry.label}: {e}") from None
         decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=budget,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                               **({"compile": True} if c else {}))
         count = auto["nodes"] if auto else nodes
-        label = (f"{entry.label}/{'auto-' if auto else ''}tree{count}" + ("/lookup" if use else "")
-                 + ("/compile" if c else ""))
-        variants.append(Variant(label, entry, use, decoder.tree_depth + 1, decoder, compiled=c, tree=count,
+        label = (f"{entry.label}/{'auto-' if auto else ''}{'chain' if count is None else f'tree{count}'}"
+                 + ("/lookup" if use else "") + ("/compile" if c else ""))
+        if budget is None:
+            window = decoder.span if use else min(decoder.width, entry.info["n"])
+        else:
+            window = decoder.tree_depth + 1
+        variants.append(Variant(label, entry, use, window, decoder, compiled=c, tree=count,
                                 tree_auto={k: v for k, v in auto.items() if k != "budget"} if auto else None))
     return variants
 
