@@ -655,3 +655,28 @@ def test_smollm2_own_head_collects_the_files_and_each_scored_head(tmp_path, monk
     assert json.loads((tmp_path / "record.json").read_text()) == data
     assert module.table(data).splitlines()[3] == ("| CP r = 8 from scratch, 60 min of the continuations |"
                                                  " 0.450 | 1.88 | 0.450 | 1.88 | 0.450 | 1.88 |")
+
+
+def test_first_token_gap_splits_the_first_drafted_token_by_vocabulary(lab, tmp_path, capsys):
+    head, store = tmp_path / "tied", tmp_path / "store"
+    assert mtpc(["train", "--model", lab["model"], "--circuit", str(ROOT / "examples" / "cp.pc"), "-D", "n=4",
+                 "-D", "r=2", "--parameterisation", "tied", "--draft-vocab", "24", "--first-token-mlp", "8",
+                 "--data", lab["corpus"], "--out", str(head), "--steps", "1", "--seq-len", "32", "--batch-size", "2",
+                 "--val-sequences", "1", "--val-windows", "8", "--no-progress"]) == 0
+    assert mtpc(["features", "--model", lab["model"], "--data", lab["corpus"], "--out", str(store), "--seq-len", "32",
+                 "--max-tokens", "32", "--val-sequences", "4", "--no-progress"]) == 0
+    out = tmp_path / "gap.json"
+    record = script("first_token_gap").main(["--model", lab["model"], "--head", str(head), "--bench", lab["bench"],
+                                             "--features", str(store), "--out", str(out)])
+    decoded, sources = record["decoded"], record["sources"]
+    bench = json.loads(Path(lab["bench"]).read_text())
+    prompts = [p for group in bench["prompt_ids"] for p in group]
+    # x_0 is each new token but the last (the token after it is the target)
+    assert decoded["every_position"]["positions"] == len(prompts) * (bench["config"]["max_new_tokens"] - 1)
+    inside, wider = decoded["x0_and_x1_in_vocabulary"], decoded["x0_and_x1_in_widened_vocabulary"]
+    assert inside["positions"] == wider["positions"] and inside["hits"] <= wider["hits"]  # added states only add
+    assert decoded["every_position"]["hits"] <= decoded["x0_and_x1_in_vocabulary_only"]["hits"] + \
+        decoded["x0_outside_vocabulary"]["hits"]
+    # the windows depth_acceptance scores are a subset of every window
+    assert 0 < sources["windows_scored_by_depth_acceptance"]["positions"] <= sources["every_window_against_text"]["positions"]
+    assert json.loads(out.read_text()) == record and "first drafted token right" in capsys.readouterr().out

@@ -799,3 +799,16 @@ def test_the_cp_heads_decoding_table_is_the_recorded_runs():
     fp32 = report(reports / "fp32-exactness")
     assert fp32["greedy_identical"] is True and fp32["config"]["dtype"] == "fp32"
     assert all(h["greedy_check"]["identical"] == h["greedy_check"]["compared"] > 0 for h in fp32["heads"] + fp32["peers"])
+
+
+def test_the_first_token_gap_table_is_the_recorded_run():
+    """results.md's first-drafted-token breakdown on SmolLM2 is `first_token_gap.table` of its recorded run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("first_token_gap", ROOT / "benchmarks" / "first_token_gap.py")
+    first_token_gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(first_token_gap)
+    recorded = json.loads((ROOT / "benchmarks/results/first_token_gap_smollm2.json").read_text())
+    assert first_token_gap.table(recorded) in RESULTS.read_text()
+    decoded = recorded["decoded"]
+    assert f"{decoded['decoding_first_token']:.3f}" == "0.372" and decoded["prompts"] == 6
