@@ -66,7 +66,8 @@ class DraftProgram:
     """Greedy drafts of a compiled circuit (`graph` + its `param_layout`), planned once per circuit.
 
     `greedy(theta, prefix)` -> `[n]` long: the sequential conditional argmax, with `x_0 .. x_{m-1}`
-    = `prefix` (`[m]` long, optional); `marginal_argmax(theta, prefix)` -> `[n]`: per position the
+    = `prefix` (`[m]` long, optional; a prefix state `v`, one past the last, is a variable left unobserved:
+    summed out, as for a token the circuit has no state for); `marginal_argmax(theta, prefix)` -> `[n]`: per position the
     argmax of `q(x_j | prefix)`; `conditionals(theta, x)` -> `[n, v]`: every `q(x_j = . | x_<j)` of
     one sequence; `sample(theta, generator, prefix)` -> (`[n]`, `[n, v]`): an exact sample, variable
     by variable, with the conditionals it was drawn from. `theta`: `[P]` (any float dtype; computed
@@ -188,7 +189,8 @@ class DraftProgram:
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
     def conditionals(self, theta: Tensor, x: Tensor) -> Tensor:
-        """`[n, v]`: row `j` = `q(x_j = . | x_<j)` for the given `x` `[n]` (probabilities, float64)."""
+        """`[n, v]`: row `j` = `q(x_j = . | x_<j)` for the given `x` `[n]` (probabilities, float64; a state
+        `v` in `x` leaves that variable unobserved)."""
         x = x.to(device=theta.device, dtype=torch.long).view(-1)
         if x.numel() != self.n:
             raise ValueError(f"x must hold {self.n} states, got {x.numel()}")
@@ -340,9 +342,13 @@ class _State:
         return total
 
     def observe(self, j: int, s: Tensor) -> None:
-        """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there)."""
+        """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there); `s == v`
+        (one past the last state) leaves it unobserved, summed out: its leaves' values are their totals, 1."""
+        v = self.p.v
         for region in self.p.inputs_of[j]:
-            self.V[region] = torch.embedding(self.columns[region], s)  # [U]: row s of [v, U], s a 0-d index
+            row = torch.embedding(self.columns[region], s.clamp_max(v - 1))  # [U]: row s of [v, U], s a 0-d index
+            # a select, not a branch: the state stays on the device and a compiled draft keeps one graph
+            self.V[region] = torch.where(s < v, row, torch.ones_like(row))
 
     def apply(self, op: _Op) -> None:
         if op.kind == "V":

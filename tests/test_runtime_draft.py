@@ -81,6 +81,34 @@ def test_conditionals_match_enumeration(name):
             torch.testing.assert_close(row, expected / expected.sum(), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", list(graphs(v=4)))
+def test_an_unobserved_prefix_state_is_summed_out(name):
+    """A prefix state `v` (a token the circuit has no state for) leaves `x_0` unobserved: the greedy draft's
+    conditionals, the sampled draft's and `conditionals`' are the enumerated joint's with `x_0` summed out."""
+    graph = graphs(v=4)[name]
+    circ = circuitc.compile(graph)
+    n, v = circ.num_vars, circ.num_states
+    program = DraftProgram(graph, circ.param_layout)
+    states = torch.cartesian_prod(*[torch.arange(v)] * n).view(-1, n)  # [v^n, n]
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        theta = torch.randn(circ.num_params, generator=gen, dtype=torch.float64) * 2
+        joint = circ.log_prob(states, theta).exp()  # [v^n]
+        drafted, rows = program.greedy(theta, torch.tensor([v]), with_rows=True)
+        sampled, sampled_rows = program.sample(theta, None, torch.tensor([v]), torch.rand(n, generator=gen,
+                                                                                         dtype=torch.float64))
+        assert drafted[0] == v and sampled[0] == v and (drafted[1:] < v).all()
+        for x, got in ((drafted, rows), (sampled, sampled_rows)):
+            x = x.clone()
+            x[0] = v
+            for j in range(1, n):
+                consistent = (states[:, 1:j] == x[1:j]).all(1)  # x_0 any state: summed out
+                expected = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
+                torch.testing.assert_close(got[j], expected / expected.sum(), rtol=1e-9, atol=1e-12)
+                assert j > 1 or drafted[1] == int(expected.argmax())
+            torch.testing.assert_close(program.conditionals(theta, x)[1:], got[1:], rtol=1e-9, atol=1e-12)
+
+
 def test_plans_reuse_values_and_derivatives():
     """An HMM step recomputes a constant number of regions, whatever the window (not the whole chain)."""
     for n in (8, 16):

@@ -140,16 +140,18 @@ def test_the_circuit_keeps_its_most_probable_prefixes(structure):
     head = random_head(structure, n, v, seed=5, std=0.7)
     decoder = SpeculativeDecoder(model, head, tree=TreeBudget(7, branching=v))
     h = torch.randn(2, head.hidden_size, dtype=torch.float64)
-    first = torch.tensor([2, 5])  # 5 is no circuit state: it conditions as the last state does
+    first = torch.tensor([2, 5])  # 5 is no circuit state: x_0 is summed out (the head reads the last state's row)
     window = choose_tree(decoder.drafter, decoder.tree, h, first)
     for b in range(2):
-        x0 = min(int(first[b]), v - 1)
-        theta = decoder.drafter.theta(h[b:b + 1], torch.tensor([x0]))
+        x0s = [int(first[b])] if first[b] < v else list(range(v))
+        theta = decoder.drafter.theta(h[b:b + 1], torch.tensor([min(int(first[b]), v - 1)]))
         rest = torch.tensor(list(itertools.product(range(v), repeat=n - 1)))
-        x = torch.cat([torch.full((len(rest), 1), x0), rest], 1)
-        with torch.no_grad():
-            joint = head.circ.log_prob(x, theta.expand(len(x), -1)).exp().view(*[v] * (n - 1))  # q(x_0, d_1, d_2)
-        joint = joint / joint.sum()
+        joint = 0
+        for x0 in x0s:
+            x = torch.cat([torch.full((len(rest), 1), x0), rest], 1)
+            with torch.no_grad():
+                joint = joint + head.circ.log_prob(x, theta.expand(len(x), -1)).exp().view(*[v] * (n - 1))
+        joint = joint / joint.sum()  # q(d_1, d_2 | x_0), or with x_0 summed out
         prefixes = {(a,): float(joint[a].sum()) for a in range(v)}
         prefixes.update({(a, c): float(joint[a, c]) for a in range(v) for c in range(v)})
         best = sorted(prefixes, key=prefixes.get, reverse=True)[:6]
@@ -163,6 +165,34 @@ def test_the_circuit_keeps_its_most_probable_prefixes(structure):
             chosen.add(tuple(path[::-1]))
         assert tokens[0] == int(first[b]) and chosen == set(best), (chosen, best)
         assert all(parents[i] < i for i in range(1, 7))
+
+
+@pytest.mark.parametrize("structure", ["hmm", "btree"])
+def test_a_first_token_without_a_state_is_summed_out_of_the_draft(structure):
+    """A committed token the circuit has no state for leaves `x_0` unobserved: the depth-1 proposal of a
+    sampled chain and of a sampled tree's root is the circuit's `q(d_1)` with `x_0` summed out (enumerated),
+    not its conditional on some state (conditioning on the last state, as before, proposes another)."""
+    vocab, n, v = 6, 3, 4
+    head = random_head(structure, n, v, seed=5, std=0.7)
+    decoder = SpeculativeDecoder(tiny_lm(vocab, seed=1), head, tree=TreeBudget(7, branching=v))
+    h = torch.randn(1, head.hidden_size, dtype=torch.float64)
+    theta = decoder.drafter.theta(h, torch.tensor([v - 1]))  # the head reads the last state's embedding
+    states = torch.tensor(list(itertools.product(range(v), repeat=n)))  # [v^n, n]
+    with torch.no_grad():
+        joint = head.circ.log_prob(states, theta.expand(len(states), -1)).exp()
+    summed = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[:, 1], joint)
+    last = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[states[:, 0] == v - 1, 1],
+                                                      joint[states[:, 0] == v - 1])
+    summed, last = summed / summed.sum(), last / last.sum()
+    assert (summed - last).abs().max() > 1e-3  # the two proposals differ: the check below can tell them apart
+    first = torch.tensor([5])
+    uniforms = torch.rand(1, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    chain = decoder.drafter.circuit_window(h, first, Sampling(1.0), uniforms)
+    torch.testing.assert_close(chain.rows[0, 1, :v], summed, rtol=1e-9, atol=1e-12)
+    draws = torch.rand(1, tree_draws(decoder.tree, n), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tree = choose_tree(decoder.drafter, decoder.tree, h, first, draws=draws)
+    torch.testing.assert_close(tree.rows[0, 0], summed, rtol=1e-9, atol=1e-12)
+    assert tree.tokens[0, 0] == 5 and chain.tokens[0, 0] == 5
 
 
 # --------------------------------------------------------------------------- sampling

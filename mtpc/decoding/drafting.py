@@ -184,9 +184,10 @@ class Drafter:
         circuit's windows after them: greedy, its sequential argmax; sampling, each drafted token drawn with
         `uniforms` `[B, n]` float64 from the circuit's conditional at `temperature` (see `DraftProgram.sample`)."""
         # a first token the circuit has no state for (a special token past its `v`, a token outside its draft
-        # vocabulary) conditions the draft as its last state would: any function of the past is a valid
-        # proposal, and the rows say which
-        prefix = self.head.states_of(first).clamp_max(self.v - 1)  # [B] states
+        # vocabulary) is state `v`: the draft programs leave it unobserved, summed out of the conditionals (as
+        # training's windows do; 35 against 27 first drafted tokens right of 119 such positions on SmolLM2's
+        # code, benchmarks/first_token_gap.py), and the head reads its last state's embedding
+        prefix = self.head.states_of(first).clamp_max(self.v)  # [B] states, or v
         theta = self.theta(h, prefix)  # [B, P]
         uniforms = None if sampling.greedy else uniforms  # the draft programs' own convention: None draws nothing
         drafted, conditionals = self._drafts(theta, prefix, uniforms, temperature)  # [B, n], [B, n, v] or None
@@ -230,16 +231,16 @@ class Drafter:
         given = [first] + proposal
         device = h.device
         prefix = torch.tensor(given, dtype=torch.long, device=device)
-        if len(given) >= self.n or not self._has_states(given):
+        if len(given) >= self.n or not self._has_states(proposal):
             tokens, conditionals = prefix, None
-        elif sampling.greedy:
-            states = self.head.states_of(prefix)
-            drafted, conditionals = self.program.greedy(self.theta(h, states[0]), states, with_rows=True)
-            tokens = self.head.tokens_of(drafted)
         else:
-            states = self.head.states_of(prefix)
-            drafted, conditionals = self.program.sample(self.theta(h, states[0]), None, states, uniforms, temperature)
-            tokens = self.head.tokens_of(drafted)
+            states = self.head.states_of(prefix).clamp_max(self.v)  # x_0 may have none (v), as in circuit_window
+            theta = self.theta(h, states[0])
+            if sampling.greedy:
+                drafted, conditionals = self.program.greedy(theta, states, with_rows=True)
+            else:
+                drafted, conditionals = self.program.sample(theta, None, states, uniforms, temperature)
+            tokens = torch.cat([prefix[:1], self.head.tokens_of(drafted[1:])])
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
         if sampling.greedy:

@@ -109,7 +109,7 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     head, program = drafter.head, drafter.program
     n, b, e, N = drafter.n, budget.children(), budget.expanded(), budget.nodes
     B = h.shape[0]
-    prefix = head.states_of(first).clamp_max(drafter.v - 1)  # [B] as `circuit_window` conditions on it
+    prefix = head.states_of(first).clamp_max(drafter.v)  # [B] as `circuit_window` conditions on it (v: none)
     theta = drafter.theta(h, prefix)  # [B, P]
     if program.factorised:  # every path's conditionals are the leaves: one program per row, not per path
         leaves = torch.func.vmap(program.conditionals)(theta, paths_of_root(prefix, n))  # [B, n, v]
@@ -154,7 +154,7 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     node_of = torch.zeros_like(all_scores, dtype=torch.long).scatter_(
         1, chosen, torch.arange(N, device=h.device).expand(B, N))  # [B, C] candidate -> node
     node_parents = node_of.gather(1, parents.gather(1, chosen))  # [B, N]
-    tokens = head.tokens_of(states.gather(1, chosen))  # [B, N]
+    tokens = head.tokens_of(states.gather(1, chosen).clamp_max(drafter.v - 1))  # [B, N] (the root's may be v)
     tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
     depths = depths.gather(1, chosen)
     node_rows = None
