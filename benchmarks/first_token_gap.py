@@ -8,7 +8,8 @@ position, and keeps a drafted token when it is the LM's greedy one. Two measurem
 transformers' `generate`), then one forward over prompt and continuation, as `mtpc features` runs it. At each
 position of the continuation where a cycle could start (the committed token `x_0` there, the LM's next token
 `x_1` after it), the head's first drafted token (its most probable `x_1` given `h` and `x_0`) is compared
-with `x_1`, over every position and split by whether `x_0` and `x_1` are in the draft vocabulary; then again
+with `x_1`, over every position and split by whether `x_0` and `x_1` are in the draft vocabulary (an `x_0`
+without a state summed out of the circuit, as the decoder drafts, and taken for its last state); then again
 with each prompt's own tokens added to the draft vocabulary (a context vocabulary: the tied head scores any
 token through the LM's output layer; the first-token embedding of an added state is a least-squares map of
 the LM's input embedding fitted on the vocabulary's trained rows). Beside it, the first-token acceptance the
@@ -51,12 +52,15 @@ from results_file import write_results  # noqa: E402
 BLOCK = 256  # positions scored at once (bounds the circuit's [N, v] conditionals)
 
 
-def first_token_hits(head, hidden: torch.Tensor, first: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def first_token_hits(head, hidden: torch.Tensor, first: torch.Tensor, target: torch.Tensor,
+                     as_last_state: bool = False) -> torch.Tensor:
     """`[N]` bool: the head's most probable first drafted token, given `hidden` `[N, d]` and the committed token
-    `first` `[N]`, is `target` `[N]` (token ids; one outside the draft vocabulary is a miss)."""
+    `first` `[N]`, is `target` `[N]` (token ids; one outside the draft vocabulary is a miss). A `first` without
+    a state is summed out of the circuit, as the decoder drafts; `as_last_state`: taken for the last state (the
+    decoder's former rule)."""
     x0, x1 = head.states_of(first), head.states_of(target)  # [N]
     x = torch.full((len(first), head.num_variables), -1, dtype=torch.long)
-    x[:, 0], x[:, 1] = x0, x1  # later depths invalid: the depth-1 conditional reads x_0 only
+    x[:, 0], x[:, 1] = x0.clamp_max(head.num_states - 1) if as_last_state else x0, x1  # later depths invalid
     hits = []
     for i in range(0, len(x), BLOCK):
         h = head.with_first_token(hidden[i:i + BLOCK], x0[i:i + BLOCK])
@@ -100,7 +104,7 @@ def decoded(model, model_path: str, head_folder: Path, bench: dict) -> dict:
         raise SystemExit("first_token_gap: decoded needs a tied head with a draft vocabulary")
     embedding = model.get_input_embeddings().weight.detach().float()  # [V, d]
     prompts = [p for group in bench["prompt_ids"] for p in group]
-    base, wide, x0_in, x1_in, x1_wide = [], [], [], [], []
+    base, as_last, wide, x0_in, x1_in, x1_wide = [], [], [], [], [], []
     added = []
     with torch.no_grad(), tempfile.TemporaryDirectory() as scratch:
         for i, prompt in enumerate(prompts):
@@ -111,6 +115,7 @@ def decoded(model, model_path: str, head_folder: Path, bench: dict) -> dict:
             t = torch.arange(len(prompt) - 1, len(text) - 2)  # a cycle's start: x_0 = text[t + 1]
             first, target = text[t + 1], text[t + 2]
             base.append(first_token_hits(head, hidden[t], first, target))
+            as_last.append(first_token_hits(head, hidden[t], first, target, as_last_state=True))
             extra = sorted(set(prompt) - set(head.vocabulary))
             added.append(len(extra))
             folder = widened_head(head_folder, extra, embedding, Path(scratch) / f"p{i}")
@@ -119,13 +124,13 @@ def decoded(model, model_path: str, head_folder: Path, bench: dict) -> dict:
             x0_in.append(head.states_of(first) < head.num_states)
             x1_in.append(head.states_of(target) < head.num_states)
             x1_wide.append((wider.states_of(first) < wider.num_states) & (wider.states_of(target) < wider.num_states))
-    base, wide, x0_in, x1_in, x1_wide = map(torch.cat, (base, wide, x0_in, x1_in, x1_wide))
+    base, as_last, wide, x0_in, x1_in, x1_wide = map(torch.cat, (base, as_last, wide, x0_in, x1_in, x1_wide))
     both = x0_in & x1_in
     return {"prompts": len(prompts), "new_tokens": bench["config"]["max_new_tokens"],
             "added_states_per_prompt": round(sum(added) / len(added), 1),
             "x0_and_x1_in_vocabulary": share(both), "x0_and_x1_in_widened_vocabulary": share(x1_wide),
             "every_position": share(base), "x0_and_x1_in_vocabulary_only": share(base, both),
-            "x0_outside_vocabulary": share(base, ~x0_in),
+            "x0_outside_vocabulary": share(base, ~x0_in), "x0_outside_as_last_state": share(as_last, ~x0_in),
             "widened_every_position": share(wide), "widened_positions_gained": share(wide, x1_wide & ~both),
             "decoding_first_token": recorded_first_token(bench, str(head_folder))}
 
@@ -174,7 +179,8 @@ def table(record: dict) -> str:
     if d:
         rows += [f"| the LM's continuations of the bench's prompts | every position | {cell(d['every_position'])} |",
                  f"| | x_0 and x_1 in the draft vocabulary | {cell(d['x0_and_x1_in_vocabulary_only'])} |",
-                 f"| | x_0 outside it | {cell(d['x0_outside_vocabulary'])} |",
+                 f"| | x_0 outside it (summed out of the circuit) | {cell(d['x0_outside_vocabulary'])} |",
+                 f"| | x_0 outside it, taken for the last state | {cell(d['x0_outside_as_last_state'])} |",
                  f"| | every position, the prompt's tokens added (+{d['added_states_per_prompt']} states) | "
                  f"{cell(d['widened_every_position'])} |",
                  f"| | the positions that adding them brought in | {cell(d['widened_positions_gained'])} |"]
