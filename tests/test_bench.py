@@ -355,6 +355,24 @@ def test_bad_peers_are_refused_before_loading(setup):
         run_bench(config(setup, max_repetition=2.0))
 
 
+def test_the_llama_cpp_peer_is_refused_without_its_library_or_a_gguf_model(setup, monkeypatch):
+    """`--peers llama.cpp` runs the --model GGUF file with llama-cpp-python: without the library, or with a model
+    folder, one line says what is missing, before any model is loaded."""
+    import importlib.util
+
+    from mtpc.bench import peers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(InputError, match="needs llama-cpp-python"):
+        run_bench(config(setup, peers=("llama.cpp",)))
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(InputError, match="runs the --model GGUF file itself"):
+        run_bench(config(setup, peers=("llama.cpp",)))  # setup's model is a checkpoint folder
+    assert main(["bench", "--model", setup["model"], "--heads", setup["heads"]["ff"], "--prompts", setup["prompts"],
+                 "--peers", "llama.cpp", "--no-progress"]) == 2
+
+
 def test_a_bf16_greedy_run_says_why_it_may_differ_and_fp32_claims_exactness(setup):
     """bf16 rounds a several-position verify call differently from one-position steps, so a near-tie may go
     the other way: such a run carries the note (and `mtpc bench` does not call a rounding difference a

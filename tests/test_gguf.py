@@ -104,3 +104,33 @@ def test_a_gguf_mistake_is_one_line_on_the_command_line(tiny, tmp_path, capsys, 
 def test_dtype_names_are_checked_where_they_are_parsed(capsys):
     assert main(["generate", "--model", "x", "--dtype", "float16", "hi"]) == 2
     assert "expected one of fp32, bf16, fp64, float32, bfloat16, float64" in capsys.readouterr().err
+
+
+def test_bench_runs_llama_cpp_on_the_same_gguf_beside_plain_decoding(tiny, tmp_path, capsys):
+    """`mtpc bench --peers llama.cpp` (llama-cpp-python installed): llama.cpp decodes the --model GGUF file
+    itself on the same prompts, a row of its own whose greedy check is reported and left out of the run's
+    verdict (its kernels are its own), and its tokens counted as the other rows'."""
+    pytest.importorskip("llama_cpp")
+    file = tiny[0]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.py").write_text("def collate(items):\n    return [item for item in items]\n" * 40)
+    head = tmp_path / "ff2"
+    assert main(["train", "--model", str(file), "--circuit", "examples/ff.pc", "-D", "n=2", "--parameterisation",
+                 "tied", "--data", str(data), "--out", str(head), "--steps", "1", "--seq-len", "32",
+                 "--batch-size", "2", "--val-sequences", "1", "--val-windows", "4", "--no-progress"]) == 0
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def collate(items):\nimport os\n")
+    out = tmp_path / "bench"
+    assert main(["bench", "--model", str(file), "--heads", str(head), "--prompts", str(prompts), "--num-prompts", "2",
+                 "--repeats", "1", "--max-new-tokens", "8", "--peers", "llama.cpp", "generate", "--threads", "1", "--out", str(out),
+                 "--no-progress"]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    peers = {r["label"]: r for r in report["peers"]}
+    llama = peers["llama.cpp"]
+    assert llama["kind"] == "llama.cpp" and "quantized weights" in llama["detail"] and llama["tok_s"]["mean"] > 0
+    assert llama["tokens"] == peers["hf generate"]["tokens"] == report["plain"]["tokens"]  # the same budget
+    assert llama["greedy_check"]["compared"] == 2 and llama["mu_acc"]["mean"] == 1
+    assert report["greedy_identical"] is (not peers["hf generate"]["greedy_check"]["mismatches"]
+                                           and all(not h["greedy_check"]["mismatches"] for h in report["heads"]))
+    assert "llama.cpp: from its first new token" in (out / "bench.md").read_text()

@@ -76,7 +76,8 @@ class BenchConfig:
         (), nargs="+", metavar="PEER",
         help="also run transformers' own decoders: prompt-lookup[:K] (default K 10), assisted:DIR (a small draft "
              "LM folder), static (generate with cache_implementation=\"static\") and/or generate (plain generate, "
-             "transformers' usual dynamic cache)")
+             "transformers' usual dynamic cache); and llama.cpp: llama.cpp's own decoding of a --model GGUF file "
+             "(needs llama-cpp-python)")
     compile: bool = setting(
         False, help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
                     "variant again with its cycle (draft, verify, accept) compiled as one graph (compiled in the "

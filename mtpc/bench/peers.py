@@ -8,6 +8,11 @@
   there, `--compile`'s "plain (static + compile)" row is the compiled baseline),
 - `generate`: transformers' own plain `generate()` with its default (dynamic) cache: the baseline a user
   already has,
+- `llama.cpp`: llama.cpp's own plain decoding of the same GGUF file (`llama-cpp-python`, when installed: an
+  optional dependency with no wheel for every platform), the CPU user's alternative. It runs the file's
+  quantized weights with its own kernels, not the dequantized model the other rows run, so its outputs are
+  its own (greedy equality is reported, not expected) and its speed is another dtype's: the row says so.
+  Timed from its first new token (the prompt's forward) to its last, as the others,
 - `--compile`: the fastest plain decoding of the same model: mtpc's one plain decoder
   (`mtpc.decoding.plain.PlainDecoder`: static, preallocated KV caches), its one-token step run eagerly
   without phase hooks ("plain (static cache)") and through `torch.compile` ("plain (static + compile)"),
@@ -22,6 +27,8 @@ forward calls. Sampling uses the same temperature / top-k / top-p (transformers'
 
 from __future__ import annotations
 
+import importlib.util
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,7 +41,7 @@ from .timing import Run, synchronized
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "PEER_KINDS"]
 
-PEER_KINDS = ("prompt-lookup", "assisted", "static", "generate")
+PEER_KINDS = ("prompt-lookup", "assisted", "static", "generate", "llama.cpp")
 DEFAULT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 
 
@@ -46,7 +53,7 @@ PLAIN_GENERATE = {"static": ("hf static cache", 'generate(cache_implementation="
 
 @dataclass(frozen=True)
 class PeerSpec:
-    kind: str  # prompt-lookup | assisted | static | generate
+    kind: str  # prompt-lookup | assisted | static | generate | llama.cpp
     tokens: int | None = None  # prompt-lookup: candidate tokens per match
     path: str | None = None  # assisted: the draft LM folder
 
@@ -54,15 +61,25 @@ class PeerSpec:
 @dataclass
 class Peer:
     label: str
-    kind: str  # prompt-lookup | assisted | static | generate | plain-static | plain-compiled
+    kind: str  # prompt-lookup | assisted | static | generate | llama.cpp | plain-static | plain-compiled
     detail: str
     task: Callable[[torch.Tensor, int, int], Run]
 
 
-def parse_peer(text: str) -> PeerSpec:
-    """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR`, `static` or `generate` (checked before any model is
-    loaded)."""
+def parse_peer(text: str, model: str | None = None) -> PeerSpec:
+    """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR`, `static`, `generate` or `llama.cpp` (checked before
+    any model is loaded; `llama.cpp` needs `model`, the bench's `--model`, to be a GGUF file and
+    llama-cpp-python to be installed)."""
     kind, _, arg = text.partition(":")
+    if text == "llama.cpp":
+        from ..gguf_files import is_gguf
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise InputError("--peers llama.cpp needs llama-cpp-python (pip install llama-cpp-python; where no wheel "
+                             "fits, pip builds it from source with cmake and a C++ compiler)")
+        if model is None or not is_gguf(model):
+            raise InputError("--peers llama.cpp runs the --model GGUF file itself; give --model a .gguf file")
+        return PeerSpec("llama.cpp", path=str(model))
     if kind in PLAIN_GENERATE:
         if arg:
             raise InputError(f"--peers {text}: {kind} takes no argument")
@@ -79,7 +96,8 @@ def parse_peer(text: str) -> PeerSpec:
         if not (Path(arg) / "config.json").is_file():
             raise InputError(f"--peers {text}: {arg} is not a Hugging Face checkpoint folder (no config.json)")
         return PeerSpec(kind, path=arg)
-    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR, static or generate")
+    raise InputError(f"--peers {text}: unknown peer; use prompt-lookup[:K], assisted:DIR, static, generate or "
+                     "llama.cpp")
 
 
 def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, device: torch.device,
@@ -103,6 +121,8 @@ def build_peers(cfg, base, specs: list[PeerSpec], load_model: Callable, dtype, d
             peers.append(Peer(f"hf prompt-lookup:{spec.tokens}", spec.kind,
                               f"generate(prompt_lookup_num_tokens={spec.tokens})",
                               _hf_task(cfg, base, eos, device, prompt_lookup_num_tokens=spec.tokens)))
+        elif spec.kind == "llama.cpp":
+            peers.append(_llama_cpp_peer(cfg, spec.path, eos))
         else:
             draft = load_model(spec.path, dtype, device)
             if draft.config.vocab_size != base.config.vocab_size:
@@ -150,3 +170,35 @@ def _static_task(cfg, decoder: PlainDecoder, eos: set[int]) -> Callable:
                    out.sequences[0].tolist(), ids.shape[1])
 
     return task
+
+
+def _llama_cpp_peer(cfg, gguf: str, eos: set[int]) -> Peer:
+    """llama.cpp decoding the GGUF file on `cfg.threads` threads (the same prompts' token ids, so the same
+    prompts), one token per call: greedy, or sampling with the same temperature / top-k / top-p and none of
+    llama.cpp's other samplers (min-p, typical, repetition penalty all off)."""
+    import llama_cpp
+
+    threads = cfg.threads or torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, n_threads=threads, n_threads_batch=threads, verbose=False)
+    sampling = cfg.sampling()
+    if sampling.greedy:
+        settings = {"temp": 0.0, "top_k": 1}
+    else:
+        settings = {"temp": sampling.temperature, "top_k": sampling.top_k or 0,
+                    "top_p": sampling.top_p if sampling.top_p is not None else 1.0}
+    settings.update(min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+
+    def task(ids, budget: int, seed: int) -> Run:
+        prompt = ids[0].tolist()
+        llm.set_seed(seed)
+        new, stamps = [], []
+        for token in llm.generate(prompt, reset=True, **settings):
+            stamps.append(time.perf_counter())  # the first: after the prompt's forward, as the other rows start
+            new.append(int(token))
+            if token in eos or len(new) == budget:
+                break
+        return Run(len(new), len(new), stamps[-1] - stamps[0], dict.fromkeys(PHASES, 0.0), prompt + new, len(prompt))
+
+    detail = (f"llama-cpp-python {llama_cpp.__version__}: the GGUF's own quantized weights and kernels, "
+              f"{threads} thread{'s' if threads > 1 else ''} (another dtype than the other rows)")
+    return Peer("llama.cpp", "llama.cpp", detail, task)

@@ -170,12 +170,17 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         if cfg.mode == "greedy":
             row["greedy_check"] = greedy_check(runs[v.label], runs["plain"])
         rows.append(row)
-    checked = rows + peer_rows
+    # llama.cpp runs the GGUF's quantized weights with its own kernels: its row reports its own check, the
+    # verdict is about the decoders that run this model
+    checked = rows + [r for r in peer_rows if r["kind"] != "llama.cpp"]
     return {"format": "mtpc-bench/2", "config": _config_dict(cfg), "environment": _environment(device, base),
             "max_tok_s_rule": "the longest window (n, 1 + lookup tokens, or a tree's deepest path) / mean cycle latency",
             "timer": "cuda events" if device.type == "cuda" else "time.perf_counter (the decoder's cycle clock)",
             "peer_timing": "transformers generate: from the end of the target's first forward (the prompt) to the "
-                           "end; cycles = target forward calls, the first included",
+                           "end; cycles = target forward calls, the first included"
+                           + ("; llama.cpp: from its first new token to its last, one call per token, on the "
+                              "GGUF's quantized weights (another dtype)" if any(p.kind == "llama.cpp" for p in peers)
+                              else ""),
             "repetition_rule": "share of the continuation's 8-byte n-grams already seen in prompt + continuation",
             "repetition_filter": None if dropped is None else {"max_repetition": cfg.max_repetition,
                                                                "dropped": dropped},
@@ -287,7 +292,8 @@ def table_rows(report: dict) -> list[list[str]]:
              "1.00", "-", "-", rep(plain), "-", "-", "-", f"{ms['backbone']:.2f}", f"{ms['accept']:.2f}", "-",
              "reference"]]
     for r in report.get("peers", []):
-        hooked = not r["kind"].startswith("plain-")  # the static-cache baselines run without phase hooks
+        # the static-cache baselines run without phase hooks, llama.cpp has no torch modules to hook
+        hooked = not r["kind"].startswith("plain-") and r["kind"] != "llama.cpp"
         phases = [f"{r['phases_ms'][p]:.2f}" if hooked else "-" for p in ("backbone", "accept")]
         rows.append([r["label"], "-", "-", "-", _pm(r["mu_acc"]), _pm(r["bytes_per_cycle"]), _pm(r["mu_lat"], 1e3), _pm(r["tok_s"], 1, 1),
                      _pm(r["speedup_plain"]), versus(r), "-", rep(r), "-", "-", "-", *phases, "-", _check_cell(r)])

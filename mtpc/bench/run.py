@@ -3,7 +3,7 @@
     mtpc bench --model DIR --heads HEAD_DIR... (--prompts FILE [--chat] | --corpus PATH) [--num-prompts N]
                [--max-new-tokens N] [--mode greedy|sample] [--repeats K] [--out DIR]
                [--lookup off|on|both] [--window K|adaptive ...]
-               [--peers prompt-lookup[:K] assisted:DIR static generate] [--compile] [--max-repetition R]
+               [--peers prompt-lookup[:K] assisted:DIR static generate llama.cpp] [--compile] [--max-repetition R]
 
 What is measured (the paper's metrics, Section 4.2), per head and decoder variant (prompt lookup,
 the circuit window's verify width, eager or compiled), over `K` disjoint prompt sets of `N` prompts each:
@@ -33,7 +33,7 @@ tokens spell per cycle, the measure comparable across vocabularies (for a byte L
 specials).
 
 Peers (`mtpc.bench.peers`): transformers' prompt lookup, assisted generation and plain `generate` (static or
-its default dynamic cache), and with `--compile` plain decoding with a static KV cache, eager and
+its default dynamic cache), llama.cpp on a GGUF `--model` (llama-cpp-python), and with `--compile` plain decoding with a static KV cache, eager and
 `torch.compile`d (speed-ups are then also reported against the compiled baseline). Prompts come from
 `mtpc.bench.prompts` (`--chat`: each prompt of the file a user turn of the model's chat template, as
 `mtpc generate --chat` renders it, every decoder stopping where generate's answer ends), one timed
@@ -80,7 +80,7 @@ def run_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder] =
         from .batch import run_batch_bench
 
         return run_batch_bench(cfg, decoder_cls)
-    specs = [parse_peer(text) for text in cfg.peers]
+    specs = [parse_peer(text, cfg.model) for text in cfg.peers]
     loaded = load_bench(cfg, decoder_cls)
     device, dtype, tok, base, variants = loaded.device, loaded.dtype, loaded.tok, loaded.base, loaded.variants
     prompts = load_prompts(cfg, tok)
