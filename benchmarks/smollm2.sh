@@ -4,7 +4,9 @@
 # tokens, one thread, each dtype against the other decoders in the same dtype (one `mtpc bench` per line).
 #   bash benchmarks/smollm2.sh [RUN ...]   runs: greedy-bf16 t1-bf16 t07-bf16 greedy-fp32 chat-bf16 greedy-bf16-2threads
 # Reports go to docs/bench/smollm2/<run>/ (bench.json, bench.md, tradeoff.png). HEAD=DIR benches another head,
-# OUT=DIR writes its reports elsewhere, EXTRA="..." adds bench options to every run.
+# OUT=DIR writes its reports elsewhere, EXTRA="..." adds bench options to every run. Runs greedy-llamacpp and
+# t1-llamacpp (not run by default: they need llama-cpp-python, `pip install -e ".[llamacpp]"`) put llama.cpp's
+# own decoding of the same GGUF beside transformers' generate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
@@ -22,6 +24,8 @@ run() {
         t07-bf16) mtpc bench $CODE --threads 1 --dtype bf16 --mode sample --temperature 0.7 --peers generate --out $OUT/$1 ;;
         greedy-fp32) mtpc bench $CODE --threads 1 --dtype fp32 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
         chat-bf16) mtpc bench $CHAT --threads 1 --dtype bf16 --mode greedy --peers generate prompt-lookup --out $OUT/$1 ;;
+        greedy-llamacpp) mtpc bench $CODE --threads 1 --dtype bf16 --mode greedy --peers generate llama.cpp --out $OUT/$1 ;;
+        t1-llamacpp) mtpc bench $CODE --threads 1 --dtype bf16 --mode sample --temperature 1 --peers generate llama.cpp --out $OUT/$1 ;;
         greedy-bf16-2threads) mtpc bench $CODE --threads 2 --dtype bf16 --mode greedy --peers generate --out $OUT/$1 ;;
         *) echo "unknown run $1" >&2; exit 2 ;;
     esac

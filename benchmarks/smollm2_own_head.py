@@ -20,6 +20,7 @@ HEADS = {"shipped": ("smollm2-ff4-k2048 (shipped)", None),
          "own": ("smollm2-ff4-k2048-own: the shipped head + 30 min of both texts", "head"),
          "cp4-hour": ("CP r = 8 from scratch, 60 min of the continuations", "cp4-hour"),
          "cp4-mixed": ("smollm2-cp4-k2048-own: the CP's hour + 60 min of both texts", "cp4-mixed"),
+         "cp4-third": ("the CP's two hours + 60 min more of both texts, half the learning rate", "cp4-third"),
          "adds-continuations": ("the shipped head + 120 steps of continuations", "adds-continuations"),
          "adds-mixed": ("the shipped head + 120 steps of continuations and answers", "adds-mixed")}
 FILES = ("stdlib-own.jsonl", "stdlib-chat.jsonl", "nx-chat.jsonl")
