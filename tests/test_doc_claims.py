@@ -812,3 +812,20 @@ def test_the_first_token_gap_table_is_the_recorded_run():
     assert first_token_gap.table(recorded) in RESULTS.read_text()
     decoded = recorded["decoded"]
     assert f"{decoded['decoding_first_token']:.3f}" == "0.372" and decoded["prompts"] == 6
+
+
+def test_the_llama_cpp_table_is_the_recorded_runs():
+    """docs/results.md's table against llama.cpp is what benchmarks/smollm2_table.py makes of the reports
+    `benchmarks/smollm2.sh greedy-llamacpp t1-llamacpp` wrote, and the README's speeds are theirs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smollm2_table", ROOT / "benchmarks" / "smollm2_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reports = ROOT / "docs" / "bench" / "smollm2-llamacpp"
+    made = module.table(reports, ("greedy-llamacpp", "t1-llamacpp"))
+    assert made.count("| llama.cpp |") == 2 and made in (ROOT / "docs" / "results.md").read_text()
+    readme = " ".join(_readme.README.read_text().split())
+    for run in ("greedy-llamacpp", "t1-llamacpp"):
+        [llama] = [p for p in report(reports / run)["peers"] if p["kind"] == "llama.cpp"]
+        assert f"{llama['tok_s']['mean']:.1f} tok/s" in readme and "quantized weights" in llama["detail"]
