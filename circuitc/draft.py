@@ -67,8 +67,8 @@ class DraftProgram:
 
     `greedy(theta, prefix)` -> `[n]` long: the sequential conditional argmax, with `x_0 .. x_{m-1}`
     = `prefix` (`[m]` long, optional; a prefix state `v`, one past the last, is a variable left unobserved:
-    summed out, as for a token the circuit has no state for); `marginal_argmax(theta, prefix)` -> `[n]`: per position the
-    argmax of `q(x_j | prefix)`; `conditionals(theta, x)` -> `[n, v]`: every `q(x_j = . | x_<j)` of
+    summed out, as for a token the circuit has no state for); `marginal_argmax(theta, prefix)` -> `[n]`:
+    per position the argmax of `q(x_j | prefix)`; `conditionals(theta, x)` -> `[n, v]`: every `q(x_j = . | x_<j)` of
     one sequence; `sample(theta, generator, prefix)` -> (`[n]`, `[n, v]`): an exact sample, variable
     by variable, with the conditionals it was drawn from. `theta`: `[P]` (any float dtype; computed
     in float64).

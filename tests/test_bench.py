@@ -363,10 +363,12 @@ def test_the_llama_cpp_peer_is_refused_without_its_library_or_a_gguf_model(setup
     from mtpc.bench import peers
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    missing = lambda name, *a: None if name == "llama_cpp" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(peers.importlib.util, "find_spec", missing)
     with pytest.raises(InputError, match="needs llama-cpp-python"):
         run_bench(config(setup, peers=("llama.cpp",)))
-    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
+    present = lambda name, *a: object() if name == "llama_cpp" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(peers.importlib.util, "find_spec", present)
     with pytest.raises(InputError, match="runs the --model GGUF file itself"):
         run_bench(config(setup, peers=("llama.cpp",)))  # setup's model is a checkpoint folder
     assert main(["bench", "--model", setup["model"], "--heads", setup["heads"]["ff"], "--prompts", setup["prompts"],

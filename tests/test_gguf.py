@@ -106,11 +106,11 @@ def test_dtype_names_are_checked_where_they_are_parsed(capsys):
     assert "expected one of fp32, bf16, fp64, float32, bfloat16, float64" in capsys.readouterr().err
 
 
-def test_bench_runs_llama_cpp_on_the_same_gguf_beside_plain_decoding(tiny, tmp_path, capsys):
+def test_bench_runs_llama_cpp_on_the_same_gguf_beside_plain_decoding(tiny, tmp_path, capsys, monkeypatch):
     """`mtpc bench --peers llama.cpp` (llama-cpp-python installed): llama.cpp decodes the --model GGUF file
     itself on the same prompts, a row of its own whose greedy check is reported and left out of the run's
     verdict (its kernels are its own), and its tokens counted as the other rows'."""
-    pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp")
     file = tiny[0]
     data = tmp_path / "data"
     data.mkdir()
@@ -123,8 +123,8 @@ def test_bench_runs_llama_cpp_on_the_same_gguf_beside_plain_decoding(tiny, tmp_p
     prompts.write_text("def collate(items):\nimport os\n")
     out = tmp_path / "bench"
     assert main(["bench", "--model", str(file), "--heads", str(head), "--prompts", str(prompts), "--num-prompts", "2",
-                 "--repeats", "1", "--max-new-tokens", "8", "--peers", "llama.cpp", "generate", "--threads", "1", "--out", str(out),
-                 "--no-progress"]) == 0
+                 "--repeats", "1", "--max-new-tokens", "8", "--peers", "llama.cpp", "generate", "--threads", "1",
+                 "--out", str(out), "--no-progress"]) == 0
     report = json.loads((out / "bench.json").read_text())
     peers = {r["label"]: r for r in report["peers"]}
     llama = peers["llama.cpp"]
@@ -134,3 +134,13 @@ def test_bench_runs_llama_cpp_on_the_same_gguf_beside_plain_decoding(tiny, tmp_p
     assert report["greedy_identical"] is (not peers["hf generate"]["greedy_check"]["mismatches"]
                                            and all(not h["greedy_check"]["mismatches"] for h in report["heads"]))
     assert "llama.cpp: from its first new token" in (out / "bench.md").read_text()
+    capsys.readouterr()
+
+    def unloadable(**kwargs):
+        raise ValueError(f"Failed to load model from file: {kwargs['model_path']}")
+
+    monkeypatch.setattr(llama_cpp, "Llama", unloadable)  # a file llama.cpp cannot run: one line, exit 1
+    assert main(["bench", "--model", str(file), "--heads", str(head), "--prompts", str(prompts), "--num-prompts", "2",
+                 "--repeats", "1", "--max-new-tokens", "8", "--peers", "llama.cpp", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mtpc: error: --peers llama.cpp: llama.cpp could not load") and not any("Traceback" in line for line in err)

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from ..decoding import PHASES, PhaseClock, PlainDecoder, backbone_marks, split_phases
-from ..errors import InputError
+from ..errors import InputError, MtpcError, first_line
 from .timing import Run, synchronized
 
 __all__ = ["Peer", "PeerSpec", "parse_peer", "build_peers", "PEER_KINDS"]
@@ -179,7 +179,10 @@ def _llama_cpp_peer(cfg, gguf: str, eos: set[int]) -> Peer:
     import llama_cpp
 
     threads = cfg.threads or torch.get_num_threads()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, n_threads=threads, n_threads_batch=threads, verbose=False)
+    try:  # n_ctx 0: the file's own context length
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=0, n_threads=threads, n_threads_batch=threads, verbose=False)
+    except (ValueError, RuntimeError) as e:  # a file llama.cpp cannot run (an architecture it lacks, ...)
+        raise MtpcError(f"--peers llama.cpp: llama.cpp could not load {gguf}: {first_line(e)}") from None
     sampling = cfg.sampling()
     if sampling.greedy:
         settings = {"temp": 0.0, "top_k": 1}

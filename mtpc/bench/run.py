@@ -33,8 +33,8 @@ tokens spell per cycle, the measure comparable across vocabularies (for a byte L
 specials).
 
 Peers (`mtpc.bench.peers`): transformers' prompt lookup, assisted generation and plain `generate` (static or
-its default dynamic cache), llama.cpp on a GGUF `--model` (llama-cpp-python), and with `--compile` plain decoding with a static KV cache, eager and
-`torch.compile`d (speed-ups are then also reported against the compiled baseline). Prompts come from
+its default dynamic cache), llama.cpp on a GGUF `--model` (llama-cpp-python), and with `--compile` plain
+decoding with a static KV cache, eager and `torch.compile`d (speed-ups are then also reported against the compiled baseline). Prompts come from
 `mtpc.bench.prompts` (`--chat`: each prompt of the file a user turn of the model's chat template, as
 `mtpc generate --chat` renders it, every decoder stopping where generate's answer ends), one timed
 generation from `mtpc.bench.timing` (with the loop's own `mtpc.decoding.clock`), the report from
