@@ -48,6 +48,23 @@ def test_states_and_tokens_map_both_ways_and_a_token_outside_has_no_state():
         MTPHead(builders.cp_graph(3, 2, 4), 32, parameterisation="tied", vocabulary=[1, 2, 3])
 
 
+def test_a_lookup_window_after_a_token_without_a_state_fills_with_the_circuits_draft():
+    """A lookup proposal inside the draft vocabulary, after a committed token outside it: the window fills to
+    the circuit's `n` positions (as `lookup_length` counts), drafted with `x_0` summed out, and its first
+    token is the committed one."""
+    lm = tiny_lm(40)
+    head = vocabulary_head(lm, builders.cp_graph(4, 2, 4), [7, 2, 39, 11])
+    drafter = SpeculativeDecoder(lm, head).drafter
+    h = torch.randn(lm.config.hidden_size, dtype=torch.float64)
+    assert drafter.lookup_length([2]) == 4
+    window = drafter.lookup_window(h, 0, [2], 4, Sampling(0.0))  # token 0 has no state; 2 is state 1
+    tokens = window.tokens.tolist()
+    assert tokens[:2] == [0, 2] and all(t in (7, 2, 39, 11) for t in tokens[2:4])
+    theta = drafter.theta(h[None], torch.tensor([3]))[0]  # the head reads the last state's embedding
+    expected = drafter.program.greedy(theta, torch.tensor([4, 1]))  # x_0 unobserved (state v = 4), x_1 = state 1
+    assert tokens[2:4] == head.tokens_of(expected[2:]).tolist()
+
+
 def test_a_head_saves_and_loads_its_vocabulary_and_a_planted_one_is_refused(tmp_path):
     lm = tiny_lm(40)
     head = vocabulary_head(lm, builders.btree_graph(4, 2, 6), [5, 9, 1, 30, 22, 0])
