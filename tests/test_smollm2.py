@@ -14,7 +14,7 @@ from mtpc.cli import main
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAD = ROOT / "models" / "heads" / "smollm2-ff4-k2048-own"  # the README's head
+HEAD = ROOT / "models" / "heads" / "smollm2-cp4-k2048-own"  # the README's head
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
