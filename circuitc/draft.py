@@ -345,10 +345,11 @@ class _State:
         """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there); `s == v`
         (one past the last state) leaves it unobserved, summed out: its leaves' values are their totals, 1."""
         v = self.p.v
+        index, observed = s.clamp_max(v - 1), s < v  # once per variable, not per input region
         for region in self.p.inputs_of[j]:
-            row = torch.embedding(self.columns[region], s.clamp_max(v - 1))  # [U]: row s of [v, U], s a 0-d index
+            row = torch.embedding(self.columns[region], index)  # [U]: row s of [v, U], s a 0-d index
             # a select, not a branch: the state stays on the device and a compiled draft keeps one graph
-            self.V[region] = torch.where(s < v, row, torch.ones_like(row))
+            self.V[region] = torch.where(observed, row, torch.ones_like(row))
 
     def apply(self, op: _Op) -> None:
         if op.kind == "V":

@@ -61,6 +61,12 @@ def test_drafts_match_enumeration(name):
     assert checked == 36
 
 
+def enumerated_conditional(states, joint, consistent, j, v):
+    """`[v]` q(x_j | the rows `consistent` selects) from the enumerated joint over `states` `[v^n, n]`."""
+    marginal = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
+    return marginal / marginal.sum()
+
+
 @pytest.mark.parametrize("name", list(graphs(v=4)))
 def test_conditionals_match_enumeration(name):
     """Every `q(x_j | x_<j)` of random sequences, compared as distributions (stale values or
@@ -76,9 +82,8 @@ def test_conditionals_match_enumeration(name):
         joint = circ.log_prob(states, theta).exp()  # [v^n]
         x = states[torch.randint(0, states.shape[0], (1,), generator=gen)][0]
         for j, row in enumerate(program.conditionals(theta, x)):
-            consistent = (states[:, :j] == x[:j]).all(1)
-            expected = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
-            torch.testing.assert_close(row, expected / expected.sum(), rtol=1e-9, atol=1e-12)
+            expected = enumerated_conditional(states, joint, (states[:, :j] == x[:j]).all(1), j, v)
+            torch.testing.assert_close(row, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(graphs(v=4)))
@@ -103,8 +108,8 @@ def test_an_unobserved_prefix_state_is_summed_out(name):
             x[0] = v
             for j in range(1, n):
                 consistent = (states[:, 1:j] == x[1:j]).all(1)  # x_0 any state: summed out
-                expected = torch.zeros(v, dtype=joint.dtype).index_add_(0, states[consistent, j], joint[consistent])
-                torch.testing.assert_close(got[j], expected / expected.sum(), rtol=1e-9, atol=1e-12)
+                expected = enumerated_conditional(states, joint, consistent, j, v)
+                torch.testing.assert_close(got[j], expected, rtol=1e-9, atol=1e-12)
                 assert j > 1 or drafted[1] == int(expected.argmax())
             torch.testing.assert_close(program.conditionals(theta, x)[1:], got[1:], rtol=1e-9, atol=1e-12)
 
