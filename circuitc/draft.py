@@ -197,7 +197,7 @@ class DraftProgram:
         if self._factorised:
             return self._leaf_logits(theta).double().softmax(-1)
         states = x.unbind()
-        return self._run(theta, None, True, lambda j, scores: states[j], keep_rows=True)[1]
+        return self._run(theta, None, True, lambda j, scores: states[j], keep_rows=True, caller_states=self.n)[1]
 
     @single_threaded_when_small(lambda self, theta, *args, **kwargs: self._work(theta))
     @torch.no_grad()
@@ -275,13 +275,15 @@ class DraftProgram:
         return x if prefix is None else torch.cat([prefix, x[prefix.numel():]])
 
     def _run(self, theta: Tensor, prefix: Tensor | None, sequential: bool, pick, keep_rows: bool = False,
-             sharpen=None):
+             sharpen=None, caller_states: int | None = None):
         """Step through the variables: `pick(j, scores)` chooses `x_j` `[]` from `scores` `[v]`
         (proportional to its conditional, or marginal when not `sequential`; passed through `sharpen`
         first when given). Returns `x` `[n]`, and the normalised scores `[n, v]` (zero rows for the
         prefix) when `keep_rows`. Chosen states stay tensors (never read to the host), so a draft makes
-        no device synchronisation."""
+        no device synchronisation. `caller_states`: how many leading states come from the caller, not drawn
+        (default the prefix's): those may be `v`, unobserved."""
         m = 0 if prefix is None else prefix.numel()
+        given_states = m if caller_states is None else caller_states
         state = _State(self, *self._tables(theta))
         steps = self.plan(m, sequential)
         given = prefix.unbind() if m else ()
@@ -299,7 +301,7 @@ class DraftProgram:
                 scored.append(scores)
             chosen.append(s)
             if sequential or j < m:
-                state.observe(j, s)
+                state.observe(j, s, may_be_unobserved=j < given_states)
         x = torch.stack(chosen)
         if not keep_rows:
             return x
@@ -341,9 +343,14 @@ class _State:
             total = part if total is None else total + part
         return total
 
-    def observe(self, j: int, s: Tensor) -> None:
-        """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there); `s == v`
-        (one past the last state) leaves it unobserved, summed out: its leaves' values are their totals, 1."""
+    def observe(self, j: int, s: Tensor, may_be_unobserved: bool = False) -> None:
+        """Variable `j` takes state `s` (`[]` long, on the device: the row lookup reads it there). When
+        `may_be_unobserved` (a given state, not a drawn one), `s == v` (one past the last state) leaves it
+        unobserved, summed out: its leaves' values are their totals, 1."""
+        if not may_be_unobserved:  # a state the draft drew: always one of the v
+            for region in self.p.inputs_of[j]:
+                self.V[region] = torch.embedding(self.columns[region], s)  # [U]: row s of [v, U]
+            return
         v = self.p.v
         index, observed = s.clamp_max(v - 1), s < v  # once per variable, not per input region
         for region in self.p.inputs_of[j]:
