@@ -153,8 +153,10 @@ def _located(graph: RegionGraph, text: str | None, file: str | None) -> RegionGr
     return graph
 
 
-# A key opening an object (`"x[0:4]": {`) and a partition's parent key, found in one pass each.
-_OBJECT_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*\{')
+# Every string, whole, and whether it is a key opening an object (`"x[0:4]": {`); a partition's parent key.
+# Found in one pass each. Strings are matched whole so that no match starts inside one (from each of a
+# string's escaped quotes, a key pattern read to the string's end: quadratic in a string of `\"`).
+_STRING_OR_OBJECT_KEY = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"(\s*:\s*\{)?')
 _PARENT_KEY = re.compile(r'"parent"\s*:')
 _ROOT_KEY = re.compile(r'"root"\s*:')
 
@@ -167,7 +169,9 @@ def _locate_json(graph: RegionGraph, text: str, file: str | None, lines: list[st
         line = bisect.bisect_right(line_starts, pos)
         return SourceSpan(file, line, pos - line_starts[line - 1] + 1, source_line=lines[line - 1])
 
-    for m in _OBJECT_KEY.finditer(text):
+    for m in _STRING_OR_OBJECT_KEY.finditer(text):
+        if m.group(2) is None:
+            continue
         try:
             key = parse_json(f'"{m.group(1)}"', file)
         except CircuitError:

@@ -6,8 +6,9 @@ instruction is made from one training document (never a held-out one):
 
 - its module name, from the document's path (`json/decoder.py` -> `json.decoder`);
 - its public `def` and `class` names with the first line of their docstrings, and the first line of the
-  module's own docstring, found by one bounded regular-expression pass over the document's text (the text
-  is data: nothing in it is run or imported);
+  module's own docstring, found by one pass over the document's lines in linear time (the text is data:
+  nothing in it is run or imported, and no pattern over it can backtrack: a hostile file costs what its
+  length does);
 
 filled into one of the templates below, chosen by the record's own generator, so a record's instruction
 depends only on `(seed, index)`, as a continuation prompt does.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,12 +27,17 @@ SCAN_BYTES = 1 << 18  # of each document, the first 256 KiB are scanned for name
 MAX_SUMMARY_CHARS = 160  # a docstring's first line, cut
 MAX_DEFINITIONS = 256  # kept per document
 
-# `def name(...` or `class Name...:` at the start of a line, then (after the signature's line) a docstring
-_DEFINITION = re.compile(
-    rb'^[ \t]*(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z]\w{0,63})[^\n]{0,400}\n'
-    rb'(?:[ \t]*[^\n]{0,400}\)[^\n]{0,80}:[ \t]*\n)?'  # a signature's last line, when it spans lines
-    rb'[ \t]*[rRuU]?(?:"""|\'\'\')[ \t]*([^\n]{0,400})', re.MULTILINE)
-_MODULE_DOCSTRING = re.compile(rb'\A(?:[ \t]*#[^\n]{0,400}\n|[ \t]*\n){0,32}[rRuU]?(?:"""|\'\'\')[ \t]*([^\n]{0,400})')
+MAX_LINE_CHARS = 400  # of a definition's line after its name, of a comment, and of a docstring's first line kept
+MAX_SIGNATURE_TAIL = 80  # between a continued signature's last `)` and its `:`
+MAX_LEADING_LINES = 32  # comment or blank lines before a module's docstring
+
+# A definition is found line by line: `def name` / `class Name` at the start of a line (the header), then,
+# after the signature's last line when it spans lines, a docstring's opening on the next line. No pattern
+# below has two repeats that can take the same characters, and each line is tried a bounded number of times,
+# so the pass is linear in the text (one pattern spanning three lines, with overlapping repeats, took
+# seconds per crafted line).
+_HEADER = re.compile(rb'^[ \t]*(?:async[ \t]+)?(def|class)[ \t]+([A-Za-z]\w{0,63})', re.MULTILINE)
+_DOCSTRING_OPENING = re.compile(rb'[rRuU]?(?:"""|\'\'\')[ \t]*')  # matched where a line's indentation ends
 
 FUNCTION_TEMPLATES = (
     "Write a Python function named `{name}` that does the following: {summary}",
@@ -59,8 +66,13 @@ class Definition:
 
 
 def module_name(document_name: str) -> str:
-    """`json/decoder.py` -> `json.decoder`; `email/__init__.py` -> `email`; `:N` suffixes (jsonl lines) dropped."""
+    """`json/decoder.py` -> `json.decoder`; `email/__init__.py` -> `email`; `:N` suffixes (jsonl lines) and
+    `#train`/`#val` (the halves of a document cut in two by `split_documents`) dropped."""
     path = document_name.split(":", 1)[0]
+    for half in ("#train", "#val"):
+        if path.endswith(half):
+            path = path[: -len(half)]
+            break
     for suffix in (".py", ".pyi", ".txt", ".md"):
         if path.endswith(suffix):
             path = path[: -len(suffix)]
@@ -74,17 +86,80 @@ def module_name(document_name: str) -> str:
 def definitions(text: bytes) -> tuple[str, list[Definition]]:
     """(the module docstring's first line, the public definitions with their docstrings' first lines)."""
     text = text[:SCAN_BYTES]
-    found = _MODULE_DOCSTRING.match(text)
-    module_summary = _summary(found.group(1)) if found else ""
+    module_doc = _module_docstring(text)
+    module_summary = _summary(module_doc) if module_doc is not None else ""
     kept = []
-    for match in _DEFINITION.finditer(text):
-        kind, name, doc = match.group(1).decode(), match.group(2).decode(), _summary(match.group(3))
+    for kind, name, doc in _documented_definitions(text):
         if name.startswith("_") or name.startswith("test") or name.startswith("Test"):
             continue
-        kept.append(Definition(kind, name, doc))
+        kept.append(Definition(kind, name, _summary(doc)))
         if len(kept) >= MAX_DEFINITIONS:
             break
     return module_summary, kept
+
+
+def _documented_definitions(text: bytes) -> Iterator[tuple[str, str, bytes]]:
+    """(kind, name, the docstring's first line) of each header whose docstring opens on the next line, or on
+    the line after a continued signature's last line; the search goes on after that docstring's line."""
+    at = 0
+    while (header := _HEADER.search(text, at)) is not None:
+        at = header.end()  # a header without a docstring: the search goes on from its next line
+        rest_end = text.find(b"\n", at)
+        if rest_end < 0:
+            return  # the last line: no docstring can follow
+        if rest_end - at > MAX_LINE_CHARS:
+            continue
+        second, third_at = _line(text, rest_end + 1)
+        doc, after = None, None
+        if third_at is not None and _ends_signature(second):
+            third, after = _line(text, third_at)
+            doc = _docstring_first_line(third)
+        if doc is None:
+            doc, after = _docstring_first_line(second), third_at
+        if doc is not None:
+            yield header.group(1).decode(), header.group(2).decode(), doc
+            at = len(text) if after is None else after
+
+
+def _line(text: bytes, start: int) -> tuple[bytes, int | None]:
+    """The line beginning at `start` (without its newline), and where the next begins (None: none does)."""
+    end = text.find(b"\n", start)
+    return (text[start:], None) if end < 0 else (text[start:end], end + 1)
+
+
+def _indentation(line: bytes) -> int:
+    return len(line) - len(line.lstrip(b" \t"))
+
+
+def _ends_signature(line: bytes) -> bool:
+    """Whether `line` ends a signature that spans lines: a last non-blank `:` at most `MAX_SIGNATURE_TAIL`
+    characters after a `)`, that `)` at most `MAX_LINE_CHARS` characters after the indentation."""
+    code = line.rstrip(b" \t")
+    if not code.endswith(b":"):
+        return False
+    colon = len(code) - 1
+    paren = code.find(b")", max(0, colon - MAX_SIGNATURE_TAIL - 1), colon)  # the first: the furthest from `:`
+    return 0 <= paren <= _indentation(line) + MAX_LINE_CHARS
+
+
+def _docstring_first_line(line: bytes, indented: bool = True) -> bytes | None:
+    """What follows a docstring's opening quotes on `line` (cut), or None when the line opens none."""
+    opening = _DOCSTRING_OPENING.match(line, _indentation(line) if indented else 0)
+    return None if opening is None else line[opening.end():opening.end() + MAX_LINE_CHARS]
+
+
+def _module_docstring(text: bytes) -> bytes | None:
+    """The first line of a docstring opening at the first column after at most `MAX_LEADING_LINES` comment
+    or blank lines, or None."""
+    at = 0
+    for _ in range(MAX_LEADING_LINES):
+        line, following = _line(text, at)
+        code = line.lstrip(b" \t")
+        comment = code.startswith(b"#") and len(code) - 1 <= MAX_LINE_CHARS
+        if following is None or not (comment or not code):
+            break
+        at = following
+    return _docstring_first_line(_line(text, at)[0], indented=False)
 
 
 def _summary(line: bytes) -> str:
