@@ -23,7 +23,6 @@ Writes `DIR/batch.json` (every report, by batch size), `DIR/batch.md` (one table
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -35,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from mtpc.bench import BenchConfig, run_bench  # noqa: E402
 from mtpc.bench.batch import HF, PLAIN, PLAIN_COMPILED  # noqa: E402
+from mtpc.checks import positive_int, seed, width_or_adaptive  # noqa: E402
 
-
-def width(text: str) -> int | str:
-    return text if text == "adaptive" else int(text)
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, existing_file, output_folder, run_main, torch_threads  # noqa: E402
 
 
 def reports_by_batch(args) -> dict[int, dict]:
@@ -116,33 +115,38 @@ def plot(reports: dict[int, dict], path: Path) -> None:
 
 
 def main(argv=None) -> dict[int, dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--heads", nargs="+", default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompts")
+    source.add_argument("--prompts", type=existing_file)
     source.add_argument("--corpus")
-    parser.add_argument("--prompt-len", type=int, default=128, help="corpus prompts: tokens per prompt")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 2, 4, 8, 16])
-    parser.add_argument("--num-prompts", type=int, default=16, help="prompts per set (a multiple of every B)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=positive_int, default=128, help="corpus prompts: tokens per prompt")
+    parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--num-prompts", type=positive_int, default=16, help="prompts per set (a multiple of every B)")
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--mode", choices=("greedy", "sample"), default="sample")
     parser.add_argument("--compile", action="store_true", help="also the compiled decoders (heads and plain)")
-    parser.add_argument("--window", nargs="+", type=width, default=[None], metavar="K",
+    parser.add_argument("--window", nargs="+", type=width_or_adaptive, default=[None], metavar="K",
                         help="verify widths to compare (2 .. n, or 'adaptive'; default: n): at a larger B a verified "
                              "position costs more of a cycle, so a narrower window may win")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=torch_threads, default=1)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", default=None, help="folder for batch.json, batch.md and speedup.png")
+    parser.add_argument("--out", type=output_folder, default=None,
+                        help="folder for batch.json, batch.md and speedup.png")
     args = parser.parse_args(argv)
-    threads = torch.get_num_threads()
+    uneven = [B for B in args.batch_sizes if args.num_prompts % B]
+    if uneven:  # found before the first batch size runs, not after it
+        parser.error(f"--num-prompts {args.num_prompts} must be a multiple of every batch size, and is not of "
+                     f"{', '.join(map(str, uneven))}")
+    before = torch.get_num_threads()
     try:
         reports = reports_by_batch(args)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     table = markdown(reports)
     print(table)
     if args.out:
@@ -156,4 +160,4 @@ def main(argv=None) -> dict[int, dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,7 +23,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,12 +31,14 @@ import torch  # noqa: E402
 from mtpc.decoding.backbone import SplitBackbone  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
 from mtpc.decoding.verify import Verifier  # noqa: E402
+from mtpc.checks import non_negative_int, positive_int  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
 from bench_cycle import PROMPT, eviction  # noqa: E402
 from bench_draft import median_ms  # noqa: E402
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 10
@@ -64,16 +65,15 @@ def step_times(model, widths: tuple[int, ...], mibs: list[int], repeats: int, co
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
-    parser.add_argument("--mib", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mib", type=non_negative_int, nargs="+", default=[0, 1, 2, 4, 8, 16])
+    parser.add_argument("--repeats", type=positive_int, default=200)
+    parser.add_argument("--threads", type=torch_threads, default=1)
     parser.add_argument("--eager-only", action="store_true", help="skip the compiled calls")
-    parser.add_argument("--out", default=None, help="write the records as JSON here (default: print only)")
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the records as JSON here (default: print only)")
     args = parser.parse_args(argv)
-    if any(m < 0 for m in args.mib):
-        parser.error("--mib values must be >= 0")
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
@@ -95,4 +95,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,7 +22,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -34,10 +33,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_circuits import FULL, QUICK, cirkit_available, roofline_ms, to_cirkit_circuit  # noqa: E402
+from script_args import ScriptParser, output_file, torch_threads  # noqa: E402
 
 from circuitc.builders import btree_graph  # noqa: E402
 from circuitc.plan import lower  # noqa: E402
 from circuitc.runtime import CompiledCircuit  # noqa: E402
+from mtpc.checks import positive_int  # noqa: E402
 
 
 def programs(circ, theta, x1, xb, keep, gen) -> dict:
@@ -54,14 +55,15 @@ def programs(circ, theta, x1, xb, keep, gen) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200, help="rounds at B=1 (B=1024: a tenth)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive_int, default=200, help="rounds at B=1 (B=1024: a tenth)")
+    parser.add_argument("--threads", type=torch_threads, default=torch.get_num_threads())
     parser.add_argument("--baseline", help="importable package with the same layout as circuitc (before/after)")
     parser.add_argument("--no-fuse", action="store_true")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, 2 rounds, no fused programs: checks that the script runs")
-    parser.add_argument("--out", default=None, help="write the tables as JSON here (default: print only)")
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the tables as JSON here (default: print only)")
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
     rounds = 2 if args.quick else args.rounds

@@ -37,6 +37,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -49,6 +50,9 @@ import torch  # noqa: E402
 from circuitc.builders import btree_graph, cp_graph, ff_graph, hmm_graph  # noqa: E402
 from circuitc.plan import Plan, lower  # noqa: E402
 from circuitc.runtime import CompiledCircuit  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, output_file, torch_threads  # noqa: E402
 
 N, V, R = 16, 256, 32
 PROGRAMS = ("log_prob", "prefix", "sample", "map")
@@ -288,10 +292,18 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def thread_settings(text: str) -> list[int]:
+    """--threads: comma-separated torch thread counts, each as mtpc's --threads takes it."""
+    try:
+        return [torch_threads(t) for t in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (in {text!r})") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     default_threads = torch.get_num_threads()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", default=",".join(map(str, sorted({1, default_threads}))),
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=thread_settings, default=",".join(map(str, sorted({1, default_threads}))),
                         help="torch intra-op thread settings, comma-separated (default: 1 and this machine's default, "
                              f"{default_threads})")
     parser.add_argument("--structures", default=",".join(STRUCTURES))
@@ -301,10 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-cirkit", action="store_true", help="skip cirkit even if it is installed")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and a few calls each, no fused programs: checks that the script runs")
-    parser.add_argument("--out", default=None, help="write the report as JSON here (default: print only)")
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the report as JSON here (default: print only)")
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
-    thread_settings = [int(t) for t in args.threads.split(",")]
+    thread_counts = args.threads
     names = args.structures.split(",")
     fuse = "none" if args.quick else args.fuse_structures
     fused_names = {"all": names, "none": []}.get(fuse, fuse.split(","))
@@ -315,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     machine = measure_machine()
     have_cirkit = cirkit_available() and not args.no_cirkit
-    report = {"machine": machine, "threads": thread_settings, "default_threads": default_threads,
+    report = {"machine": machine, "threads": thread_counts, "default_threads": default_threads,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch": torch.__version__,
               "platform": platform.platform(), "n": scale.n, "v": scale.v, "r": scale.r, "batch": scale.batch,
               "big_vars": scale.big_vars, "structures": {}}
@@ -323,22 +336,22 @@ def main(argv: list[str] | None = None) -> None:
         graph = scale.graph(name)
         units = 1 if name == "FF" else scale.r
         runs = {}
-        for threads in thread_settings:
-            torch.set_num_threads(threads)
+        for count in thread_counts:
+            torch.set_num_threads(count)
             ours, _ = bench_circuitc(graph, machine, scale)
-            runs[str(threads)] = {"circuitc": ours}
+            runs[str(count)] = {"circuitc": ours}
             if have_cirkit:
-                runs[str(threads)]["cirkit"] = bench_cirkit(graph, units, scale)
+                runs[str(count)]["cirkit"] = bench_cirkit(graph, units, scale)
         report["structures"][name] = json.loads(json.dumps({"threads": runs}))  # int batch keys become strings
         print(f"{name} done", flush=True)
     torch.set_num_threads(1)
     report["big_compile_ms"] = bench_big_compile(scale)
     for name in fused_names:  # last: see the module docstring
-        for threads in thread_settings:
-            torch.set_num_threads(threads)
+        for count in thread_counts:
+            torch.set_num_threads(count)
             fused = bench_fused(scale.graph(name), scale)
-            report["structures"][name]["threads"][str(threads)]["fused"] = json.loads(json.dumps(fused))
-            print(f"{name} fused at {threads} thread(s) done", flush=True)
+            report["structures"][name]["threads"][str(count)]["fused"] = json.loads(json.dumps(fused))
+            print(f"{name} fused at {count} thread(s) done", flush=True)
     if not have_cirkit:
         print("cirkit not run (pip install libcirkit, or drop --no-cirkit): its columns are n/a")
     text = table(report)

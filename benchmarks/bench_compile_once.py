@@ -28,10 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpc import SpeculativeDecoder, loading  # noqa: E402
+from mtpc.checks import dtype_name, positive_int  # noqa: E402
 from mtpc.decoding import load_head_entry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
 
 # prompt tokens:new tokens, one after another: totals of about 180, 290, 420 and 700 positions
 GENERATIONS = ("160:16", "160:128", "290:128", "500:200")
@@ -46,16 +48,26 @@ def prompt_ids(tok, length: int) -> torch.Tensor:
     return torch.tensor([ids[:length]])
 
 
+def generation(text: str) -> tuple[int, int]:
+    """P:N, the prompt tokens and new tokens of one generation (both positive)."""
+    prompt, colon, new = text.partition(":")
+    try:
+        return positive_int(prompt), positive_int(new)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected P:N (prompt tokens:new tokens, both positive), got {text!r}"
+                                         ) from None
+
+
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--head", required=True)
-    parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-context", type=int, default=None)
-    parser.add_argument("--generations", nargs="+", default=GENERATIONS, metavar="P:N",
+    parser.add_argument("--dtype", type=dtype_name, default="fp32")
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--max-context", type=positive_int, default=None)
+    parser.add_argument("--generations", nargs="+", type=generation, default=GENERATIONS, metavar="P:N",
                         help="prompt tokens and new tokens of each generation, in order")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", type=output_file, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = loading.model_info(args.model, subword_ok=True)
@@ -65,7 +77,7 @@ def main(argv=None) -> list[dict]:
     decoder = SpeculativeDecoder(entry.model, entry.head, entry.lora_layers, compile=True,
                                  max_context=args.max_context)
     rows = []
-    for length, budget in (map(int, g.split(":")) for g in args.generations):
+    for length, budget in args.generations:
         ids = prompt_ids(tok, length)
         start = time.perf_counter()
         out = decoder.generate(ids, budget)
@@ -82,4 +94,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -36,7 +36,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -46,11 +45,13 @@ from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.sampling import GREEDY, Sampling  # noqa: E402
 from mtpc.decoding.acceptance import accept_window, cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import compile_step, precompiled_step  # noqa: E402
+from mtpc.checks import positive_int  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
 from bench_draft import median_ms  # noqa: E402
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = b"    def __init__(self, name, value):\n        self.name = name\n"
@@ -130,15 +131,16 @@ def op_count(step) -> int:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--heads", nargs="+", default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=200)
     parser.add_argument("--eager-only", action="store_true", help="skip the compiled decoder (seconds, not minutes)")
     parser.add_argument("--cold", action="store_true", help="also time every step right after evicting the caches")
-    parser.add_argument("--evict-mib", type=int, default=64, help="MiB the eviction copies (default 64)")
-    parser.add_argument("--out", default=None, help="write the records as JSON here (default: print only)")
+    parser.add_argument("--evict-mib", type=positive_int, default=64, help="MiB the eviction copies (default 64)")
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the records as JSON here (default: print only)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
@@ -176,4 +178,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

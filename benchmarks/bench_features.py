@@ -20,7 +20,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -32,6 +31,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
+from script_args import ScriptParser, existing_folder, output_file, run_main  # noqa: E402
+
+from mtpc.checks import dtype_name, non_negative_int, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADS = {  # name -> (circuit file, bindings)
@@ -84,17 +86,18 @@ def measure(args, head: str, dtype: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--features", required=True)
+    parser.add_argument("--features", required=True, type=existing_folder)
     parser.add_argument("--heads", nargs="+", default=["ff4", "btree4-r2"], choices=sorted(HEADS))
-    parser.add_argument("--draft-vocab", type=int, default=1024)
-    parser.add_argument("--dtype", nargs="+", default=None, help="the live LM's dtypes (default: the store's)")
+    parser.add_argument("--draft-vocab", type=positive_int, default=1024)
+    parser.add_argument("--dtype", nargs="+", type=dtype_name, default=None,
+                        help="the live LM's dtypes (default: the store's)")
     parser.add_argument("--loss", default="nll+kl")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--warmup", type=non_negative_int, default=1)
+    parser.add_argument("--out", type=output_file)
     args = parser.parse_args(argv)
     from mtpc.training.features import read_manifest
 
@@ -112,4 +115,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

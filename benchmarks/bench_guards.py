@@ -24,7 +24,6 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -36,11 +35,13 @@ from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.sampling import Sampling  # noqa: E402
 from mtpc.decoding.acceptance import cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
+from mtpc.checks import positive_int  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
 from bench_cycle import PROMPT  # noqa: E402
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,17 +85,16 @@ def measure(decoder: SpeculativeDecoder, rounds: int, calls: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--heads", nargs="+",
                         default=[str(ROOT / "models" / "heads" / h) for h in ("ff8", "btree8-r8")])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--out", default=None, help="write the results as JSON here (default: print only)")
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--rounds", type=positive_int, default=15)
+    parser.add_argument("--calls", type=positive_int, default=50)
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the results as JSON here (default: print only)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.calls < 1:
-        parser.error("--rounds and --calls must be at least 1")
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
     records = []
@@ -114,4 +114,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

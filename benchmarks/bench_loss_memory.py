@@ -34,6 +34,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpc.checks import positive_int  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, output_file  # noqa: E402
 
 
 def measure(args) -> dict:
@@ -140,18 +146,19 @@ def _shared(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ScriptParser(description=__doc__.splitlines()[0])
     p.add_argument("--structure", default="btree", choices=("btree", "hmm", "cp"))
-    p.add_argument("--n", type=int, default=16)
-    p.add_argument("--r", type=int, default=32)
-    p.add_argument("--v", type=int, default=256)
-    p.add_argument("--d", type=int, default=256)
-    p.add_argument("--tokens", type=int, default=2048, help="window positions in the batch")
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--n", type=positive_int, default=16)
+    p.add_argument("--r", type=positive_int, default=32)
+    p.add_argument("--v", type=positive_int, default=256)
+    p.add_argument("--d", type=positive_int, default=256)
+    p.add_argument("--tokens", type=positive_int, default=2048, help="window positions in the batch")
+    p.add_argument("--batch", type=positive_int, default=4)
     p.add_argument("--parameterisation", default="full", choices=("full", "shared", "factorised", "tied"))
     p.add_argument("--loss", default="nll", choices=("nll", "kl"))
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    p.add_argument("--json", default=None, help="also write the table as JSON here (default: print only)")
+    p.add_argument("--json", type=output_file, default=None,
+                   help="also write the table as JSON here (default: print only)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="fused", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -160,14 +167,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = [run_child(args, v) for v in ("fused", "naive")]
     fused, naive = rows
-    ratio = fused["peak_bytes"] / naive["peak_bytes"] if naive["peak_bytes"] else float("nan")  # tiny runs: 0
+    ratio = fused["peak_bytes"] / naive["peak_bytes"] if naive["peak_bytes"] else None  # tiny runs: 0, no ratio
     print(f"MTP {args.loss} loss, {args.parameterisation} head, {args.structure} n={args.n} r={args.r} v={args.v} d={args.d}, {args.tokens} tokens, "
           f"{args.device}; memory: {fused['method']}")
     print(f"{'variant':8} {'peak MiB':>10} {'seconds':>9} {'loss':>12} {'|grad W|':>12}")
     for r in rows:
         print(f"{r['variant']:8} {r['peak_bytes'] / 2**20:10.1f} {r['seconds']:9.2f} {r['loss']:12.6f} "
               f"{r['grad_norm']:12.6f}")
-    print(f"fused / naive peak memory: {ratio:.3f} (target <= 0.125)")
+    print(f"fused / naive peak memory: {'n/a' if ratio is None else f'{ratio:.3f}'} (target <= 0.125)")
     late = sorted({m for r in rows for m in r["imported_during"]})
     if late:
         print(f"warning: modules first imported during a measured pass (counted in its peak): {', '.join(late)}")

@@ -17,7 +17,6 @@ Prints a table; `--out FILE` also writes JSON (no file by default).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -27,6 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
+from script_args import ScriptParser, output_file, torch_threads  # noqa: E402
+
+from mtpc.checks import positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def shortest_path(G, source, target):\n    "
@@ -79,17 +81,16 @@ def summary(times: dict[str, dict[str, list[float]]]) -> list[dict]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--head", default=str(ROOT / "models" / "heads" / "btree8-r8"))
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--compare", default=None, metavar="OLD_ROOT", help="also time the library of this checkout")
-    parser.add_argument("--out", default=None, help="write the rows as JSON here (default: print only)")
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the rows as JSON here (default: print only)")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
     roots = {"this": ROOT}
     if args.compare:
         old = Path(args.compare).resolve()

@@ -44,6 +44,11 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
+
+from mtpc.checks import non_negative_int, positive_int  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -245,23 +250,23 @@ def compare(args, argv: list[str]) -> list[dict]:
 
 
 def parse(argv: list[str] | None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = ScriptParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     p.add_argument("--data", default=None, help="training data (default: the standard library sources)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--window-stride", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seq-len", type=positive_int, default=512)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--window-stride", type=positive_int, default=2)
+    p.add_argument("--steps", type=positive_int, default=3, help="timed steps per configuration (median)")
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--threads", type=torch_threads, default=1)
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the per-phase step")
     p.add_argument("--tiny", action="store_true", help="a tiny random LM, n=4 circuits, short sequences")
     p.add_argument("--compare", metavar="OLD_ROOT", help="interleave with the library of another checkout")
-    p.add_argument("--repeats", type=int, default=5, help="--compare: rounds")
-    p.add_argument("--out", help="also write the results as JSON here")
+    p.add_argument("--repeats", type=positive_int, default=5, help="--compare: rounds")
+    p.add_argument("--out", type=output_file, help="also write the results as JSON here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -295,9 +300,10 @@ def run(args, argv: list[str], work: Path) -> None:
         print_table(rows)
         report = {"threads": args.threads, "window_stride": args.window_stride, "rows": rows}
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

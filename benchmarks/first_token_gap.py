@@ -28,7 +28,6 @@ Prints a Markdown table and writes the record as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpc import loading  # noqa: E402
+from mtpc.checks import positive_int  # noqa: E402
 from mtpc.decoding import load_head_entry  # noqa: E402
 from mtpc.heads.nll_loss import teacher_forced_ranks  # noqa: E402
 from mtpc.heads.windows import target_validity, window_targets  # noqa: E402
@@ -48,6 +48,8 @@ from mtpc.training.features import FeatureSet  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
+from script_args import (ScriptParser, existing_file, existing_folder, output_file, run_main,  # noqa: E402
+                         torch_threads)
 
 BLOCK = 256  # positions scored at once (bounds the circuit's [N, v] conditionals)
 
@@ -197,14 +199,16 @@ def table(record: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--head", required=True)
-    parser.add_argument("--bench", default=None, help="a bench.json of --model: its prompts (the decoded measurement)")
-    parser.add_argument("--features", default=None, help="a features store of --model (the sources measurement)")
-    parser.add_argument("--sequences", type=int, default=64, help="held-out sequences read from --features")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--bench", type=existing_file, default=None,
+                        help="a bench.json of --model: its prompts (the decoded measurement)")
+    parser.add_argument("--features", type=existing_folder, default=None,
+                        help="a features store of --model (the sources measurement)")
+    parser.add_argument("--sequences", type=positive_int, default=64, help="held-out sequences read from --features")
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--out", type=output_file, default=None)
     args = parser.parse_args(argv)
     if not args.bench and not args.features:
         parser.error("give --bench, --features or both")
@@ -223,4 +227,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -46,6 +46,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from mtpc.checks import positive_float  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, output_folder, run_main  # noqa: E402
+
 MiB = 1 << 20
 MAX_FILE = 16 * MiB - 64 * 1024  # what one returned file may hold (a little under the 16 MiB limit)
 BYTE_LM = ROOT / "models" / "byte-lm"
@@ -301,14 +307,15 @@ def bench_tables(work: Path) -> dict:
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ScriptParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
     p.add_argument("--plan", action="store_true", help="print the stages' commands and exit")
-    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "out" / "gpu"),
+    p.add_argument("--out", type=output_folder, default=os.environ.get("OUT") or str(ROOT / "out" / "gpu"),
                    help="where the returned files go (default: $OUT, else out/gpu)")
-    p.add_argument("--work", default=None, help="bench and training folders (default: a temporary folder)")
+    p.add_argument("--work", type=output_folder, default=None,
+                   help="bench and training folders (default: a temporary folder)")
     p.add_argument("--only", nargs="+", default=None, metavar="STAGE", help="run only these stages")
-    p.add_argument("--budget-s", type=float, default=BUDGET_S,
+    p.add_argument("--budget-s", type=positive_float, default=BUDGET_S,
                    help="stop starting stages (and cut the running one) this many seconds after the start, leaving "
                         "time to pack the results and, within a device run's 15 minutes, for a second run")
     p.add_argument("--env", action="store_true", help=argparse.SUPPRESS)
@@ -390,4 +397,4 @@ def _json_in(text: str) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

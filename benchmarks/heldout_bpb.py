@@ -18,18 +18,22 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from mtpc.checks import positive_int  # noqa: E402
 from mtpc.loading import load_model  # noqa: E402
 from mtpc.tokenizer import ByteTokenizer  # noqa: E402
 from mtpc.training.data import (PackedDataset, corpus_root, default_corpus, load_documents,  # noqa: E402
                                 split_documents)
 from mtpc.training.tiny_lm_model import bits_per_byte  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, output_file, run_main, torch_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,16 +70,23 @@ def evaluate(model, tok: ByteTokenizer, corpus: str, fraction: float, context: i
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--corpus", nargs="+", default=["stdlib"], help="'stdlib' or corpus folders")
     parser.add_argument("--fraction", type=float, default=0.02, help="the held-out share (mtpc tiny-lm's default)")
-    parser.add_argument("--context", type=int, default=1024, help="bytes per scored sequence (as in training)")
-    parser.add_argument("--tokens", type=int, default=1 << 18, help="tokens scored per split (tiny-lm's final)")
+    parser.add_argument("--context", type=positive_int, default=1024, help="bytes per scored sequence (as in training)")
+    parser.add_argument("--tokens", type=positive_int, default=1 << 18,
+                        help="tokens scored per split (tiny-lm's final)")
     parser.add_argument("--old-rule", action="store_true", help="also the previous absolute-path split")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="write the results as JSON here (default: print only)")
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the results as JSON here (default: print only)")
     args = parser.parse_args(argv)
+    if not 0 < args.fraction < 1:  # NaN included
+        parser.error(f"--fraction is the held-out share, in (0, 1); got {args.fraction}")
+    missing = [c for c in args.corpus if c != "stdlib" and not Path(c).is_dir()]
+    if missing:
+        parser.error(f"--corpus: no such folder: {', '.join(missing)} (give 'stdlib' or corpus folders)")
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model).eval(), ByteTokenizer.load(args.model)
     results = [evaluate(model, tok, c, args.fraction, args.context, args.tokens, args.old_rule) for c in args.corpus]
@@ -92,4 +103,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -10,21 +10,31 @@ Usage: python benchmarks/heldout_kl.py --model runs/tiny-lm --heads runs/ff8-nll
 
 from __future__ import annotations
 
-import argparse
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mtpc.checks import data_source, positive_int, seed  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, run_main  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--heads", nargs="+", required=True)
     parser.add_argument("--data", default=None, help="corpus (default: the Python stdlib, as mtpc train)")
-    parser.add_argument("--sequences", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--sequences", type=positive_int, default=32)
+    parser.add_argument("--seq-len", type=positive_int, default=256)
     parser.add_argument("--val-fraction", type=float, default=0.02)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     args = parser.parse_args(argv)
+    if not 0 < args.val_fraction < 1:  # NaN included
+        parser.error(f"--val-fraction is the held-out share, in (0, 1); got {args.val_fraction}")
+    data_source(args.data)
 
     from transformers import AutoModelForCausalLM
 
@@ -60,4 +70,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

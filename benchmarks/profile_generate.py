@@ -23,18 +23,19 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: other processes share the cores
 
-import argparse  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, PlainDecoder, load_head  # noqa: E402
+from mtpc.checks import non_negative_int, positive_int, seed  # noqa: E402
 from mtpc.loading import byte_tokenizer, load_model  # noqa: E402
 from mtpc.sampling import GREEDY, Sampling  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402
+from script_args import ScriptParser, existing_file, output_file, run_main, torch_threads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,18 +62,19 @@ def op_table(run, cycles: int, top: int) -> list[dict]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
     parser.add_argument("--head", default=str(ROOT / "models" / "heads" / "btree8-r8"))
-    parser.add_argument("--prompt-file", default=default_prompt_file())
-    parser.add_argument("--offset", type=int, default=2000)
-    parser.add_argument("--prompt-bytes", type=int, default=400)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-file", type=existing_file, default=default_prompt_file())
+    parser.add_argument("--offset", type=non_negative_int, default=2000)
+    parser.add_argument("--prompt-bytes", type=positive_int, default=400)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (default: sampling at T = 1)")
-    parser.add_argument("--top", type=int, default=20, help="ops to list per decoder")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write the tables as JSON here (default: print only)")
+    parser.add_argument("--top", type=positive_int, default=20, help="ops to list per decoder")
+    parser.add_argument("--threads", type=torch_threads, default=1)
+    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument("--out", type=output_file, default=None,
+                        help="write the tables as JSON here (default: print only)")
     args = parser.parse_args(argv)
     if args.prompt_file is None:
         parser.error("--prompt-file is needed (networkx, the default's source, is not installed)")
@@ -110,4 +112,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

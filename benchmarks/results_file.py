@@ -10,6 +10,11 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts (when imported by path)
+from script_args import ScriptParser, existing_folder, run_main  # noqa: E402
+
+REPORT_FILES = ("bench.json", "bench.md")  # what strip-paths rewrites in each folder
+
 
 def write_results(result: dict, out: str | None) -> None:
     """Write `result` as indented JSON to `out` (nothing when None) and say so."""
@@ -28,12 +33,26 @@ def strip_site_paths(folder: str | Path, site: str | Path | None = None) -> None
         import networkx
 
         site = Path(networkx.__file__).parent.parent
-    for file in (Path(folder) / "bench.json", Path(folder) / "bench.md"):
+    for file in (Path(folder) / name for name in REPORT_FILES):
         file.write_text(file.read_text().replace(f"{site}/", "site-packages/"))
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("strip-paths",))
+    parser.add_argument("folders", nargs="+", type=existing_folder, metavar="FOLDER", help="bench report folders")
+    args = parser.parse_args(argv)
+    missing = [str(Path(folder) / name) for folder in args.folders for name in REPORT_FILES
+               if not (Path(folder) / name).is_file()]
+    if missing:  # checked before any file is rewritten
+        parser.error(f"no such file: {', '.join(missing)}")
+    try:
+        import networkx
+    except ImportError:
+        parser.error("strip-paths finds the installed packages' folder by networkx, which is not installed")
+    for folder in args.folders:
+        strip_site_paths(folder, Path(networkx.__file__).parent.parent)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] != "strip-paths":
-        sys.exit("usage: python benchmarks/results_file.py strip-paths FOLDER ...")
-    for folder in sys.argv[2:]:
-        strip_site_paths(folder)
+    run_main(main)

