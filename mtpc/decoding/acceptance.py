@@ -24,7 +24,7 @@ from circuitc.runtime.kernels import inverse_cdf
 from ..sampling import Sampling
 
 __all__ = ["AcceptanceRule", "BlockVerification", "TreeProposals", "Verdict", "accept_tree", "accept_window",
-           "cycle_uniforms"]
+           "cycle_uniforms", "proposal_rows"]
 
 
 # --------------------------------------------------------------------------- acceptance rule
@@ -159,6 +159,15 @@ def accept_window(sampling: Sampling, rule: AcceptanceRule, window: torch.Tensor
     return Verdict(accepted, carried, next_first, hidden[batch, kept])
 
 
+def proposal_rows(rows: torch.Tensor) -> torch.Tensor:
+    """`[..., v]` proposal distributions with every row that is none (a NaN, an infinity or a negative entry: a
+    draft head whose weights overflow) emptied to zeros. A child drawn from an empty row has probability 0 and
+    is never tested, so the target draws the token as after a rejected draft: a draft the verifier rejects,
+    never a wrong commit. (A chain's NaN row is rejected by its NaN tests; a tree chooses and tests by these.)"""
+    usable = (rows.isfinite() & (rows >= 0)).all(-1, keepdim=True)  # [..., 1]
+    return torch.where(usable, rows, 0.0)
+
+
 @dataclass(frozen=True)
 class TreeProposals:
     """What a sampled tree was drawn from (`mtpc.decoding.trees.choose_tree`): `rows` `[B, N, v]` float64, node
@@ -237,7 +246,8 @@ def sampled_walk(sampling: Sampling, rule: AcceptanceRule, tokens: torch.Tensor,
     carried = next_first = None
     for depth in range(max_depth + 1):
         p = sampling.probs(logits[batch, final])  # [B, V] float64, the target at the current node
-        q = p.new_zeros(p.shape).scatter(1, states, proposals.rows[batch, final].to(p.dtype))  # [B, V]
+        # [B, V] the current node's children's distribution (empty where it is none: those children are never tested)
+        q = p.new_zeros(p.shape).scatter(1, states, proposal_rows(proposals.rows[batch, final].to(p.dtype)))
         untried = tested & (parents == final[:, None])  # [B, N] the current node's children
         kept = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # [B] the kept child, -1: none yet
         stages = (proposals.branching if depth < proposals.depth else 0) + int(N > proposals.nodes)
