@@ -495,39 +495,79 @@ def head_folder(path: str | Path) -> Path:
 
 
 DEPTH_TOPK_FILE = "depth_topk.json"  # a head's per-depth top-k acceptance measured after training
+MAX_DEPTH_TOPK_K, MAX_DEPTH_TOPK_DEPTHS = 16, 64  # a table's k and depths at most (`mtpc train` records 4 k)
 
 
 def head_depth_topk(path: str | Path) -> dict | None:
     """A head folder's per-depth top-k acceptance on held-out windows (`val_depth_topk`): from
-    `depth_topk.json` (benchmarks/depth_acceptance.py's record) when the folder has one, else from
-    `train_config.json` (what `mtpc train` recorded); None when neither holds it. Checked: `k` and `depth`
-    short lists of positive integers, `path` one row per depth of rates in [0, 1] (or null), one per `k`."""
+    `depth_topk.json` (benchmarks/depth_acceptance.py's `--out` record, whose `val_depth_topk` it is, or
+    the table alone) when the folder has one, else from `train_config.json` (what `mtpc train` recorded);
+    None when neither holds it. Checked here, where it is read, by `depth_topk_table`'s rules: a table
+    that breaks one (or a depth_topk.json that holds none, or is no JSON object) is an `InputError`
+    naming the file, never skipped."""
     folder = head_folder(path)
     for name in (DEPTH_TOPK_FILE, "train_config.json"):
         file = folder / name
-        if file.exists() or file.is_symlink():
-            table = field(json_object(file, "", folder), "val_depth_topk", file, "object", default=None)
-            if table is not None:
-                return _checked_depth_topk(table, file)
+        if not file.exists() and not file.is_symlink():
+            continue
+        record = json_object(file, "", folder)
+        if name == DEPTH_TOPK_FILE:  # the script's record or the table alone: a table it must hold
+            table = record["val_depth_topk"] if "val_depth_topk" in record else record
+        elif (table := record.get("val_depth_topk")) is None:
+            continue  # a head trained before mtpc recorded one
+        try:
+            return depth_topk_table(table)
+        except ValueError as e:
+            raise InputError(f"{file}: {e}") from None
     return None
 
 
-def _checked_depth_topk(table: dict, file: Path) -> dict:
-    ks = field(table, "k", file, "list")
-    depths = field(table, "depth", file, "list")
-    rows = field(table, "path", file, "list")
-    if not 1 <= len(ks) <= 16 or not 1 <= len(depths) <= 64 or len(rows) != len(depths):
-        raise InputError(f"{file}: val_depth_topk must hold 1..16 k, 1..64 depths and a path row per depth")
-    for i, (k, d) in enumerate(itertools.zip_longest(ks, depths)):
-        for name, value in (("k", k), ("depth", d)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**16):
-                raise InputError(f"{file}: val_depth_topk {name}[{i}] must be an integer in 1..65,536")
-    for row in rows:
-        if not isinstance(row, list) or len(row) != len(ks) or any(
-                x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1)
-                for x in row):
-            raise InputError(f"{file}: val_depth_topk path rows must hold a rate in [0, 1] (or null) per k")
-    return {"k": list(ks), "depth": list(depths), "path": [list(r) for r in rows]}
+def depth_topk_table(table) -> dict:
+    """`table` (a `val_depth_topk`: `mtpc.heads.nll_loss.depth_topk`'s record) checked, one rule each:
+
+    - an object with the lists `k`, `depth` and `path` (other keys, such as `token`, are not read);
+    - `k`: 1 to 16 increasing integers in 1..65,536;
+    - `depth`: 1 to 64 consecutive integers from 0 or 1 (a head that reads `x_0` is scored from depth 1,
+      one that drafts it too from depth 0);
+    - `path`: a row per depth of a rate in [0, 1] (or null: no window) per `k`;
+    - the rates growing with `k` and falling with depth (every depth through `d` within the top `k`: a
+      larger `k` or a shallower depth never keeps fewer windows).
+
+    Returns its `k`, `depth` and `path`; a broken rule is a `ValueError` saying which."""
+    if not isinstance(table, dict):
+        raise ValueError(f"val_depth_topk must be an object with the lists k, depth and path, got {describe(table)}")
+    missing = [key for key in ("k", "depth", "path") if not isinstance(table.get(key), list)]
+    if missing:
+        raise ValueError(f"val_depth_topk must be an object with the lists k, depth and path; {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing or not a list")
+    ks, depths, rows = table["k"], table["depth"], table["path"]
+    if not 1 <= len(ks) <= MAX_DEPTH_TOPK_K or not all(_is_int(k) and 1 <= k <= 2**16 for k in ks) \
+            or ks != sorted(set(ks)):
+        raise ValueError(f"val_depth_topk k must be 1 to {MAX_DEPTH_TOPK_K} increasing integers in 1..65,536")
+    if not 1 <= len(depths) <= MAX_DEPTH_TOPK_DEPTHS or not all(_is_int(d) for d in depths) \
+            or depths[0] not in (0, 1) or depths != list(range(depths[0], depths[0] + len(depths))):
+        raise ValueError(f"val_depth_topk depth must be 1 to {MAX_DEPTH_TOPK_DEPTHS} consecutive integers from 0 or 1")
+    if len(rows) != len(depths) or not all(isinstance(row, list) and len(row) == len(ks) and all(
+            x is None or _is_rate(x) for x in row) for row in rows):
+        raise ValueError("val_depth_topk path rows must hold a rate in [0, 1] (or null) per k, a row per depth")
+    if not all(_ordered(row) for row in rows) or not all(_ordered(column[::-1]) for column in zip(*rows)):
+        raise ValueError("val_depth_topk path rates must grow with k and fall with depth (a path within the top k "
+                         "is within every larger k's, and its shorter paths are too)")
+    return {"k": list(ks), "depth": list(depths), "path": [list(row) for row in rows]}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_rate(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1  # NaN fails
+
+
+def _ordered(rates) -> bool:
+    """Whether the rates (nulls left out) never fall."""
+    known = [r for r in rates if r is not None]
+    return all(a <= b for a, b in zip(known, known[1:]))
 
 
 # ------------------------------------------------------------------ models and devices

@@ -15,9 +15,8 @@ import torch
 from .. import loading
 from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
                         load_head_entry)
-from ..decoding.backbone import SplitBackbone
-from ..decoding.trees import AUTO_TREE_WIDTHS, auto_tree, tree_budget
-from ..decoding.verify import verify_call_seconds
+from ..decoding.auto_trees import AutoTree, choose_auto_tree, recorded_acceptance, verify_costs
+from ..decoding.trees import tree_budget
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
@@ -75,7 +74,7 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
     variants = []
     for entry, nodes, use, c in itertools.product(entries, trees, lookup, compiled):
         auto = _auto_budget(entry, call_seconds) if nodes == "auto" else None
-        budget = auto["budget"] if auto else nodes  # None: no tree beats plain decoding, the head's chain
+        budget = auto.budget if auto else nodes  # None: no tree beats plain decoding, the head's chain
         if budget is None and chains:
             continue  # the chain rows have it
         if budget is not None:
@@ -86,7 +85,7 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, tree=budget,
                               lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                               **({"compile": True} if c else {}))
-        count = auto["nodes"] if auto else nodes
+        count = (None if budget is None else budget.nodes) if auto else nodes
         label = (f"{entry.label}/{'auto-' if auto else ''}{'chain' if count is None else f'tree{count}'}"
                  + ("/lookup" if use else "") + ("/compile" if c else ""))
         if budget is None:
@@ -94,34 +93,17 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         else:
             window = decoder.tree_depth + 1
         variants.append(Variant(label, entry, use, window, decoder, compiled=c, tree=count,
-                                tree_auto={k: v for k, v in auto.items() if k != "budget"} if auto else None))
+                                tree_auto=auto.summary() if auto else None))
     return variants
 
 
-def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> dict:
-    """`--tree auto` for one head (`mtpc.decoding.trees.auto_tree`): {"budget", "nodes" (None: no tree beats plain
-    decoding), "children", "expected_tokens", "cost", "call_ms"}."""
-    depth_topk = loading.head_depth_topk(entry.path)
-    if depth_topk is None:
-        raise InputError(f"--tree auto: the head {entry.label} records no per-depth acceptance (val_depth_topk in "
-                         f"train_config.json, or {loading.DEPTH_TOPK_FILE} from benchmarks/depth_acceptance.py): "
-                         "give --tree N")
+def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> AutoTree:
+    """`--tree auto` for one head, as `mtpc generate` chooses it (`mtpc.decoding.auto_trees`): its `budget` is
+    None where no tree beats plain decoding."""
+    depth_topk = recorded_acceptance(entry.path, entry.label)
     if call_seconds is None:
         raise ValueError("--tree auto needs call_seconds, the verify call's seconds by width")
-    seconds = call_seconds()
-    budget, tokens, cost = auto_tree(depth_topk, seconds, entry.info["n"], entry.head.num_states)
-    return {"budget": budget, "nodes": budget.nodes if budget else None,
-            "children": budget.children() if budget else None, "expected_tokens": round(tokens, 3),
-            "cost": round(cost, 3), "call_ms": {w: round(s * 1e3, 3) for w, s in seconds.items()}}
-
-
-def _verify_costs(base: torch.nn.Module) -> dict[int, float]:
-    """The LM's verify call seconds by width (`AUTO_TREE_WIDTHS`), for `--tree auto`."""
-    backbone = SplitBackbone(base)
-    if backbone.whole_model:
-        raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
-                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: compare chains (no --tree)")
-    return verify_call_seconds(backbone, AUTO_TREE_WIDTHS)
+    return choose_auto_tree(depth_topk, call_seconds(), entry.info["n"], entry.head.num_states)
 
 
 def _width_label(width: int | str | None) -> str:
@@ -152,7 +134,7 @@ def load_bench(cfg: BenchConfig, decoder_cls: Callable[..., SpeculativeDecoder])
     head_dtype = getattr(torch, DTYPES[cfg.head_dtype]) if cfg.head_dtype else None
     entries = [load_head_entry(p, base, cfg.model, dtype, head_dtype, device, trust_remote_code=cfg.trust_remote_code)
                for p in cfg.heads]
-    call_seconds = functools.cache(functools.partial(_verify_costs, base))
+    call_seconds = functools.cache(functools.partial(verify_costs, base, "compare chains (no --tree)"))
     variants = build_variants(entries, decoder_cls, cfg.lookup, cfg.lookup_tokens,
                               compiled=(False, True) if cfg.compile else (False,), windows=cfg.windows,
                               acceptance=cfg.acceptance, draft_temperatures=cfg.draft_temperatures,

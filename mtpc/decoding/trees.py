@@ -30,6 +30,7 @@ at `v` = 2,048 in float64), never as `[N, V]` rows over the LM's vocabulary.
 from __future__ import annotations
 
 import bisect
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,8 @@ import torch
 from circuitc.runtime.kernels import inverse_cdf
 
 from ..checks import MAX_TREE_NODES
+from ..loading import depth_topk_table
+from .acceptance import proposal_rows
 from .drafting import Drafter, Window, WindowShape
 
 __all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "tree_draws", "with_branch", "without_replacement"]
@@ -61,8 +64,8 @@ class TreeBudget:
     branching: int | None = None
     expand: int | None = None
 
-    def children(self) -> int:
-        return self.branching if self.branching is not None else max(2, round(self.nodes ** 0.5))
+    def children(self) -> int:  # a budget below 2 nodes (refused by `tree_budget`) has no real square root
+        return self.branching if self.branching is not None else max(2, round(max(self.nodes, 0) ** 0.5))
 
     def expanded(self) -> int:
         return self.expand if self.expand is not None else self.children()
@@ -126,7 +129,9 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     expanded = torch.zeros(B, 1, dtype=torch.long, device=h.device)  # [B, E] candidate ids of `paths`
     drawn_from, column = [], 0  # sampling: (expanded candidate ids [B, E], their children's distribution [B, E, v])
     for depth in range(1, n):
-        rows = conditional(theta, paths)[:, :, depth]  # [B, E, v] q(d_depth | the path)
+        # [B, E, v] q(d_depth | the path), empty where the head's is no distribution (a NaN or an overflow): its
+        # children then score IMPOSSIBLE, never NaN (which `topk` ranks first), and are never tested
+        rows = proposal_rows(conditional(theta, paths)[:, :, depth])
         if draws is None:
             top, child = rows.clamp_min(0).log().clamp_min(IMPOSSIBLE).topk(b, dim=-1)  # [B, E, b]
         else:
@@ -209,32 +214,71 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
     `1 + sum_{d <= D} path_d(k)` tokens a cycle by the head's held-out per-depth top-k acceptance
     (`depth_topk`, `mtpc train`'s `val_depth_topk`: `path_d(k)`, every depth up to `d` within the circuit's
     top `k`), and costs the verify call over that many positions (`call_seconds`: width -> seconds, measured
-    on this machine; linear between and past the widths measured), against a one-position call for one
-    token. Returns (the budget, None when no tree beats plain decoding; its expected tokens per cycle; its
-    cost in one-position calls)."""
-    one = _cost(call_seconds, 1)
+    on this machine; linear between and past the widths measured, never below one call), against a
+    one-position call for one token. Returns (the budget, None when no tree beats plain decoding; its
+    expected tokens per cycle; its cost in one-position calls).
+
+    Only trees `tree_budget` accepts compete (`_full_trees`): `k` up to the circuit's `states`, `D` up to
+    `n - 1`, at most `MAX_TREE_NODES` nodes; so costs that fall with the width (timing noise on a small
+    model) or acceptance near 1 never choose a larger tree. A depth-0 row (a head that drafts `x_0` too)
+    is skipped, the root being the verifier's token; its later rows, which also ask `x_0` to be within
+    the top `k`, then bound the tokens from below. A table that breaks `mtpc.loading.depth_topk_table`'s
+    rules, costs that are not finite seconds >= 0 by widths in 1..2^31, or an `n` or `states` that is not
+    an integer, are a `ValueError`."""
+    table = depth_topk_table(depth_topk)
+    seconds = _checked_call_seconds(call_seconds)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, states)):
+        raise ValueError(f"auto_tree needs the circuit's variables n and states as integers, got {n!r} and {states!r}")
+    one = _cost(seconds, 1)
     best, best_rate, best_tokens, best_cost = None, 1.0, 1.0, 1.0
-    for k_index, k in enumerate(depth_topk["k"]):
-        if not 1 <= k <= states:
-            continue
-        tokens = 1.0
-        for d, path in zip(depth_topk["depth"], depth_topk["path"]):
-            if d >= n or path[k_index] is None:
-                break
-            tokens += path[k_index]
-            nodes = sum(k ** j for j in range(d + 1))
-            cost = max(_cost(call_seconds, nodes) / one, 1.0)  # never below one call (timing noise on tiny models)
+    for k_index in range(len(table["k"])):
+        for budget, tokens in _full_trees(table, k_index, n, states):
+            cost = max(_cost(seconds, budget.nodes) / one, 1.0)  # never below one call (timing noise on tiny models)
             if tokens / cost > best_rate:
-                best = TreeBudget(nodes, k, k ** (d - 1))
-                best_rate, best_tokens, best_cost = tokens / cost, tokens, cost
-    return best, best_tokens, best_cost
+                best, best_rate, best_tokens, best_cost = budget, tokens / cost, tokens, cost
+    return (None if best is None else tree_budget(best, n, states)), best_tokens, best_cost
+
+
+def _full_trees(table: dict, k_index: int, n: int, states: int):
+    """(budget, tokens a cycle) of the full `k`-ary tree of each recorded depth `D` >= 1 (`k` the table's
+    `k_index`-th) that `tree_budget` accepts: `k` <= `states`, `D` <= `n - 1` and at most `MAX_TREE_NODES`
+    nodes, which bounds the expanded nodes (`k^(D-1)`) too; none past a depth with no rate (no window)."""
+    k = table["k"][k_index]
+    if k > states:
+        return
+    nodes, width, tokens = 1, 1, 1.0  # width: the nodes at depth D
+    for d, row in zip(table["depth"], table["path"]):
+        if d == 0:
+            continue  # x_0: the verifier's token, never drafted in a tree
+        if d >= n or row[k_index] is None:
+            return
+        width *= k
+        nodes += width
+        if nodes > MAX_TREE_NODES:
+            return
+        tokens += row[k_index]
+        yield TreeBudget(nodes, k, width // k), tokens
+
+
+def _checked_call_seconds(call_seconds) -> dict[int, float]:
+    """`call_seconds` as floats if it maps verify widths (integers in 1..2^31) to finite seconds >= 0, else a
+    `ValueError`."""
+    def fine(width, seconds) -> bool:
+        return (isinstance(width, int) and not isinstance(width, bool) and 1 <= width <= 2**31
+                and isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                and 0 <= seconds <= sys.float_info.max)  # NaN fails; an integer past it has no float
+
+    if not isinstance(call_seconds, dict) or not call_seconds or not all(fine(w, s) for w, s in call_seconds.items()):
+        raise ValueError("call_seconds must map verify widths (integers in 1..2^31) to finite seconds >= 0 "
+                         "(`mtpc.decoding.verify.verify_call_seconds`)")
+    return {w: float(s) for w, s in call_seconds.items()}
 
 
 def _cost(call_seconds: dict[int, float], w: int) -> float:
-    """Seconds of a verify call over `w` positions, linear between (and past) the measured widths."""
+    """Seconds of a verify call over `w` positions, linear between (and past) the measured widths; above 0."""
     widths = sorted(call_seconds)
     if len(widths) == 1:
-        return call_seconds[widths[0]] * w / widths[0]
+        return max(call_seconds[widths[0]] * w / widths[0], 1e-9)
     i = min(max(bisect.bisect_left(widths, w), 1), len(widths) - 1)  # the segment around w (an end one outside)
     low, high = widths[i - 1], widths[i]
     slope = (call_seconds[high] - call_seconds[low]) / (high - low)
