@@ -32,6 +32,7 @@ MAX_LAYERS = 1024
 MAX_CONTEXT = 2**22  # max_position_embeddings: 4M positions
 MAX_HIDDEN = 2**16
 MAX_INT_CHARACTERS = 100  # an integer flag's text, as circuitc's command line bounds its numbers
+MAX_LOOKUP_TOKENS = 1024  # tokens one prompt-lookup match may propose: every --lookup, --lookup-tokens and peer K
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}  # a --dtype name -> its torch dtype's name
 ROUNDING_DTYPES = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
 ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
@@ -102,6 +103,23 @@ def tree_or_auto(text: str) -> int | str:
     if text.strip().lower() == "auto":
         return "auto"
     return _number(text, int, f"'auto' or an integer in 2..{MAX_TREE_NODES}", lambda v: 2 <= v <= MAX_TREE_NODES)
+
+
+def lookup_k(text: str) -> int:
+    """The tokens a prompt-lookup match proposes: an integer in 1..`MAX_LOOKUP_TOKENS`."""
+    return int_in(1, MAX_LOOKUP_TOKENS)(text)
+
+
+def tree_and_window(trees, windows) -> None:
+    """One rule for `mtpc generate` (one value each) and `mtpc bench` (lists): `--window K` sets a chain's
+    verify width and a tree (`--tree N` or `auto`) has none (its width is its node budget), so a --window with
+    no chain to apply to is refused. `trees`: the window shapes asked for (None: a chain); `windows`: the
+    verify widths (None: the head's n)."""
+    window = next((w for w in windows if w is not None), None)
+    tree = next((t for t in trees if t is not None), None)
+    if window is not None and None not in trees:
+        raise InputError(f"--tree {tree} verifies a tree of drafted tokens per cycle, --window {window} sets a "
+                         "chain's verify width: give one (in mtpc bench, --tree chain N compares both)")
 
 
 def target_or_temperature(text: str) -> float | None:

@@ -97,6 +97,7 @@ def test_caches_hold_max_context_from_the_first_generation_on():
     """`max_context`: one allocation for every generation within it (what lets a compiled decoder compile once;
     its compiled run is test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths), growth past it."""
     model = tiny_lm(12, scale=3.0)
+    model.config.max_position_embeddings = 1024  # room for max_context=700 (past the model's context is refused)
     head = random_head("hmm", 3, 12, seed=2, init_from=model.lm_head.weight)
     speculative, plain = SpeculativeDecoder(model, head, max_context=700), PlainDecoder(model, max_context=700)
     for length, budget in GROWING:
@@ -108,7 +109,7 @@ def test_caches_hold_max_context_from_the_first_generation_on():
     assert speculative.verifier.allocations == 2 and speculative.verifier.max_len == 1024
     assert [cache_length(need, 700) for need in (5, 700, 701)] == [701, 701, 1024]
     assert SpeculativeDecoder(model, head).verifier.reserve == 0  # eager: what each generation needs
-    assert SpeculativeDecoder(model, head, compile=True).verifier.reserve == 128  # compiled: the model's context
+    assert SpeculativeDecoder(model, head, compile=True).verifier.reserve == 1024  # compiled: the model's context
     for bad in (0, -1, 2.5, True, 2**23):
         with pytest.raises(ValueError, match="max_context must be an integer"):
             PlainDecoder(model, max_context=bad)
@@ -338,6 +339,7 @@ def test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths(caplog):
     two never allocate or compile again (they did at each doubling), and the one compile says so in a line."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
+    model.config.max_position_embeddings = 1024  # room for max_context=1024 (past the model's context is refused)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head, compile=True, max_context=1024)
     torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length

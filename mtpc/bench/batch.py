@@ -57,6 +57,8 @@ def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     prompts = load_prompts(cfg, tok)
     sets = [[_batch(prompts[k * cfg.num_prompts + i:k * cfg.num_prompts + i + B], tok.pad_id, device)
              for i in range(0, cfg.num_prompts, B)] for k in range(cfg.repeats)]
+    longest = max(ids.shape[1] for batches in sets for ids, _ in batches)
+    refuse_batches(variants, B, longest, cfg.max_new_tokens, device)
     sampling, ends = cfg.sampling(), answer_end_ids(cfg, tok)
     tasks = {PLAIN: _plain_task(_plain_decoder(base, compile=False), sampling, tok, ends)}
     if cfg.compile:
@@ -69,6 +71,17 @@ def run_batch_bench(cfg: BenchConfig, decoder_cls: Callable) -> dict:
     if cfg.out:
         write_batch_outputs(report, Path(cfg.out))
     return report
+
+
+def refuse_batches(variants, B: int, T: int, budget: int, device) -> None:
+    """Every head's decoder checks a batch of `B` rows of `T` tokens and `budget` new ones (its caches, as many
+    slots as it will allocate, and cycle tensors in the device's memory: `SpeculativeDecoder.check_batch`)
+    before any is timed, as `mtpc generate --batch-size` does; it needs more than plain decoding's."""
+    for variant in variants:
+        try:
+            variant.decoder.check_batch(B, T, budget, device)
+        except ValueError as e:
+            raise InputError(f"--batch-size {B} ({variant.label}): {e}") from None
 
 
 def _batch(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..checks import (DTYPES, HELP_DTYPE, MAX_THREADS, dtype_name, int_in, positive_float, positive_int,
-                      probability, target_or_temperature, tree_or_chain, unit_interval,
+from ..checks import (DTYPES, HELP_DTYPE, MAX_LOOKUP_TOKENS, MAX_THREADS, dtype_name, int_in, positive_float,
+                      positive_int, probability, target_or_temperature, tree_or_chain, unit_interval,
                       width_or_adaptive)
 from ..checks import seed as parse_seed
 from ..sampling import GREEDY, Sampling
@@ -22,7 +22,6 @@ __all__ = ["BenchConfig", "Variant", "DTYPES", "MODES", "LOOKUP_MODES", "ACCEPTA
 MODES = ("greedy", "sample")
 LOOKUP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}  # --lookup -> BenchConfig.lookup
 ACCEPTANCE_RULES = ("block", "token")  # --acceptance: BlockVerification (the decoder's default), AcceptanceRule
-MAX_LOOKUP_TOKENS = 1024
 MAX_BATCH = 4096  # rows of one --batch-size batch (the decoder also checks memory before allocating)
 
 

@@ -27,6 +27,7 @@ forward calls. Sampling uses the same temperature / top-k / top-p (transformers'
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from ..checks import lookup_k
 from ..decoding import PHASES, PhaseClock, PlainDecoder, backbone_marks, split_phases
 from ..errors import InputError, MtpcError, first_line
 from .timing import Run, synchronized
@@ -70,7 +72,7 @@ def parse_peer(text: str, model: str | None = None) -> PeerSpec:
     """`prompt-lookup`, `prompt-lookup:K`, `assisted:DIR`, `static`, `generate` or `llama.cpp` (checked before
     any model is loaded; `llama.cpp` needs `model`, the bench's `--model`, to be a GGUF file and
     llama-cpp-python to be installed)."""
-    kind, _, arg = text.partition(":")
+    kind, colon, arg = text.partition(":")
     if text == "llama.cpp":
         from ..gguf_files import is_gguf
 
@@ -81,15 +83,16 @@ def parse_peer(text: str, model: str | None = None) -> PeerSpec:
             raise InputError("--peers llama.cpp runs the --model GGUF file itself; give --model a .gguf file")
         return PeerSpec("llama.cpp", path=str(model))
     if kind in PLAIN_GENERATE:
-        if arg:
+        if colon:
             raise InputError(f"--peers {text}: {kind} takes no argument")
         return PeerSpec(kind)
     if kind == "prompt-lookup":
-        if not arg:
+        if not colon:
             return PeerSpec(kind, tokens=DEFAULT_LOOKUP_TOKENS)
-        if not arg.isdigit() or int(arg) < 1:
-            raise InputError(f"--peers {text}: K in prompt-lookup:K must be an integer >= 1")
-        return PeerSpec(kind, tokens=int(arg))
+        try:  # the bound every --lookup has; an empty K is a mistake, not the default
+            return PeerSpec(kind, tokens=lookup_k(arg))
+        except argparse.ArgumentTypeError as e:
+            raise InputError(f"--peers {text}: K in prompt-lookup:K (tokens a match proposes): {e}") from None
     if kind == "assisted":
         if not arg:
             raise InputError("--peers assisted:DIR needs the draft LM's folder (e.g. from mtpc tiny-lm --layers 1)")

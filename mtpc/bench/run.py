@@ -57,6 +57,7 @@ import torch
 
 from .. import checks, loading
 from ..decoding import PhaseClock, PlainDecoder, SpeculativeDecoder, backbone_marks
+from ..decoding.auto_trees import recorded_acceptance
 from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
 from .variants import bench_tokenizer, load_bench
@@ -124,6 +125,7 @@ def _check_config(cfg: BenchConfig) -> None:
         raise InputError("--batch-size measures batches against plain batched decoding and transformers' batched "
                          "generate; --peers and --max-repetition are per-prompt options")
     check_chat_source(cfg)
+    checks.tree_and_window(cfg.trees, cfg.windows)  # the rule mtpc generate applies to its one of each
     labels = [Path(p).name for p in cfg.heads]
     if len(set(labels)) != len(labels):
         raise InputError(f"head folders must have distinct names (they label the report): {labels}")
@@ -131,7 +133,7 @@ def _check_config(cfg: BenchConfig) -> None:
 
 def _check_inputs(cfg: BenchConfig) -> None:
     """Files and how they fit, before any model is loaded: model folder, head folders (hidden size,
-    states within the vocabulary), prompts file, output folder."""
+    states within the vocabulary; with --tree auto, the recorded acceptance), prompts file, output folder."""
     info = bench_tokenizer(cfg)[0]  # a subword model's own tokenizer, read and checked before any weights
     for path in cfg.heads:
         spec = loading.json_object(loading.head_folder(path) / "head.json", "")
@@ -143,6 +145,8 @@ def _check_inputs(cfg: BenchConfig) -> None:
             checks.states_fit_vocabulary(max(vocabulary) + 1, info.vocab_size, f"head {path} with model {cfg.model}")
         elif isinstance(graph, dict) and isinstance(graph.get("states"), int):
             checks.states_fit_vocabulary(graph["states"], info.vocab_size, f"head {path} with model {cfg.model}")
+        if "auto" in cfg.trees:
+            recorded_acceptance(path, Path(path).name)  # read again, the same way, when the tree is chosen
     if cfg.prompts is not None and not Path(cfg.prompts).is_file():
         raise InputError(f"--prompts {cfg.prompts!r} is not a file")
     if cfg.corpus not in (None, "stdlib"):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import TextIO
 import torch
 
 from .. import loading
-from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE, check_sampling_settings
+from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE, check_sampling_settings, tree_and_window
 from ..errors import InputError, MtpcError
 from ..files import regular_file
 from ..sampling import Sampling
@@ -129,8 +128,7 @@ def check_config(cfg: GenerateConfig) -> None:
         raise InputError(f"--window must be an integer >= 2 (x_0 and at least one drafted token), got {cfg.window!r}")
     if cfg.tree is not None and cfg.head is None:
         raise InputError("--tree is the draft head's tree of drafts: give --head too")
-    if cfg.tree is not None and cfg.window is not None:
-        raise InputError("--tree N verifies a tree of N drafted tokens per cycle, --window K a chain of K: give one")
+    tree_and_window((cfg.tree,), (cfg.window,))  # the rule mtpc bench applies to its lists
     if cfg.compare and cfg.head is None:
         raise InputError("--compare compares a draft head with plain decoding: give --head")
     if cfg.draft_temperature is not None and (cfg.head is None or cfg.temperature == 0):
@@ -253,30 +251,35 @@ def check_tree_fits(tree: int, head, head_dir: str) -> None:
 
 
 def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
-    """`--tree auto`: the tree of most tokens per unit of cycle cost (`mtpc.decoding.trees.auto_tree`) from the
-    head's recorded per-depth acceptance and this model's verify costs measured now; said in one line. None
-    (a chain) when no tree of the head's recorded k beats plain decoding."""
-    from ..decoding.backbone import SplitBackbone
-    from ..decoding.trees import AUTO_TREE_WIDTHS, auto_tree
-    from ..decoding.verify import verify_call_seconds
+    """`--tree auto`: the tree of most tokens per unit of cycle cost from the head's recorded per-depth
+    acceptance and this model's verify costs measured now (`mtpc.decoding.auto_trees`, as `mtpc bench`
+    chooses it); said in one line. None (a chain) when no tree of the head's recorded k beats plain decoding."""
+    from ..decoding.auto_trees import choose_auto_tree, verify_costs
 
-    backbone = SplitBackbone(model)
-    if backbone.whole_model:
-        raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
-                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no --tree)")
-    widths = AUTO_TREE_WIDTHS
-    seconds = verify_call_seconds(backbone, widths)
-    budget, tokens, cost = auto_tree(depth_topk, seconds, head.num_variables, head.num_states)
-    curve = ", ".join(f"{w}: {seconds[w] * 1e3:.1f}" for w in widths)
-    if budget is None:
-        err.write(f"mtpc: --tree auto: no tree beats plain decoding by the head's recorded acceptance; decoding "
-                  f"chains (verify call ms by width: {curve})\n")
-        return None
-    depth = round(math.log(budget.expanded(), budget.children())) + 1 if budget.children() > 1 else budget.nodes - 1
-    err.write(f"mtpc: --tree auto: {budget.nodes} nodes ({budget.children()} children a node, depth {depth}): "
-              f"{tokens:.2f} tokens a cycle expected at {cost:.2f}x a one-token call (the head's held-out "
-              f"top-k acceptance; verify call ms by width, measured now: {curve})\n")
-    return budget
+    choice = choose_auto_tree(depth_topk, verify_costs(model, "decode chains (no --tree)"), head.num_variables,
+                              head.num_states)
+    err.write(choice.line() + "\n")
+    return choice.budget
+
+
+def check_context_room(cfg: GenerateConfig, config: dict, k: int, device) -> None:
+    """--max-context by the decoders' own rules (`mtpc.decoding.verify`), before the model loads: at most the
+    model's context (`check_max_context`), and caches holding it, in the verifier's layers and the draft
+    path's `k`, that fit in the device's available memory (`check_reserve`; the refusal states the bytes)."""
+    from types import SimpleNamespace
+
+    from ..decoding.verify import check_max_context, check_reserve
+
+    if cfg.max_context is None:
+        return
+    try:
+        check_max_context(cfg.max_context, config.get("max_position_embeddings"), "--max-context")
+        if isinstance(config.get("num_hidden_layers"), int) and isinstance(config.get("hidden_size"), int):
+            element = loading.torch_dtype(cfg.dtype).itemsize
+            check_reserve(SimpleNamespace(**config), config["num_hidden_layers"] + k, cfg.max_context, element, device,
+                          "--max-context")
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def lora_folder(cfg: GenerateConfig) -> Path | None:
@@ -314,11 +317,9 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
             raise InputError(f"--window {cfg.window}: the head {cfg.head} verifies windows of 2 to "
                              f"{max(head.num_variables, 2)} tokens")
         if cfg.tree == "auto":
-            depth_topk = loading.head_depth_topk(cfg.head)
-            if depth_topk is None:
-                raise InputError(f"--tree auto: the head {cfg.head} records no per-depth acceptance (val_depth_topk "
-                                 f"in train_config.json, or {loading.DEPTH_TOPK_FILE} from "
-                                 "benchmarks/depth_acceptance.py): give --tree N")
+            from ..decoding.auto_trees import recorded_acceptance
+
+            depth_topk = recorded_acceptance(cfg.head, cfg.head)  # checked before the model loads
         elif cfg.tree is not None:
             check_tree_fits(cfg.tree, head, cfg.head)
     lora = lora_folder(cfg) if head is not None else None
@@ -327,6 +328,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         torch.set_num_threads(cfg.threads)
 
     device = loading.resolve_device(cfg.device)
+    check_context_room(cfg, config, k, device)
     sampling = cfg.sampling()
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
         dtype = loading.torch_dtype(cfg.dtype)
@@ -450,7 +452,10 @@ def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_c
     against; the phase clock then has no hooks, which a compiled step would trace)."""
     from ..decoding import PhaseClock, PlainDecoder, backbone_marks
 
-    decoder = PlainDecoder(base, compile=compile, max_context=max_context)
+    try:  # its checks of memory, after the model took its share (the flags were checked before loading)
+        decoder = PlainDecoder(base, compile=compile, max_context=max_context)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     embed, ends = backbone_marks(base) if not compile else (None, [])
 
     def decode(ids, budget, generator, streamer):
@@ -476,8 +481,11 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
         head.tie_to(model.get_output_embeddings())
     if lora is not None:
         model = loading.load_lora(model, lora)
-    decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
-                                 draft_temperature=draft_temperature, max_context=max_context, tree=tree)
+    try:  # its checks of memory, after the model took its share (the flags were checked before loading)
+        decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
+                                     draft_temperature=draft_temperature, max_context=max_context, tree=tree)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     parts = decoder.backbone.parts
 
     def decode(ids, budget, generator, streamer, attention_mask=None):

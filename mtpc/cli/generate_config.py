@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
                       positive_float, positive_int, probability)
-from ..checks import MAX_CONTEXT, tree_or_auto
+from ..checks import MAX_CONTEXT, MAX_LOOKUP_TOKENS, tree_or_auto
 from ..checks import seed as parse_seed
 from ..sampling import Sampling
 from ..settings import setting
@@ -16,7 +16,7 @@ from ..training.config import HELP_MODEL, HELP_REMOTE_CODE
 __all__ = ["GenerateConfig", "DEFAULT_NEW_TOKENS", "MAX_LOOKUP"]
 
 DEFAULT_NEW_TOKENS = 256
-MAX_LOOKUP = 1024  # tokens one prompt-lookup match may propose
+MAX_LOOKUP = MAX_LOOKUP_TOKENS  # tokens one prompt-lookup match may propose
 MAX_WINDOW = 1024  # the widest verify width a flag may ask for (a head's n bounds it further)
 
 

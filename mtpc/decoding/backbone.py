@@ -112,6 +112,16 @@ def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: 
         return get_peft_model(model, config)
 
 
+def _check_parts(model, family) -> None:
+    """A decoder's `model` is a torch module with a transformers config (a causal LM, or a peft model over
+    one), its `family` None or a `BackboneFamily`: anything else is refused here, not deep in a forward."""
+    if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
+        raise ValueError(f"model must be a transformers causal LM (a torch module with a config), got "
+                         f"{type(model).__name__}")
+    if family is not None and not isinstance(family, (BackboneFamily, WholeModelPath)):
+        raise ValueError(f"family must be None or a BackboneFamily (e.g. LlamaFamily()), got {family!r}")
+
+
 def _check_k(k: int, num_layers: int) -> None:
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise ValueError(f"lora_layers must be an integer >= 0, got {k!r}")
@@ -147,6 +157,7 @@ class SplitBackbone:
     """
 
     def __init__(self, model: nn.Module, lora_layers: int = 0, family: BackboneFamily | WholeModelPath | None = None):
+        _check_parts(model, family)
         self.model = model
         self.peft = model if is_peft(model) else None
         self.base = self.peft.get_base_model() if self.peft is not None else model

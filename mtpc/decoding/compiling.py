@@ -330,6 +330,9 @@ def _load(path: Path, function: Callable, owner, args: tuple):
     except UntrustedStore as e:
         _warn(e)
         return None
+    except OSError as e:  # a file that opened but cannot be read: the store never ends a run
+        _warn(UntrustedStore(f"{path} cannot be read ({e.strerror or e})"))
+        return None
     if data is None:
         return None
     import torch._inductor.config as inductor_config
@@ -386,14 +389,17 @@ def read_stored_step(path: Path, user: int | None = None) -> bytes | None:
     except OSError as e:  # ELOOP (EMLINK on some BSDs): the file is a link
         why = "is a symbolic link" if e.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened ({e.strerror})"
         raise UntrustedStore(f"{path} {why}") from None
-    with os.fdopen(fd, "rb") as file:
-        status = os.fstat(file.fileno())
+    try:  # judged on the bare descriptor: a file object cannot even be made of a folder's (IsADirectoryError)
+        status = os.fstat(fd)
         problem = _file_problem(status, os.getuid() if user is None else user)
         if problem is not None:
             raise UntrustedStore(f"{path} {problem}")
         if status.st_size > MAX_STEP_BYTES:  # a step is a few MB; reading a planted sparse giant would fill memory
             raise UntrustedStore(f"{path} is {status.st_size:,} bytes, more than the {MAX_STEP_BYTES:,} of a step")
-        return file.read(MAX_STEP_BYTES + 1)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(MAX_STEP_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def _trusted_owners(owners: Collection[int] | None) -> frozenset[int]:

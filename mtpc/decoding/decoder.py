@@ -62,6 +62,7 @@ from torch import nn
 
 from circuitc.runtime.kernels import inverse_cdf
 
+from ..checks import MAX_LOOKUP_TOKENS
 from ..heads import MTPHead
 from ..sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
@@ -71,7 +72,8 @@ from .compiling import StepVariant, StepVariants, tensor_layout
 from .cycle import CyclePacket, Pending, Row, StepOutput
 from .drafting import AdaptiveWidth, Drafter, Window, window_widths
 from .host import HostReads
-from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, check_processors, eos_set
+from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
+                     checked_switch, eos_set)
 from .proposals import PromptLookup
 from .proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
@@ -81,6 +83,8 @@ from .verify import Places, Verifier, context_reserve
 __all__ = ["AdaptiveWidth", "SpeculativeDecoder"]
 
 log = logging.getLogger(__name__)
+
+MAX_PROPOSER_SPAN = 1 + MAX_LOOKUP_TOKENS  # a host proposer's longest window: x_0 and a lookup match's tokens
 
 
 class SpeculativeDecoder:
@@ -107,13 +111,13 @@ class SpeculativeDecoder:
         check_head(head, self.backbone)
         self.head, self.n = head, head.num_variables
         self.draft_temperature = checked_draft_temperature(draft_temperature)
-        self.acceptance = acceptance or BlockVerification()
+        self.acceptance = checked_acceptance(acceptance)
         self.lookup = PromptLookup.of(lookup)
         self.tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
         reserve = self.lookup.tokens if self.tree and self.lookup else 0  # a tree's nodes for a lookup branch
         self.tree_depth = 0 if self.tree is None else max(min(self.n, self.tree.nodes) - 1, reserve)  # deepest path
         self.widths, position_cost = ((self.tree.nodes,), 0.0) if self.tree else window_widths(window, self.n)
-        spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in proposers)]
+        spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in checked_proposers(proposers))]
         self.span = max(self.widths[-1] + reserve, *spans)  # the tokens of every window
         self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
         self.circuit = CircuitProposer(self.drafter, self.tree, reserve)
@@ -121,7 +125,7 @@ class SpeculativeDecoder:
         lookups = [LookupProposer(self.lookup, self.drafter, self.widths, self.tree_depth)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
-        self.compile, self.host_reads = compile, HostReads()
+        self.compile, self.host_reads = checked_switch("compile", compile), HostReads()
         self.steps = StepVariants(self.cycle_step, partial(step_identity, self))
 
     @property
@@ -288,7 +292,7 @@ class SpeculativeDecoder:
 
     def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
         """Refuse (`ValueError`, `refuse_batch`) a batch `[B, T]` this decoder cannot run, before allocating."""
-        refuse_batch(self.backbone, self.span, B, T, max_new_tokens, device, generator)
+        refuse_batch(self.verifier, self.span, B, T, max_new_tokens, device, generator)
 
     # ----------------------------------------------------------------- compiled steps
 
@@ -339,6 +343,8 @@ class SpeculativeDecoder:
 
 def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
     """The head fits the model: its hidden size, and every token it can draft is in the model's vocabulary."""
+    if not isinstance(head, MTPHead):
+        raise ValueError(f"head must be an MTPHead (mtpc.load_head, or MTPHead(...)), got {type(head).__name__}")
     if head.hidden_size != backbone.hidden_size:
         raise ValueError(f"the head was built for hidden size {head.hidden_size}, the model's is {backbone.hidden_size}")
     if head.max_token_id >= backbone.vocab_size:
@@ -382,6 +388,34 @@ def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: tor
     return accept_window(sampling, rule, tokens, logits, hidden, limit, eos_ids, rows, uniforms, window.width)
 
 
+def checked_acceptance(rule: AcceptanceRule | None) -> AcceptanceRule:
+    """The speculative-sampling rule: an `AcceptanceRule` (None: `BlockVerification()`, the default)."""
+    if rule is None:
+        return BlockVerification()
+    if not isinstance(rule, AcceptanceRule):
+        raise ValueError(f"acceptance must be None or an AcceptanceRule (BlockVerification(), AcceptanceRule()), "
+                         f"got {rule!r}")
+    return rule
+
+
+def checked_proposers(proposers: Sequence[HostProposer]) -> Sequence[HostProposer]:
+    """Host proposers: a list or tuple of objects with a proposer's `name`, `widths`, `span` (tokens of its
+    longest window, 1 .. `MAX_PROPOSER_SPAN`) and `start`, `propose`, `observe`."""
+    if not isinstance(proposers, (list, tuple)):
+        raise ValueError(f"proposers must be a list of host proposers (mtpc.decoding.proposers.HostProposer), got "
+                         f"{proposers!r}")
+    for proposer in proposers:
+        methods = all(callable(getattr(proposer, m, None)) for m in ("start", "propose", "observe"))
+        span = getattr(proposer, "span", None)
+        if not methods or not hasattr(proposer, "name") or not hasattr(proposer, "widths"):
+            raise ValueError(f"proposers: {proposer!r} is not a host proposer (name, widths, span, start, propose, "
+                             "observe)")
+        if isinstance(span, bool) or not isinstance(span, int) or not 1 <= span <= MAX_PROPOSER_SPAN:
+            raise ValueError(f"proposers: {proposer!r} has span {span!r}; a window's tokens are an integer in "
+                             f"1..{MAX_PROPOSER_SPAN:,}")
+    return proposers
+
+
 def checked_draft_temperature(value: float | None) -> float | None:
     """None (the target's own temperature) or a temperature a draft head can sample at (`mtpc.sampling`'s
     rule, the one every command applies)."""
@@ -393,10 +427,12 @@ def checked_draft_temperature(value: float | None) -> float | None:
     return value
 
 
-def refuse_batch(backbone: SplitBackbone, span: int, B: int, T: int, max_new_tokens: int, device: torch.device,
+def refuse_batch(verifier: Verifier, span: int, B: int, T: int, max_new_tokens: int, device: torch.device,
                  generator) -> None:
     """Refuse a batch of a model without a family adapter, one generator per row of the wrong count, or
-    caches and cycle tensors that would not fit in the device's available memory."""
+    caches (those `verifier` allocates for it) and cycle tensors that would not fit in the device's
+    available memory."""
+    backbone = verifier.backbone
     if B > 1 and backbone.whole_model:
         raise ValueError(f"a batch of {B} prompts needs the split loop's per-row caches, and mtpc has no "
                          f"adapter for model_type {getattr(backbone.config, 'model_type', None)!r}: "
@@ -404,7 +440,8 @@ def refuse_batch(backbone: SplitBackbone, span: int, B: int, T: int, max_new_tok
                          "follows the Llama layout")
     if isinstance(generator, (list, tuple)) and len(generator) != B:
         raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
-    check_memory(batch_bytes(backbone, span, B, T, max_new_tokens), available_memory(device), B)
+    check_memory(batch_bytes(verifier, span, B, T, max_new_tokens), available_memory(device), f"a batch of {B} prompts",
+                 "its caches and cycle tensors", "use a smaller batch, fewer new tokens or a smaller max_context")
 
 
 def announce_compile(verifier: Verifier, seconds: float, variants: int) -> None:
@@ -439,15 +476,16 @@ def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tup
                  variant.batch))
 
 
-def batch_bytes(backbone: SplitBackbone, span: int, B: int, T: int, max_new_tokens: int) -> int:
-    """About the memory a batch takes: its keys and values in every cache layer (an upper bound: the
-    hidden size for the heads' width), the prefill's activations and a cycle's logits and rows."""
+def batch_bytes(verifier: Verifier, span: int, B: int, T: int, max_new_tokens: int) -> int:
+    """About the memory a batch takes: the caches `verifier` allocates for it (as many slots as it will:
+    `max_context` ones at least; none when it reuses its own), the prefill's activations and a cycle's
+    logits and rows."""
+    backbone = verifier.backbone
     element = backbone.parts.lm_head.weight.element_size()
-    slots = T + max_new_tokens + span
-    caches = 2 * (backbone.num_layers + backbone.k) * slots * backbone.hidden_size * element
+    caches = verifier.new_cache_bytes(B, T, max_new_tokens + span)  # what `_start` asks `Verifier.start` for
     prefill = 16 * T * backbone.hidden_size * element
     cycle = 3 * span * backbone.vocab_size * 8  # logits, probabilities and proposal rows (float64)
-    return B * (caches + prefill + cycle)
+    return caches + B * (prefill + cycle)
 
 
 def cycle_draws(sampling: Sampling, generator, h: torch.Tensor, size: int) -> torch.Tensor | None:

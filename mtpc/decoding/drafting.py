@@ -125,8 +125,12 @@ class AdaptiveWidth:
     widths: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.position_cost is not None and not 0 <= self.position_cost < 10:
-            raise ValueError(f"position_cost must be in [0, 10), got {self.position_cost!r}")
+        cost = self.position_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < 10):
+            raise ValueError(f"position_cost must be a number in [0, 10), got {cost!r}")
+        if self.widths is not None and not isinstance(self.widths, (tuple, list)):
+            raise ValueError(f"AdaptiveWidth widths must be a tuple of verify widths (None: about 2, n/2, 3n/4 and n), "
+                             f"got {self.widths!r}")
 
 
 def window_widths(window: int | AdaptiveWidth | None, n: int) -> tuple[tuple[int, ...], float | None]:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 __all__ = ["check_prompt", "check_batch", "check_budget", "check_memory", "available_memory", "eos_set", "check_eval",
-           "check_processors"]
+           "check_processors", "checked_switch"]
 
 
 def check_prompt(input_ids, vocab_size: int) -> torch.Tensor:
@@ -50,12 +50,13 @@ def check_batch(input_ids, attention_mask, vocab_size: int, context: int | None)
     return _tokens(input_ids, vocab_size), pads
 
 
-def check_memory(need: int, available: int | None, batch: int) -> None:
-    """Refuse, before allocating, a batch whose caches and per-cycle tensors (`need` bytes) would not fit
-    in the `available` bytes (None: unknown, not checked)."""
+def check_memory(need: int, available: int | None, what: str, purpose: str, fix: str) -> None:
+    """Refuse, before allocating, what `what` (a batch, a `max_context`) needs for `purpose` (`need` bytes)
+    where it would not fit in the `available` bytes (None: unknown, not checked); the refusal states both,
+    and `fix`."""
     if available is not None and need > available:
-        raise ValueError(f"a batch of {batch} prompts needs about {need / 2**30:.2f} GiB for its caches and cycle "
-                         f"tensors, more than the {available / 2**30:.2f} GiB available: use a smaller batch")
+        raise ValueError(f"{what} needs about {need / 2**30:.2f} GiB ({need:,} bytes) for {purpose}, more than the "
+                         f"{available / 2**30:.2f} GiB ({available:,} bytes) available: {fix}")
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -91,6 +92,13 @@ def _tokens(input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
         raise ValueError(f"input_ids must lie in 0..{vocab_size - 1} (the model's vocabulary)")
     return input_ids.long()
+
+
+def checked_switch(name: str, value) -> bool:
+    """A decoder's on/off argument (`compile`): True or False, never a value that is only truthy."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def check_budget(max_new_tokens) -> None:

@@ -28,9 +28,9 @@ from torch import nn
 from ..sampling import GREEDY, Sampling
 from .backbone import BackboneState, SplitBackbone, lora_depth
 from .compiling import compile_step, dynamic_length
-from .inputs import check_batch, check_budget, check_eval, eos_set
+from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
-from .verify import attended_slots, cache_length, context_reserve
+from .verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
 
 __all__ = ["PlainDecoder"]
 
@@ -43,7 +43,12 @@ class PlainDecoder:
 
     def __init__(self, model: nn.Module, compile: bool = False, max_context: int | None = None):
         self.backbone = SplitBackbone(model, lora_depth(model))
+        compile = checked_switch("compile", compile)
         self.reserve = context_reserve(self.backbone.config, max_context, compile)  # see `cache_length`
+        if not self.backbone.whole_model:  # its caches: the verifier's layers, from the first allocation on
+            weight = self.backbone.parts.lm_head.weight
+            check_reserve(self.backbone.config, self.backbone.num_layers, self.reserve, weight.element_size(),
+                          weight.device)
         if compile and self.backbone.whole_model:
             raise ValueError(f"compiled plain decoding needs preallocated caches, and mtpc has no adapter for "
                              f"model_type {getattr(self.backbone.config, 'model_type', None)!r}: decode it eagerly")
@@ -78,6 +83,7 @@ class PlainDecoder:
         if backbone.whole_model and any(pads):
             raise ValueError("padded prompts need preallocated per-row caches, and mtpc has no adapter for this "
                              "model's family: decode prompts of equal lengths, or one at a time")
+        self._check_memory(B, T, max_new_tokens, prompt.device)
         eos = eos_set(eos_token_id)
         if streamer is not None:
             streamer.put(prompt[:1, pads[0]:].cpu())
@@ -122,7 +128,7 @@ class PlainDecoder:
             self.state = backbone.new_state(draft=False)
             return backbone(prompt, self.state, keep=1).logits[:, -1]
         length = cache_length(T + budget, self.reserve)
-        if self.state is None or length > self.max_len or B != self.batch:
+        if not self._reuses(B, length):
             self.max_len, self.batch = length, B
             self.state = backbone.new_state(draft=False, max_len=self.max_len)
             self.allocations += 1
@@ -131,6 +137,20 @@ class PlainDecoder:
         positions = (slots - self.starts[:, None]).clamp_min(0)  # [B, T]: the padding sits at position 0
         return backbone(prompt, self._view(), keep=1, position_ids=positions, slots=slots,
                         starts=self.starts).logits[:, -1]
+
+    def _reuses(self, B: int, length: int) -> bool:
+        """Whether a generation of `B` rows needing caches of `length` slots runs in the ones allocated."""
+        return not self.backbone.whole_model and self.state is not None and length <= self.max_len and B == self.batch
+
+    def _check_memory(self, B: int, T: int, budget: int, device: torch.device) -> None:
+        """Refuse, before allocating, a generation whose new caches (as `_prefill` allocates them) and logits
+        would not fit in the device's available memory."""
+        backbone = self.backbone
+        reused = self._reuses(B, cache_length(T + budget, self.reserve))
+        caches = 0 if reused else generation_cache_bytes(backbone, backbone.num_layers, B, T, budget, self.reserve)
+        logits = 2 * B * backbone.vocab_size * backbone.parts.lm_head.weight.element_size()  # a step's, and a copy
+        check_memory(caches + logits, available_memory(device), f"a batch of {B} prompts", "its caches and logits",
+                     "use a smaller batch, fewer new tokens or a smaller max_context")
 
     def _warm(self, B: int, T: int, device: torch.device) -> float:
         """Seconds spent compiling the step for these caches before the first timed step (compiled, on caches

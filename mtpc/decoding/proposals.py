@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..checks import MAX_LOOKUP_TOKENS  # the most tokens a match may propose (every command's --lookup bound)
+
 __all__ = ["LookupProposal", "LookupState", "PromptLookup", "LOOKUP_PREFERENCES"]
 
 LOOKUP_PREFERENCES = ("adaptive", "lookup")
+MAX_NGRAM = 64  # the longest suffix matched: each committed token indexes every size up to it
 
 
 # --------------------------------------------------------------------------- prompt lookup
@@ -49,15 +52,15 @@ class PromptLookup:
     decay: float = 0.25
 
     def __post_init__(self):
-        if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 1:
-            raise ValueError(f"lookup tokens must be an integer >= 1, got {self.tokens!r}")
-        if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"lookup n-gram sizes need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, "
-                             f"{self.max_ngram}")
-        if self.prefer not in LOOKUP_PREFERENCES:
+        if not _integer(self.tokens) or not 1 <= self.tokens <= MAX_LOOKUP_TOKENS:
+            raise ValueError(f"lookup tokens must be an integer in 1..{MAX_LOOKUP_TOKENS:,}, got {self.tokens!r}")
+        if not (_integer(self.min_ngram) and _integer(self.max_ngram) and 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM):
+            raise ValueError(f"lookup n-gram sizes need integers 1 <= min_ngram <= max_ngram <= {MAX_NGRAM}, got "
+                             f"{self.min_ngram!r}, {self.max_ngram!r}")
+        if not isinstance(self.prefer, str) or self.prefer not in LOOKUP_PREFERENCES:
             raise ValueError(f"lookup prefer must be one of {LOOKUP_PREFERENCES}, got {self.prefer!r}")
-        if not 0 < self.decay <= 1:
-            raise ValueError(f"lookup decay must be in (0, 1], got {self.decay}")
+        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)) or not 0 < self.decay <= 1:
+            raise ValueError(f"lookup decay must be a number in (0, 1], got {self.decay!r}")
 
     @classmethod
     def of(cls, value) -> "PromptLookup | None":
@@ -69,6 +72,10 @@ class PromptLookup:
         if isinstance(value, int) and not isinstance(value, bool):
             return cls(tokens=value)
         raise ValueError(f"lookup must be None, a token count or a PromptLookup, got {value!r}")
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass

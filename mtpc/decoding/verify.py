@@ -26,9 +26,10 @@ import torch
 from ..checks import MAX_CONTEXT  # what `max_context` may ask for: the longest context a model may have
 from .backbone import BackboneState, SplitBackbone, forget_last
 from .drafting import WindowShape
+from .inputs import available_memory, check_memory
 
 __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes",
-           "verify_call_seconds"]
+           "check_max_context", "check_reserve", "generation_cache_bytes", "verify_call_seconds"]
 
 MIN_CACHE = 128  # the shortest cache: lengths are powers of two from here
 ATTENTION_ROUNDING = 16  # attended lengths are rounded up to this (a few more masked slots, fewer distinct shapes)
@@ -50,17 +51,49 @@ def cache_length(need: int, reserve: int = 0) -> int:
 
 
 def context_reserve(config, max_context: int | None, compile: bool) -> int:
-    """The positions a decoder's caches hold from their first allocation: `max_context` when given, else for
-    a compiled decoder the model's context (`max_position_embeddings`) up to `DEFAULT_MAX_CONTEXT`, else 0
-    (an eager decoder allocates what each generation needs: it compiles nothing)."""
-    if max_context is not None:
-        if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context <= MAX_CONTEXT:
-            raise ValueError(f"max_context must be an integer in 1..{MAX_CONTEXT:,} (positions), got {max_context!r}")
-        return max_context
+    """The positions a decoder's caches hold from their first allocation: `max_context` when given (at most
+    the model's context, `check_max_context`), else for a compiled decoder the model's context
+    (`max_position_embeddings`) up to `DEFAULT_MAX_CONTEXT`, else 0 (an eager decoder allocates what each
+    generation needs: it compiles nothing)."""
     context = getattr(config, "max_position_embeddings", None)
+    if max_context is not None:
+        check_max_context(max_context, context)
+        return max_context
     if not compile or not isinstance(context, int) or context < 1:
         return 0
     return min(context, DEFAULT_MAX_CONTEXT)
+
+
+def check_max_context(max_context, context, name: str = "max_context") -> None:
+    """`max_context` (the flag or argument `name`) is an integer in 1..`MAX_CONTEXT` and at most the model's
+    `context` (its `max_position_embeddings`; None or not an integer: no such bound): caches reserved past
+    the positions the model has would hold room for text it was not made to read. `mtpc generate` asks it
+    before loading the model, the decoders when they are built."""
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context <= MAX_CONTEXT:
+        raise ValueError(f"{name} must be an integer in 1..{MAX_CONTEXT:,} (positions), got {max_context!r}")
+    if isinstance(context, int) and not isinstance(context, bool) and 1 <= context < max_context:
+        raise ValueError(f"{name} {max_context:,} is more than the {context:,} positions of the model's context "
+                         f"(max_position_embeddings): give at most {context:,}")
+
+
+def check_reserve(config, layers: int, reserve: int, element: int, device: torch.device,
+                  name: str = "max_context") -> None:
+    """Refuse, before anything is allocated, caches that hold `reserve` positions from the start
+    (`context_reserve`) where one row's keys and values in `layers` cache layers of `element`-byte numbers
+    would not fit in `device`'s available memory; the refusal states the bytes. The decoders check when they
+    are built, `mtpc generate` before it loads the model."""
+    if not reserve:
+        return
+    slots = cache_length(0, reserve)
+    check_memory(cache_bytes(config, layers, slots, 1, element), available_memory(device), f"{name} {reserve:,}",
+                 f"one row's keys and values in {layers} cache layers of {slots:,} positions", f"give a smaller {name}")
+
+
+def generation_cache_bytes(backbone: SplitBackbone, layers: int, B: int, T: int, budget: int, reserve: int) -> int:
+    """What the caches a generation of `B` rows of `T` prompt and `budget` more positions allocates take, in
+    `layers` cache layers: `cache_length` slots (a whole model's own cache: the positions it comes to hold)."""
+    slots = T + budget if backbone.whole_model else cache_length(T + budget, reserve)
+    return cache_bytes(backbone.config, layers, slots, B, backbone.parts.lm_head.weight.element_size())
 
 
 def cache_bytes(config, layers: int, slots: int, batch: int, element: int) -> int:
@@ -111,6 +144,10 @@ class Verifier:
     def __init__(self, backbone: SplitBackbone, reserve: int = 0):
         self.backbone = backbone
         self.reserve = reserve  # positions the caches hold from the first allocation (`cache_length`)
+        self.layers = backbone.num_layers + backbone.k  # cache layers: the verifier's and the draft path's
+        if not backbone.whole_model:  # a whole model's own cache holds what it is given, never the reserve
+            weight = backbone.parts.lm_head.weight
+            check_reserve(backbone.config, self.layers, reserve, weight.element_size(), weight.device)
         self.state: BackboneState | None = None
         self.max_len = 0
         self.batch = 0
@@ -124,7 +161,7 @@ class Verifier:
         states `[B, d]` at its last column."""
         B, T = prompt.shape
         length = cache_length(T + budget, self.reserve)
-        if self.state is None or length > self.max_len or B != self.batch:
+        if not self.reuses(B, length):
             self.max_len = length
             self.state = self.backbone.new_state(max_len=self.max_len)
             self.batch = B
@@ -142,11 +179,21 @@ class Verifier:
                             kv_slots=kv_slots)
         return out.logits[:, -1], out.hidden[:, -1]
 
+    def reuses(self, B: int, length: int) -> bool:
+        """Whether a generation of `B` rows needing caches of `length` slots runs in the ones allocated."""
+        return self.state is not None and length <= self.max_len and B == self.batch
+
+    def new_cache_bytes(self, B: int, T: int, budget: int) -> int:
+        """What the caches `start` allocates for a prompt `[B, T]` and `budget` more positions take (0: it
+        reuses the ones it has)."""
+        if self.reuses(B, cache_length(T + budget, self.reserve)):
+            return 0
+        return generation_cache_bytes(self.backbone, self.layers, B, T, budget, self.reserve)
+
     def cache_bytes(self) -> int:
         """What the allocated caches (verifier and draft path) take."""
-        backbone = self.backbone
-        element = backbone.parts.lm_head.weight.element_size()
-        return cache_bytes(backbone.config, backbone.num_layers + backbone.k, self.max_len, self.batch, element)
+        element = self.backbone.parts.lm_head.weight.element_size()
+        return cache_bytes(self.backbone.config, self.layers, self.max_len, self.batch, element)
 
     def places(self, width: int) -> Places:
         """The `Places` of the next `width` slots of every row."""
