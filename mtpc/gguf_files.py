@@ -90,17 +90,8 @@ def check_gguf(file: str | Path) -> GGUFSummary:
     file = regular_file(Path(file), "GGUF model file", max_bytes=MAX_GGUF_BYTES)
     require_gguf_package()  # the quantization types' block sizes are the gguf package's
     layout = read_gguf_layout(file)
-    architecture = layout.string("general.architecture")
-    _check_supported(architecture, file)
+    architecture = layout.string("general.architecture")  # one transformers builds (`gguf_format.check_architecture`)
     return GGUFSummary(architecture, layout.string("tokenizer.ggml.model"), len(layout.tensors), layout.size)
-
-
-def _check_supported(architecture: str, file: Path) -> None:
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-    if architecture not in GGUF_CONFIG_MAPPING or architecture in ("general", "tokenizer"):
-        raise InputError(f"{file}: architecture {architecture!r} is not one transformers' GGUF loader builds "
-                         f"(it builds: {', '.join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ('general', 'tokenizer')))})")
 
 
 # ------------------------------------------------------------------ the cache and its trust rule
@@ -218,11 +209,12 @@ def sweep_stale_parts(gguf_cache: Path) -> None:
         return
     for entry in entries:
         match = PART.fullmatch(entry.name)
-        if match and owned_privately(entry) and not _process_alive(int(match.group(1))):
+        if match and owned_privately(entry) and not process_alive(int(match.group(1))):
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (whose temporary folder must not be swept)."""
     if pid == os.getpid():
         return True
     try:

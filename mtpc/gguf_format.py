@@ -297,6 +297,7 @@ def check_model_shape(layout: GGUFLayout, file: Path) -> None:
     if not architecture or len(architecture) > 40 or not architecture.replace("-", "_").isidentifier():
         raise InputError(f"{file}: no general.architecture in its metadata (not a language model GGUF that "
                          "transformers reads)")
+    check_architecture(architecture, file)
     embedding = layout.tensors.get("token_embd.weight")
     if embedding is None or len(embedding.shape) != 2:
         raise InputError(f"{file}: no token embedding (token_embd.weight, two dimensions); not a language model")
@@ -320,6 +321,17 @@ SIZE_LIMITS = {"hidden_size": MAX_HIDDEN, "num_hidden_layers": MAX_LAYERS, "inte
                "max_position_embeddings": MAX_CONTEXT, "vocab_size": MAX_GGUF_VOCAB, "num_experts": 1 << 12,
                "num_experts_per_tok": 1 << 12, "moe_intermediate_size": 1 << 20}
 MAX_OTHER_SIZE = MAX_CONTEXT  # any other integer of the architecture's metadata (a sliding window, ...)
+
+
+def check_architecture(architecture: str, file: Path) -> None:
+    """An architecture transformers' GGUF loader builds (its metadata keys are read through that loader's
+    mapping: for any other, no size could be checked)."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    built = sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer"))
+    if architecture not in built:
+        raise InputError(f"{file}: architecture {architecture!r} is not one transformers' GGUF loader builds "
+                         f"(it builds: {', '.join(built)})")
 
 
 def model_sizes(layout: GGUFLayout, architecture: str, file: Path) -> dict[str, int]:

@@ -17,15 +17,17 @@ def tiny_bpe(vocab_size: int = 600):  # above 512: a smaller vocabulary without 
     return train_bpe([text[i:i + 2000] for i in range(0, len(text), 2000)], vocab_size)
 
 
-def tiny_llama(tokenizer, seed: int = 0, context: int = 128):
-    """A random 2-layer d = 32 Llama over the tokenizer's vocabulary, tied embeddings, output sharpened
+def tiny_llama(tokenizer, seed: int = 0, context: int = 128, hidden: int = 32, heads: int = 4):
+    """A random 2-layer Llama (d = 32, 4 heads) over the tokenizer's vocabulary, tied embeddings, output sharpened
     (no near-ties between greedy choices) and its final norm negated (a random tied LM otherwise repeats
-    its last token, a poor test of decoding)."""
+    its last token, a poor test of decoding). `hidden` and `heads`: another width and head count (vLLM's
+    CPU attention runs head sizes of 32 and more)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                         max_position_embeddings=context,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, rms_norm_eps=1e-5)
     model = LlamaForCausalLM(config)

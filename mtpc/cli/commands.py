@@ -24,6 +24,7 @@ from ..errors import InputError, MtpcError, first_line
 from ..settings import add_settings, config_from_args
 from ..training.config import DistillConfig, FeaturesConfig, TinyLMConfig, TrainConfig
 from .generate_config import GenerateConfig
+from .serving_config import ExportConfig, ServeConfig
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -234,6 +235,48 @@ def run_generate(args) -> int:
     return 1 if compare.get("greedy_identical") is False and not compare.get("rounding_note") else 0
 
 
+def add_export_hf(sub) -> None:
+    add_command(sub, "export-hf", ExportConfig, run_export_hf,
+                help="write a GGUF model file as a checkpoint folder vLLM and transformers load",
+                description="Read a GGUF file as --model x.gguf does (checked with bounded work, refused when "
+                            "damaged or of an architecture transformers cannot build, dequantized once into "
+                            "mtpc's cache) and write it as a Hugging Face checkpoint folder: config.json, "
+                            "model.safetensors, tokenizer files, chat template, generation config. The folder "
+                            "is written beside OUT and renamed into place when whole.")
+
+
+def run_export_hf(args) -> int:
+    from ..gguf_export import export_gguf
+    from .serve import vllm_architecture_note
+
+    cfg = command_config(args)
+    s = export_gguf(cfg.model, cfg.out, dtype=cfg.dtype, force=cfg.force)
+    count = f"{s.parameters / 1e6:,.1f}M" if s.parameters >= 10**6 else f"{s.parameters:,}"
+    print(f"wrote {s.folder}: {s.architecture}, {count} parameters in {s.dtype}, {s.bytes / 2**20:,.1f} MiB in "
+          f"{s.seconds:.1f} s")
+    print(vllm_architecture_note(s.folder))
+    return 0
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model folder with vLLM's OpenAI-compatible server, a head drafting",
+                       description="Start vLLM's OpenAI-compatible server on a model folder, with --head "
+                                   "drafting for vLLM's speculative decoding (mtpc.vllm_options), or plainly. "
+                                   "Everything is checked before the server starts; then the exact vLLM command is "
+                                   "printed and run. Arguments after -- go to the server as they are (e.g. -- "
+                                   "--max-model-len 2048 --enforce-eager).")
+    add_settings(p, ServeConfig)
+    p.add_argument("vllm_args", nargs="*", default=(), metavar="-- VLLM_ARG",
+                   help="arguments for vLLM's server, after --")
+    p.set_defaults(func=run_serve, config=ServeConfig)
+
+
+def run_serve(args) -> int:
+    from .serve import run_serve as serve
+
+    return serve(command_config(args, vllm_args=tuple(args.vllm_args)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mtpc", description="multi-token prediction with probabilistic circuits")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -244,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_distill_data(sub)
     add_features(sub)
     add_generate(sub)
+    add_export_hf(sub)
+    add_serve(sub)
     return parser
 
 
