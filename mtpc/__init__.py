@@ -8,6 +8,7 @@ The package follows its pipeline; imports run only downward (tests/test_layers.p
     heads/       hidden state -> circuit parameters; the NLL and KL losses
     decoding/    backbone split, proposers, acceptance, the one speculative loop, the one plain decoder
     training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
+    serving/     a head as vLLM's speculative proposer (vllm_options; vLLM imported only inside its engine)
     bench/       prompts, timed runs, peers, the report
     cli/         the mtpc command
 """
@@ -33,6 +34,7 @@ _EXPORTS = {
     "ByteTokenizer": "tokenizer",
     "TrainConfig": "training.config", "train": "training.trainer",
     "InputError": "errors", "MtpcError": "errors",
+    "vllm_options": "serving.options",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
