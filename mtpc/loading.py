@@ -592,6 +592,16 @@ def torch_dtype(name: str):
         raise InputError(f"dtype {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
+def resolve_dtype(name: str, device) -> str:
+    """A `--dtype` name with `auto` resolved for `device`: `bf16` where it runs bf16 matrix products natively
+    (`mtpc.hardware.native_bf16`), else `fp32`; any other name as it is."""
+    from .hardware import native_bf16
+
+    if name != "auto":
+        return name
+    return "bf16" if native_bf16(str(device)) else "fp32"
+
+
 def resolve_device(name: str):
     """The device called `name`; "auto" is CUDA when available, else the CPU. An unknown name, or a
     CUDA device this machine does not have, is an `InputError`."""

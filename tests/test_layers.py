@@ -19,7 +19,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtpc"
 PACKAGES = [PACKAGE.parent / "circuitc", PACKAGE]  # the cycle check covers both
-FLOORS = {"errors": 0, "files": 0, "gguf_format": 0, "gguf_files": 0, "gguf_export": 0, "sampling": 0, "checks": 0, "tokenizer": 0, "loading": 0, "chat": 0, "settings": 0, "lazy": 0, "heads": 1, "decoding": 2, "training": 3,
+FLOORS = {"errors": 0, "files": 0, "gguf_format": 0, "gguf_files": 0, "gguf_export": 0, "sampling": 0, "checks": 0, "tokenizer": 0, "loading": 0, "chat": 0, "settings": 0, "lazy": 0, "hardware": 0, "heads": 1, "decoding": 2, "training": 3,
           "serving": 4, "bench": 5, "cli": 6}
 
 

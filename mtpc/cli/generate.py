@@ -31,6 +31,7 @@ import codecs
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -42,6 +43,7 @@ from ..errors import InputError, MtpcError
 from ..files import regular_file
 from ..sampling import Sampling
 from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
+from .generate_choice import HeadPlan, plan_head, resolved_dtype
 from .generate_config import DEFAULT_NEW_TOKENS, MAX_LOOKUP, GenerateConfig
 
 __all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "load_prompt"]
@@ -250,6 +252,17 @@ def check_tree_fits(tree: int, head, head_dir: str) -> None:
         raise InputError(f"--tree {tree} with --head {head_dir}: {e}") from None
 
 
+def _head_plan(cfg: GenerateConfig, base, head, depth_topk: dict | None, dtype, device, dtype_note: str | None,
+               err: TextIO) -> HeadPlan:
+    """How the head decodes: `--tree auto`'s tree; with --prompts (batches) the flags as given; else
+    `generate_choice.plan_head`'s measured choice (or its warning about a forced one)."""
+    if cfg.tree == "auto":
+        return HeadPlan(False, cfg.window, auto_tree_budget(base, head, depth_topk, err))
+    if cfg.prompts is not None:
+        return HeadPlan(False, cfg.window, cfg.tree)
+    return plan_head(base, head, depth_topk, cfg.window, cfg.tree, cfg.lookup, dtype, device, dtype_note, err)
+
+
 def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
     """`--tree auto`: the tree of most tokens per unit of cycle cost from the head's recorded per-depth
     acceptance and this model's verify costs measured now (`mtpc.decoding.auto_trees`, as `mtpc bench`
@@ -320,14 +333,18 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
             from ..decoding.auto_trees import recorded_acceptance
 
             depth_topk = recorded_acceptance(cfg.head, cfg.head)  # checked before the model loads
-        elif cfg.tree is not None:
-            check_tree_fits(cfg.tree, head, cfg.head)
+        else:
+            if cfg.tree is not None:
+                check_tree_fits(cfg.tree, head, cfg.head)
+            depth_topk = loading.head_depth_topk(cfg.head)  # checked before the model loads; None: not recorded
     lora = lora_folder(cfg) if head is not None else None
     k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
 
     device = loading.resolve_device(cfg.device)
+    resolved, dtype_note = resolved_dtype(cfg.dtype, device)
+    cfg = replace(cfg, dtype=resolved)
     check_context_room(cfg, config, k, device)
     sampling = cfg.sampling()
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
@@ -335,10 +352,15 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         base = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
         decode = _plain(base, sampling, eos)
         if head is not None:
-            tree = auto_tree_budget(base, head, depth_topk, err) if cfg.tree == "auto" else cfg.tree
-            decode, decoder = _speculative(cfg.model, head.to(device).eval(), lora, k, device, sampling, eos,
-                                           cfg.lookup, cfg.window, cfg.compile, cfg.trust_remote_code,
-                                           cfg.draft_temperature, dtype, cfg.max_context, tree)
+            head = head.to(device).eval()
+            plan = _head_plan(cfg, base, head, depth_topk, dtype, device, dtype_note, err)
+            if plan.plain:  # plain decoding is expected to be faster here: the head is left out
+                head = None
+                decode = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
+            else:
+                decode, decoder = _speculative(cfg.model, head, lora, k, device, sampling, eos, cfg.lookup,
+                                               plan.window, cfg.compile, cfg.trust_remote_code,
+                                               cfg.draft_temperature, dtype, cfg.max_context, plan.tree)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_float, non_negative_int,
+from ..checks import (HELP_DECODING_DTYPE, MAX_THREADS, decoding_dtype_name, int_in, non_negative_float, non_negative_int,
                       positive_float, positive_int, probability)
 from ..checks import MAX_CONTEXT, MAX_LOOKUP_TOKENS, tree_or_auto
 from ..checks import seed as parse_seed
@@ -46,7 +46,7 @@ class GenerateConfig:
         False, help="also decode plainly: speed-up and whether greedy outputs are identical (stderr)")
     # the commands all pick CUDA when there is one; the library does as its command does
     device: str = setting("auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    dtype: str = setting("fp32", type=dtype_name, help=HELP_DTYPE)
+    dtype: str = setting("auto", type=decoding_dtype_name, help=HELP_DECODING_DTYPE)
     threads: int | None = setting(None, type=int_in(1, MAX_THREADS), help="torch CPU threads (default: torch's choice)")
     lookup: int | None = setting(  # prompt-lookup drafting inside the speculative decoder (tokens per match)
         None, type=int_in(1, MAX_LOOKUP), metavar="K",

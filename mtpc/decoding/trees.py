@@ -42,7 +42,7 @@ from ..loading import depth_topk_table
 from .acceptance import proposal_rows
 from .drafting import Drafter, Window, WindowShape
 
-__all__ = ["TreeBudget", "auto_tree", "choose_tree", "tree_budget", "tree_draws", "with_branch", "without_replacement"]
+__all__ = ["TreeBudget", "auto_tree", "call_cost", "checked_call_seconds", "choose_tree", "tree_budget", "tree_draws", "with_branch", "without_replacement"]
 
 # a state the circuit gives probability 0 scores this per depth (finite: the tie-break below stays exact)
 IMPOSSIBLE = -1e4
@@ -226,14 +226,14 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
     rules, costs that are not finite seconds >= 0 by widths in 1..2^31, or an `n` or `states` that is not
     an integer, are a `ValueError`."""
     table = depth_topk_table(depth_topk)
-    seconds = _checked_call_seconds(call_seconds)
+    seconds = checked_call_seconds(call_seconds)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, states)):
         raise ValueError(f"auto_tree needs the circuit's variables n and states as integers, got {n!r} and {states!r}")
-    one = _cost(seconds, 1)
+    one = call_cost(seconds, 1)
     best, best_rate, best_tokens, best_cost = None, 1.0, 1.0, 1.0
     for k_index in range(len(table["k"])):
         for budget, tokens in _full_trees(table, k_index, n, states):
-            cost = max(_cost(seconds, budget.nodes) / one, 1.0)  # never below one call (timing noise on tiny models)
+            cost = max(call_cost(seconds, budget.nodes) / one, 1.0)  # never below one call (timing noise on tiny models)
             if tokens / cost > best_rate:
                 best, best_rate, best_tokens, best_cost = budget, tokens / cost, tokens, cost
     return (None if best is None else tree_budget(best, n, states)), best_tokens, best_cost
@@ -260,7 +260,7 @@ def _full_trees(table: dict, k_index: int, n: int, states: int):
         yield TreeBudget(nodes, k, width // k), tokens
 
 
-def _checked_call_seconds(call_seconds) -> dict[int, float]:
+def checked_call_seconds(call_seconds) -> dict[int, float]:
     """`call_seconds` as floats if it maps verify widths (integers in 1..2^31) to finite seconds >= 0, else a
     `ValueError`."""
     def fine(width, seconds) -> bool:
@@ -274,7 +274,7 @@ def _checked_call_seconds(call_seconds) -> dict[int, float]:
     return {w: float(s) for w, s in call_seconds.items()}
 
 
-def _cost(call_seconds: dict[int, float], w: int) -> float:
+def call_cost(call_seconds: dict[int, float], w: int) -> float:
     """Seconds of a verify call over `w` positions, linear between (and past) the measured widths; above 0."""
     widths = sorted(call_seconds)
     if len(widths) == 1:

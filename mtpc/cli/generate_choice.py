@@ -1,0 +1,112 @@
+"""`mtpc generate`'s measured choices, each stated in one line on stderr:
+
+- `--dtype auto` (the default): bf16 where the device runs bf16 matrix products natively (CUDA, or a CPU with
+  AVX-512 BF16 or AMX), float32 elsewhere; a forced `--dtype bf16` on a CPU without native bf16 is a warning
+  when a head verifies several positions a cycle (each then costs about a step);
+- with a head and neither `--window` nor `--tree`: plain decoding, a chain of some width or a tree, whichever
+  `mtpc.decoding.auto_decoding` expects to be fastest from the head's recorded per-depth acceptance and this
+  machine's verify costs (kept in the step store: measured once per model shape, dtype, device and threads);
+  a forced `--window` or `--tree` that the same costs expect to be slower than plain decoding is a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TextIO
+
+import torch
+
+from .. import hardware, loading
+
+__all__ = ["resolved_dtype", "HeadPlan", "plan_head"]
+
+
+def resolved_dtype(name: str, device: torch.device) -> tuple[str, str | None]:
+    """`--dtype` with `auto` resolved for `device` (`loading.resolve_dtype`), and what to say of it: the dtype
+    and the machine when `auto` chose it, else None."""
+    resolved = loading.resolve_dtype(name, device)
+    return resolved, f"{resolved} ({hardware.machine_summary(str(device))})" if name == "auto" else None
+
+
+def bf16_warning(dtype: torch.dtype, device: torch.device) -> str | None:
+    """The warning for bf16 forced on a CPU without native bf16 kernels, where a head's verify of k positions
+    costs about k steps; else None."""
+    if dtype != torch.bfloat16 or hardware.native_bf16(str(device)):
+        return None
+    return (f"mtpc: warning: --dtype bf16 on a CPU without native bf16 kernels "
+            f"({hardware.machine_summary(str(device))}): a verify over k positions costs about k steps here, so "
+            "speculative decoding may be slower than plain; --dtype auto (fp32 here) is faster\n")
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """How the head decodes: `plain` (not at all: plain decoding is expected to be faster), else its `window`
+    and `tree` (None: the decoder's defaults)."""
+
+    plain: bool
+    window: int | None
+    tree: object | None
+
+
+def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int | None, tree, lookup: int | None,
+              dtype: torch.dtype, device: torch.device, dtype_note: str | None, err: TextIO) -> HeadPlan:
+    """The head's decoding on this machine. Without a recorded table (`depth_topk` None) or a model mtpc can
+    split, the flags as given (the decoder's chain of `n` by default). With one: `auto` (no `window`, no `tree`)
+    chooses by `choose_decoding` (never plain with `lookup`, whose matches the table cannot foresee); a forced
+    `window` or int `tree` is scored, and a warning says when plain decoding is expected to be faster. What auto
+    chose (`dtype_note`: the dtype `--dtype auto` chose) is said in one line."""
+    from ..decoding.auto_decoding import choose_decoding, expected_choice
+    from ..decoding.backbone import SplitBackbone
+    from ..decoding.costs import draft_seconds, machine_costs
+    from ..decoding.trees import tree_budget
+
+    forced = window is not None or tree is not None
+    warning = bf16_warning(dtype, device)
+    if warning:
+        err.write(warning)
+    prefix = f"mtpc: auto: {dtype_note}" if dtype_note else "mtpc: auto"
+    backbone = SplitBackbone(base)
+    if depth_topk is None or backbone.whole_model:  # nothing to score a choice by
+        if not forced:
+            why = "no per-depth acceptance recorded" if depth_topk is None else "no family adapter for its layers"
+            err.write(f"{prefix}; chains of {max(head.num_variables, 2)} (the head's default: {why} to choose "
+                      "a width by; --window or --tree choose)\n")
+        elif dtype_note:
+            err.write(prefix + "\n")
+        return HeadPlan(False, window, tree)
+    costs = machine_costs(backbone, dtype, device)
+    draft = draft_seconds(head, backbone.vocab_size, device)
+    n, states = head.num_variables, head.num_states
+    if forced:
+        if dtype_note:
+            err.write(prefix + "\n")
+        budget = tree_budget(tree, n, states) if isinstance(tree, int) and not isinstance(tree, bool) else None
+        expected = expected_choice(depth_topk, costs.call_seconds, draft, window=window or max(n, 2), tree=budget) \
+            if budget is not None or tree is None else None
+        if expected is not None and expected.rate() < 1.0:
+            err.write(f"mtpc: warning: {expected.describe()}: slower than plain decoding on this machine by the "
+                      f"head's recorded acceptance ({costs.describe()}); without --window and --tree mtpc "
+                      "chooses\n")
+        return HeadPlan(False, window, tree)
+    choice = choose_decoding(depth_topk, costs.call_seconds, draft, n, states)
+    with_lookup = ""
+    if choice.kind == "plain" and lookup is not None:
+        choice = _best_head_choice(depth_topk, costs.call_seconds, draft, n, states)
+        with_lookup = " before --lookup's matches, which it cannot count"
+    err.write(f"{prefix}; {choice.describe()}{with_lookup} (the head's recorded acceptance; draft "
+              f"{draft * 1e3:.1f} ms; {costs.describe()})\n")
+    return HeadPlan(choice.kind == "plain", choice.window, choice.tree)
+
+
+def _best_head_choice(depth_topk, call_seconds, draft, n, states):
+    """The best chain (or tree) even where plain decoding is expected to beat it: with --lookup, whose matches add
+    tokens the table does not count."""
+    from ..decoding.auto_decoding import expected_choice
+
+    from ..decoding.auto_decoding import DecodingChoice
+
+    chains = [expected_choice(depth_topk, call_seconds, draft, window=w) for w in range(2, max(n, 2) + 1)]
+    scored = [c for c in chains if c is not None]
+    if not scored:  # a table without the greedy column: the decoder's own chain
+        return DecodingChoice("chain", max(n, 2), None, 1.0, 1.0)
+    return max(scored, key=lambda c: c.rate())

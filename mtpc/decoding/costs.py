@@ -1,0 +1,127 @@
+"""What decoding costs on the machine at hand, measured once and kept: the seconds of one verify call over each
+width (`verify_call_seconds`, the curve `--tree auto` and the auto choice read), and the seconds of one draft.
+
+A verify curve depends on the model's shape, the dtype, the device (the CPU's model and instruction sets, or the
+GPU) and the thread count, not on the weights: it is kept in the compiled-step store (`compiling.step_store`,
+under the same trust rules: a file is read only from folders no one else could have written, and it is JSON,
+bounded, never unpickled) under a key of exactly those, so a second process on the same machine reads it in
+milliseconds instead of measuring for seconds. The draft's seconds depend on the head and are measured each time
+(a few calls, milliseconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import hardware
+from ..files import atomic_write, parse_json
+from ..heads.head import MTPHead
+from ..sampling import GREEDY
+from .backbone import SplitBackbone
+from .compiling import UntrustedStore, check_store, read_stored_step, step_store
+from .drafting import Drafter
+from .trees import AUTO_TREE_WIDTHS, checked_call_seconds
+from .verify import verify_call_seconds
+
+__all__ = ["MachineCosts", "machine_costs", "draft_seconds", "cost_key"]
+
+COSTS_FOLDER = "costs"  # below the step store
+MAX_COST_BYTES = 64 * 1024  # a cost file holds a few widths' seconds
+
+
+@dataclass(frozen=True)
+class MachineCosts:
+    """A verify curve (width -> seconds of one call), where it came from (`measured` now or read from `path`),
+    and the machine it describes (`machine`: `hardware.machine_summary`, the dtype and thread count)."""
+
+    call_seconds: dict[int, float]
+    measured: bool
+    machine: str
+    path: Path | None
+
+    def describe(self) -> str:
+        curve = ", ".join(f"{w}: {s * 1e3:.1f}" for w, s in sorted(self.call_seconds.items()))
+        return f"verify ms by width {curve}, {'measured now' if self.measured else 'measured before'} ({self.machine})"
+
+
+def cost_key(config: dict, dtype: torch.dtype, device: torch.device, threads: int, widths: tuple[int, ...]) -> dict:
+    """What a verify curve depends on: the model's shape (its config, less where it was loaded from), the dtype,
+    the device (the CPU's name and flags, or the GPU's name), the torch threads, torch's version, the widths."""
+    shape = {k: v for k, v in sorted(config.items()) if not k.startswith("_") and k not in ("name_or_path",)}
+    if device.type == "cuda":
+        where = {"gpu": torch.cuda.get_device_name(device)}
+    else:
+        where = {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags())}
+    return {"model": shape, "dtype": str(dtype), "device": where, "threads": threads, "torch": torch.__version__,
+            "widths": list(widths)}
+
+
+def machine_costs(backbone: SplitBackbone, dtype: torch.dtype, device: torch.device,
+                  widths: tuple[int, ...] = AUTO_TREE_WIDTHS, store: Path | None = None) -> MachineCosts:
+    """This model's verify curve on this machine: read from the store when it holds one for the same key,
+    else measured now (`verify_call_seconds`, a few seconds) and kept there."""
+    threads = torch.get_num_threads()
+    key = cost_key(backbone.config.to_dict(), dtype, device, threads, widths)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    summary = f"{hardware.machine_summary(str(device))}, {str(dtype).removeprefix('torch.')}, {threads} threads"
+    folder = (store if store is not None else step_store()) / COSTS_FOLDER
+    path = folder / f"{digest}.json"
+    stored = _read(folder, path, key)
+    if stored is not None:
+        return MachineCosts(stored, False, summary, path)
+    seconds = verify_call_seconds(backbone, widths)
+    saved = _write(folder, path, key, seconds)
+    return MachineCosts(seconds, True, summary, path if saved else None)
+
+
+def draft_seconds(head: MTPHead, vocab: int, device: torch.device, repeats: int = 5) -> float:
+    """Seconds of one greedy circuit draft of one row (the median of `repeats`, after a warm-up call)."""
+    n = head.num_variables
+    drafter = Drafter(head, (max(n, 2),), None, max(n, 2), vocab)
+    hidden = torch.zeros(1, head.hidden_size, device=device)  # [1, d]
+    first = torch.zeros(1, dtype=torch.long, device=device)  # [1]
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            drafter.circuit_window(hidden, first, GREEDY)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def _read(folder: Path, path: Path, key: dict) -> dict[int, float] | None:
+    """The stored curve for `key`, or None: no file, another key (a digest collision), a damaged file, or a store
+    someone else could have written (then it is not read)."""
+    try:
+        real = check_store(folder)
+        data = read_stored_step(real / path.name)
+    except UntrustedStore:
+        return None
+    if data is None or len(data) > MAX_COST_BYTES:
+        return None
+    try:
+        record = parse_json(data, str(path))
+        if not isinstance(record, dict) or record.get("key") != json.loads(json.dumps(key, default=str)):
+            return None
+        return checked_call_seconds({int(w): s for w, s in record["call_seconds"].items()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write(folder: Path, path: Path, key: dict, seconds: dict[int, float]) -> bool:
+    """Keep the curve (a read-only or untrusted store: not kept, nothing else changes)."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        real = check_store(folder)
+        record = {"key": key, "call_seconds": {str(w): s for w, s in seconds.items()}}
+        atomic_write(real / path.name, json.dumps(record, default=str))
+        return True
+    except (UntrustedStore, OSError):
+        return False

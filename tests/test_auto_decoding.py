@@ -1,0 +1,230 @@
+"""Decoding chosen from measured costs (issue 70): `--dtype auto`, the verify curve kept per machine
+(`mtpc.decoding.costs`), and the choice between plain decoding, chains and trees
+(`mtpc.decoding.auto_decoding`) that `mtpc generate` makes with a head when neither --window nor --tree is given.
+
+- `choose_decoding` never expects less than plain decoding, picks plain where a verify of k positions costs k
+  steps (a CPU without native bf16), and the widest chain or a tree where verifying is free;
+- `--dtype auto` is bf16 exactly where the CPU has bf16 instructions (or on CUDA);
+- a curve is measured once, then read from the store for the same key; another thread count or dtype is another
+  key; a damaged file, or one in a folder others may write, is measured afresh, never trusted;
+- `mtpc generate` states its choice in one line, decodes plainly when plain is expected to be faster (the same
+  text as plain decoding), and warns when a forced --window is expected to be slower than plain.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpc import hardware, loading
+from mtpc.cli.commands import main
+from mtpc.decoding.auto_decoding import chain_tokens, choose_decoding, expected_choice
+from mtpc.decoding.backbone import SplitBackbone
+from mtpc.decoding.costs import MachineCosts, machine_costs
+from mtpc.decoding.trees import AUTO_TREE_WIDTHS, tree_budget
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = str(ROOT / "models" / "byte-lm")
+HEAD = ROOT / "models" / "heads" / "ff8"
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the README head's recorded table (smollm2-cp4-k2048-own: n = 4)
+TABLE = {"k": [1, 2, 4, 8], "depth": [1, 2, 3],
+         "path": [[0.4878, 0.6157, 0.7314, 0.8228], [0.1772, 0.3047, 0.479, 0.6421], [0.0615, 0.1406, 0.2993, 0.4927]]}
+LINEAR = {w: 0.05 * w for w in AUTO_TREE_WIDTHS}  # k positions cost k steps: bf16 on a CPU without native bf16
+FREE = {w: 0.05 for w in AUTO_TREE_WIDTHS}  # any width costs one step: a GPU, or native bf16 at these widths
+
+
+def test_chain_tokens_add_the_greedy_path_rates():
+    assert chain_tokens(TABLE, 2) == pytest.approx(1.4878)
+    assert chain_tokens(TABLE, 4) == pytest.approx(1 + 0.4878 + 0.1772 + 0.0615)
+    assert chain_tokens(TABLE, 5) is None  # depth 4 is not recorded
+    assert chain_tokens({"k": [2], "depth": [1], "path": [[0.5]]}, 2) is None  # no greedy column
+
+
+def test_where_k_positions_cost_k_steps_plain_decoding_is_chosen():
+    choice = choose_decoding(TABLE, LINEAR, draft_seconds=0.002, n=4, states=2048)
+    assert choice.kind == "plain" and choice.rate() == 1.0
+    assert "plain decoding" in choice.describe()
+
+
+def test_where_verifying_is_free_the_head_decodes_with_all_it_drafts():
+    chain_only = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048, trees=False)
+    assert (chain_only.kind, chain_only.window) == ("chain", 4)
+    assert chain_only.tokens == pytest.approx(chain_tokens(TABLE, 4))
+    with_trees = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048)
+    assert with_trees.kind == "tree" and with_trees.rate() > chain_only.rate()
+
+
+def test_a_slow_draft_is_counted():
+    cheap = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048, trees=False)
+    slow = choose_decoding(TABLE, FREE, draft_seconds=0.05, n=4, states=2048, trees=False)  # a draft = a step
+    assert cheap.kind == "chain" and slow.kind == "plain"
+
+
+def test_the_choice_never_expects_less_than_plain_and_is_the_best_scored():
+    rng = random.Random(0)
+    for _ in range(300):
+        path = sorted((rng.random() for _ in range(3)), reverse=True)
+        table = {"k": [1], "depth": [1, 2, 3], "path": [[p] for p in path]}
+        seconds = {w: rng.uniform(0.01, 0.1) * (1 + rng.uniform(0, 1) * w) for w in AUTO_TREE_WIDTHS}
+        draft = rng.uniform(0, 0.02)
+        choice = choose_decoding(table, seconds, draft, n=4, states=16)
+        assert choice.rate() >= 1.0
+        forced = [expected_choice(table, seconds, draft, window=w) for w in (2, 3, 4)]
+        assert all(choice.rate() >= f.rate() - 1e-12 for f in forced)
+
+
+def test_a_forced_tree_is_scored_from_below_by_the_full_trees_that_fit():
+    choice = expected_choice(TABLE, FREE, 0.0, tree=tree_budget(7, 4, 2048))  # 1 + 2 + 4: k = 2, depth 2
+    assert choice.tokens == pytest.approx(1 + 0.6157 + 0.3047)
+
+
+# --------------------------------------------------------------------------- --dtype auto
+
+@pytest.mark.parametrize("flags, native", [({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True),
+                                           ({"amx_bf16", "amx_tile"}, True), ({"fp", "asimd", "bf16"}, True)])
+def test_dtype_auto_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch, flags, native):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    assert hardware.native_bf16("cpu") is native
+    assert loading.resolve_dtype("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+    assert loading.resolve_dtype("fp32", torch.device("cpu")) == "fp32"  # a given dtype stays
+    assert ("no native bf16" in hardware.machine_summary()) is not native
+
+
+def test_this_machines_summary_names_its_cpu():
+    assert hardware.cpu_name() in hardware.machine_summary()
+
+
+# --------------------------------------------------------------------------- the cost store
+
+@pytest.fixture(scope="module")
+def backbone():
+    return SplitBackbone(loading.load_model(MODEL, torch.float32))
+
+
+def test_a_verify_curve_is_measured_once_then_read_for_the_same_key(backbone, tmp_path):
+    first = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2, 4), store=tmp_path)
+    again = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2, 4), store=tmp_path)
+    assert first.measured and not again.measured
+    assert again.call_seconds == first.call_seconds and sorted(first.call_seconds) == [1, 2, 4]
+    assert "measured before" in again.describe() and hardware.cpu_name() in again.describe()
+    other_widths = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 8), store=tmp_path)
+    assert other_widths.measured
+
+
+def test_another_thread_count_is_another_key(backbone, tmp_path):
+    machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=tmp_path).measured
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("damage", ["not json", "[]", '{"key": 1}', "{\"key\": KEY, \"call_seconds\": {\"1\": -1}}",
+                                    "{\"key\": KEY, \"call_seconds\": {\"x\": 1}}"])
+def test_a_damaged_cost_file_is_measured_afresh(backbone, tmp_path, damage):
+    costs = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=tmp_path)
+    key = json.loads(costs.path.read_text())["key"]
+    costs.path.write_text(damage.replace("KEY", json.dumps(key)))
+    again = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=tmp_path)
+    assert again.measured and min(again.call_seconds.values()) >= 0
+
+
+def test_a_store_others_may_write_is_not_read(backbone, tmp_path):
+    store = tmp_path / "shared"
+    costs = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=store)
+    costs.path.write_text(json.dumps({**json.loads(costs.path.read_text()), "call_seconds": {"1": 9.0, "2": 9.0}}))
+    store.chmod(0o777)  # writable by anyone, not sticky: what lies below may be anyone's
+    again = machine_costs(backbone, torch.float32, torch.device("cpu"), (1, 2), store=store)
+    assert again.measured and again.call_seconds != {1: 9.0, 2: 9.0}
+
+
+# --------------------------------------------------------------------------- mtpc generate
+
+def head_with(tmp_path: Path, table: dict) -> Path:
+    """A copy of the shipped ff8 head recording `table` as its per-depth acceptance."""
+    folder = Path(shutil.copytree(HEAD, tmp_path / "head"))
+    (folder / loading.DEPTH_TOPK_FILE).write_text(json.dumps(table))
+    return folder
+
+
+def ff8_table(rate: float) -> dict:
+    return {"k": [1], "depth": list(range(1, 8)), "path": [[rate ** d] for d in range(1, 8)]}
+
+
+def generate(capsys, *flags: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["generate", "--model", MODEL, "--max-new-tokens", "24", "--no-stream", *flags, "def f(x):"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def plain_text(capsys) -> str:
+    code, out, _ = generate(capsys)
+    assert code == 0
+    return out
+
+
+@pytest.fixture
+def costs_in(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def test_generate_decodes_plainly_where_no_chain_is_expected_to_pay(tmp_path, capsys, plain_text, costs_in):
+    head = head_with(tmp_path, ff8_table(0.0))  # the head is never right: nothing beats plain decoding
+    code, out, err = generate(capsys, "--head", str(head), "--stats")
+    assert code == 0 and out == plain_text
+    assert err.startswith("mtpc: auto: fp32 (") or err.startswith("mtpc: auto: bf16 (")  # --dtype auto's choice
+    assert "; plain decoding (" in err.splitlines()[0]
+
+
+def test_generate_chooses_a_chain_when_the_head_is_right_and_states_it(tmp_path, capsys, plain_text, costs_in):
+    head = head_with(tmp_path, ff8_table(0.99))
+    code, out, err = generate(capsys, "--head", str(head))
+    assert code == 0 and out == plain_text  # greedy: the text of plain decoding
+    line = next(line for line in err.splitlines() if line.startswith("mtpc: auto: "))
+    assert "tokens a cycle expected" in line and "verify ms by width" in line and "measured now" in line
+    _, _, again = generate(capsys, "--head", str(head))
+    assert "measured before" in again  # the curve was kept
+
+
+def test_a_forced_window_expected_slower_than_plain_is_a_warning(tmp_path, capsys, costs_in):
+    head = head_with(tmp_path, ff8_table(0.0))
+    code, _, err = generate(capsys, "--head", str(head), "--window", "8")
+    assert code == 0 and "mtpc: warning: a chain of 8" in err and "slower than plain decoding" in err
+
+
+def test_a_head_without_a_table_decodes_its_chains_and_says_why(capsys, plain_text, costs_in):
+    code, out, err = generate(capsys, "--head", str(HEAD))
+    assert code == 0 and out == plain_text
+    assert "chains of 8 (the head's default: no per-depth acceptance recorded" in err
+
+
+def test_the_auto_choice_benchmark_compares_each_setting_with_plain(tmp_path, capsys, costs_in):
+    """benchmarks/auto_choice.py at tiny sizes: a chat and a code prompt, the head's defaults, the table and
+    the record (what auto said, a speed-up against plain decoding measured beside it)."""
+    import importlib.util
+
+    import networkx
+
+    spec = importlib.util.spec_from_file_location("auto_choice", ROOT / "benchmarks" / "auto_choice.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    head = head_with(tmp_path, ff8_table(0.9))
+    out = tmp_path / "auto_choice.json"
+    script.main(["--model", MODEL, "--head", str(head), "--code", str(Path(networkx.__file__).parent),
+                 "--prompts", "1", "--new-tokens", "8", "--settings", "auto", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "| auto | `(none)` | chat |" in printed and "| auto | `(none)` | code |" in printed
+    runs = json.loads(out.read_text())["runs"]["auto"]
+    assert [r["kind"] for r in runs] == ["chat", "code"]
+    assert all(r["speedup"] > 0 and r["identical"] and r["said"][0].startswith("mtpc: auto: ") for r in runs)
