@@ -11,7 +11,8 @@ Settings (each a list of `mtpc generate` flags): `readme` (the README's example:
 choice `auto`), `auto` (the head's defaults: `auto` chooses dtype, plain, chain or tree), `bf16` (`--dtype bf16
 --lookup 10` forced: `auto` still chooses the width) and `chain` (`--dtype bf16 --window 4 --lookup 10`: every
 choice forced, as the README's example was before). Prints the Markdown table (median speed-up per setting and
-kind, the tokens a cycle, what `auto` said) and writes every run as JSON.
+kind, the tokens a cycle, what `auto` said), with `--costs` the verify curves `auto` chose by (float32 and
+bf16), and writes every run as JSON.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     p.add_argument("--new-tokens", type=int_in(1, 4096), default=128)
     p.add_argument("--threads", type=torch_threads, default=1)
+    p.add_argument("--costs", action="store_true",
+                   help="also print the verify curves (float32 and bf16) auto chooses by, k positions against one")
     p.add_argument("--out", type=output_file, default=None, help="the JSON record to write")
     return p.parse_args(argv)
 
@@ -100,6 +103,34 @@ def table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def verify_costs(args) -> dict[str, dict[int, float]]:
+    """The verify curve `auto` chose by, for float32 and bf16 (read from the step store where a run above kept
+    it, else measured now): seconds of one call over each width."""
+    import torch
+
+    from mtpc import loading
+    from mtpc.decoding.backbone import SplitBackbone
+    from mtpc.decoding.costs import machine_costs
+
+    torch.set_num_threads(args.threads)
+    curves = {}
+    for name in ("fp32", "bf16"):
+        dtype = loading.torch_dtype(name)
+        model = loading.load_model(args.model, dtype, torch.device("cpu"))
+        curves[name] = machine_costs(SplitBackbone(model), dtype, torch.device("cpu")).call_seconds
+    return curves
+
+
+def costs_table(curves: dict[str, dict[int, float]]) -> str:
+    widths = sorted(next(iter(curves.values())))
+    lines = ["| dtype | one position, ms | " + " | ".join(f"k = {w}" for w in widths[1:]) + " |",
+             "| --- | --- |" + " --- |" * (len(widths) - 1)]
+    for name, seconds in curves.items():
+        lines.append(f"| {name} | {seconds[1] * 1e3:.1f} | "
+                     + " | ".join(f"{seconds[w] / seconds[1]:.2f}" for w in widths[1:]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     from mtpc.hardware import machine_summary
 
@@ -111,8 +142,14 @@ def main(argv=None) -> None:
         print(f"{name}: " + ", ".join(f"{r['speedup']:.2f}x" for r in runs[name]), file=sys.stderr, flush=True)
     print(f"{machine_summary()}, {args.threads} torch thread(s), {args.new_tokens} new tokens\n")
     print(table(runs))
+    curves = verify_costs(args) if args.costs else {}
+    if curves:
+        print(f"\nA verify call over k positions against one position ({machine_summary()}, {args.threads} "
+              f"thread(s), eager):\n\n{costs_table(curves)}")
     write_results({"machine": machine_summary(), "threads": args.threads, "new_tokens": args.new_tokens,
-                   "settings": SETTINGS, "runs": runs}, args.out)
+                   "settings": SETTINGS, "runs": runs,
+                   "verify_call_seconds": {name: {str(w): s for w, s in c.items()} for name, c in curves.items()}},
+                  args.out)
 
 
 if __name__ == "__main__":

@@ -222,9 +222,11 @@ def test_the_auto_choice_benchmark_compares_each_setting_with_plain(tmp_path, ca
     head = head_with(tmp_path, ff8_table(0.9))
     out = tmp_path / "auto_choice.json"
     script.main(["--model", MODEL, "--head", str(head), "--code", str(Path(networkx.__file__).parent),
-                 "--prompts", "1", "--new-tokens", "8", "--settings", "auto", "--out", str(out)])
+                 "--prompts", "1", "--new-tokens", "8", "--settings", "auto", "--costs", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "| auto | `(none)` | chat |" in printed and "| auto | `(none)` | code |" in printed
     runs = json.loads(out.read_text())["runs"]["auto"]
     assert [r["kind"] for r in runs] == ["chat", "code"]
     assert all(r["speedup"] > 0 and r["identical"] and r["said"][0].startswith("mtpc: auto: ") for r in runs)
+    assert "| fp32 |" in printed and "| bf16 |" in printed  # --costs: the curves auto chose by
+    assert set(json.loads(out.read_text())["verify_call_seconds"]) == {"fp32", "bf16"}
