@@ -51,10 +51,10 @@ class HeadPlan:
 def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int | None, tree, lookup: int | None,
               dtype: torch.dtype, device: torch.device, dtype_note: str | None, err: TextIO) -> HeadPlan:
     """The head's decoding on this machine. Without a recorded table (`depth_topk` None) or a model mtpc can
-    split, the flags as given (the decoder's chain of `n` by default). With one: `auto` (no `window`, no `tree`)
-    chooses by `choose_decoding` (never plain with `lookup`, whose matches the table cannot foresee); a forced
-    `window` or int `tree` is scored, and a warning says when plain decoding is expected to be faster. What auto
-    chose (`dtype_note`: the dtype `--dtype auto` chose) is said in one line."""
+    split, the flags as given (the decoder's chain of `n` by default), silently. With one: `auto` (no `window`,
+    no `tree`) chooses by `choose_decoding` (never plain with `lookup`, whose matches the table cannot foresee)
+    and says so in one line, with the dtype `--dtype auto` chose (`dtype_note`); a forced `window` or int `tree`
+    is scored, and a warning says when plain decoding is expected to be faster."""
     from ..decoding.auto_decoding import choose_decoding, expected_choice
     from ..decoding.backbone import SplitBackbone
     from ..decoding.costs import draft_seconds, machine_costs
@@ -66,20 +66,12 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
         err.write(warning)
     prefix = f"mtpc: auto: {dtype_note}" if dtype_note else "mtpc: auto"
     backbone = SplitBackbone(base)
-    if depth_topk is None or backbone.whole_model:  # nothing to score a choice by
-        if not forced:
-            why = "no per-depth acceptance recorded" if depth_topk is None else "no family adapter for its layers"
-            err.write(f"{prefix}; chains of {max(head.num_variables, 2)} (the head's default: {why} to choose "
-                      "a width by; --window or --tree choose)\n")
-        elif dtype_note:
-            err.write(prefix + "\n")
+    if depth_topk is None or backbone.whole_model:  # nothing to score a choice by: the flags, said by no line
         return HeadPlan(False, window, tree)
     costs = machine_costs(backbone, dtype, device)
     draft = draft_seconds(head, backbone.vocab_size, device)
     n, states = head.num_variables, head.num_states
     if forced:
-        if dtype_note:
-            err.write(prefix + "\n")
         budget = tree_budget(tree, n, states) if isinstance(tree, int) and not isinstance(tree, bool) else None
         expected = expected_choice(depth_topk, costs.call_seconds, draft, window=window or max(n, 2), tree=budget) \
             if budget is not None or tree is None else None
