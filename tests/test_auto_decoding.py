@@ -231,3 +231,18 @@ def test_the_auto_choice_benchmark_compares_each_setting_with_plain(tmp_path, ca
     assert all(r["speedup"] > 0 and r["identical"] and r["said"][0].startswith("mtpc: auto: ") for r in runs)
     assert "| fp32 |" in printed and "| bf16 |" in printed  # --costs: the curves auto chose by
     assert set(json.loads(out.read_text())["verify_call_seconds"]) == {"fp32", "bf16"}
+
+
+def test_a_tied_head_is_timed_on_the_models_own_output_layer(tmp_path, capsys, costs_in):
+    """A tied head (its input units are the model's output layer, as the README's SmolLM2 head) drafts for the
+    auto choice's timing before the decoder ties it: the choice is made and the text is plain decoding's."""
+    head = Path(shutil.copytree(ROOT / "models" / "heads" / "subword-btree4-r4-tied", tmp_path / "tied"))
+    (head / loading.DEPTH_TOPK_FILE).write_text(json.dumps({"k": [1], "depth": [1, 2, 3], "path": [[0.9], [0.8], [0.7]]}))
+    model = str(ROOT / "models" / "subword-lm")
+    argv = ["generate", "--model", model, "--max-new-tokens", "12", "--no-stream", "def f(x):"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main(argv[:3] + ["--head", str(head)] + argv[3:]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain and "mtpc: auto: " in captured.err and "draft " in captured.err

@@ -69,6 +69,8 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
     if depth_topk is None or backbone.whole_model:  # nothing to score a choice by: the flags, said by no line
         return HeadPlan(False, window, tree)
     costs = machine_costs(backbone, dtype, device)
+    if head.parameterisation == "tied":  # its input units are the model's output layer (the decoder ties it again)
+        head.tie_to(base.get_output_embeddings())
     draft = draft_seconds(head, backbone.vocab_size, device)
     n, states = head.num_variables, head.num_states
     if forced:
@@ -93,9 +95,7 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
 def _best_head_choice(depth_topk, call_seconds, draft, n, states):
     """The best chain (or tree) even where plain decoding is expected to beat it: with --lookup, whose matches add
     tokens the table does not count."""
-    from ..decoding.auto_decoding import expected_choice
-
-    from ..decoding.auto_decoding import DecodingChoice
+    from ..decoding.auto_decoding import DecodingChoice, expected_choice
 
     chains = [expected_choice(depth_topk, call_seconds, draft, window=w) for w in range(2, max(n, 2) + 1)]
     scored = [c for c in chains if c is not None]
