@@ -237,7 +237,8 @@ def test_a_tied_head_is_timed_on_the_models_own_output_layer(tmp_path, capsys, c
     """A tied head (its input units are the model's output layer, as the README's SmolLM2 head) drafts for the
     auto choice's timing before the decoder ties it: the choice is made and the text is plain decoding's."""
     head = Path(shutil.copytree(ROOT / "models" / "heads" / "subword-btree4-r4-tied", tmp_path / "tied"))
-    (head / loading.DEPTH_TOPK_FILE).write_text(json.dumps({"k": [1], "depth": [1, 2, 3], "path": [[0.9], [0.8], [0.7]]}))
+    table = {"k": [1], "depth": [1, 2, 3], "path": [[0.9], [0.8], [0.7]]}
+    (head / loading.DEPTH_TOPK_FILE).write_text(json.dumps(table))
     model = str(ROOT / "models" / "subword-lm")
     argv = ["generate", "--model", model, "--max-new-tokens", "12", "--no-stream", "def f(x):"]
     capsys.readouterr()

@@ -13,6 +13,7 @@ import torch
 
 from ..checks import ROUNDING_DTYPES, ROUNDING_NOTE
 from ..decoding import PHASES
+from ..hardware import machine_summary
 from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer
 from .config import BenchConfig, Variant
 from .peers import Peer
@@ -226,6 +227,7 @@ def _config_dict(cfg: BenchConfig) -> dict:
 def _environment(device: torch.device, base) -> dict:
     env = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
+           "cpu": machine_summary(str(device)),  # the CPU (or GPU) and whether it has native bf16: timings are its own
            "model_parameters": sum(p.numel() for p in base.parameters()),
            "model_config": {k: getattr(base.config, k, None) for k in
                             ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")}}
@@ -350,7 +352,7 @@ def write_markdown(report: dict, path: Path, plot_name: str | None = None) -> No
     check = report["greedy_identical"]
     lines = [f"# mtpc bench: {cfg['mode']} decoding", "",
              f"Model `{cfg['model']}` ({env['model_parameters'] / 1e6:.2f}M parameters) on {env['device']} "
-             f"({env['threads']} threads, torch {env['torch']}); {cfg['repeats']} disjoint sets of "
+             f"({env.get('cpu', 'CPU not recorded')}; {env['threads']} threads, torch {env['torch']}); {cfg['repeats']} disjoint sets of "
              f"{cfg['num_prompts']} prompts, up to {cfg['max_new_tokens']} new tokens each. Mean ± std over the "
              f"sets. Timer: {report['timer']}. `max tok/s`: {report['max_tok_s_rule']}. Phases are ms per cycle "
              "(plain: per token); `draft/LM step` = (head + circuit) / one plain decoding step; `bytes/cycle`: the "

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import (HELP_DECODING_DTYPE, MAX_THREADS, decoding_dtype_name, int_in, non_negative_float, non_negative_int,
-                      positive_float, positive_int, probability)
+from ..checks import (HELP_DECODING_DTYPE, MAX_THREADS, decoding_dtype_name, int_in, non_negative_float,
+                      non_negative_int, positive_float, positive_int, probability)
 from ..checks import MAX_CONTEXT, MAX_LOOKUP_TOKENS, tree_or_auto
 from ..checks import seed as parse_seed
 from ..sampling import Sampling
