@@ -23,7 +23,11 @@ with its own time limit and its log kept, and a stage the budget leaves out is n
                     compiled plain decoding and transformers' prompt lookup, on held-out networkx code,
                     greedy and T=1,
 5. `train-head`     `mtpc train --device cuda` of a BTree n=8 head on the shipped byte LM for 30 seconds:
-                    training tokens per second on a GPU.
+                    training tokens per second on a GPU,
+6. `vllm`           only where vLLM is installed (`pip install -e .[vllm]`, or the image's `vllm==0.32.*`):
+                    benchmarks/vllm_speed.py on the shipped byte LM with the ff8 head: vLLM plain, `ngram`,
+                    the head and the head with prompt lookup, eager and compiled, 1 and 8 requests, greedy
+                    and T=1 (about 6 minutes: a run of its own, `--only vllm`).
 
 What comes back: `summary.json` (stages, times, environment, the bench tables, the cycle costs) and
 `results.tar.gz` (logs, bench.json/bench.md, smollm2-shape.json, the training summary), both rewritten
@@ -78,6 +82,7 @@ class Sizes:
     corpus: str  # `mtpc bench --corpus`
     train: list[str]  # `mtpc train` flags
     smollm2: dict  # smollm2_shape_costs's spec, less its output path
+    vllm: list[str]  # benchmarks/vllm_speed.py's flags, less its output
     timeouts: dict[str, float]
 
 
@@ -107,8 +112,9 @@ def gpu_sizes() -> Sizes:
         train=["--minutes", "0.5", "--seq-len", "512", "--batch-size", "32", "--precision", "bf16",
                "--val-every", "100000", "--save-every", "100000", "--val-sequences", "8"],
         smollm2={"device": "cuda", "dtype": "bf16", "compile": True, "new_tokens": 128},
+        vllm=["--dtype", "bfloat16", "--new-tokens", "128", "--methods", "plain", "ngram", "head", "head+lookup"],
         timeouts={"env": 60, "tests": 120, "smollm2-shape": 150, "bench-greedy": 120, "bench-sample": 100,
-                  "train-head": 75},
+                  "train-head": 75, "vllm": 540},
     )
 
 
@@ -125,8 +131,10 @@ def dry_sizes() -> Sizes:
         train=["--steps", "2", "--seq-len", "64", "--batch-size", "2", "--val-every", "2", "--val-sequences", "2",
                "--precision", "fp32", "--data", str(ROOT / "circuitc")],
         smollm2={"device": "cpu", "dtype": "fp32", "compile": False, "new_tokens": 4},
+        vllm=["--dtype", "float32", "--new-tokens", "8", "--single", "2", "--batch", "2", "--modes", "eager",
+              "--methods", "plain", "head", "--cost-repeats", "1"],
         timeouts={"env": 60, "tests": 120, "smollm2-shape": 240, "bench-greedy": 180, "bench-sample": 180,
-                  "train-head": 120},
+                  "train-head": 120, "vllm": 600},
     )
 
 
@@ -158,7 +166,17 @@ def plan(sizes: Sizes, work: Path) -> list[Stage]:
         Stage("train-head", mtpc("train", "--model", str(BYTE_LM), "--out", str(work / "heads" / "btree-n8-r8"),
                                  "--circuit", str(ROOT / "examples" / "btree.pc"), "-D", "n=8", "-D", "r=8",
                                  "--device", sizes.device, *sizes.train, "--no-progress"), t["train-head"]),
+        *([Stage("vllm", [sys.executable, str(Path(__file__).parent / "vllm_speed.py"), "--model", str(BYTE_LM),
+                          "--head", str(BYTE_HEADS[0]), "--code", sizes.corpus, *sizes.vllm,
+                          "--out", str(work / "vllm-speed.json")], t["vllm"])] if vllm_installed() else []),
     ]
+
+
+def vllm_installed() -> bool:
+    """vLLM is importable here (the `vllm` stage runs only then)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def run_stage(stage: Stage, logs: Path, env: dict) -> dict:

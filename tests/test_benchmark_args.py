@@ -44,6 +44,18 @@ def paths(tmp_path):
 MODEL = ["--model", "no-model-loads", "--head", "no-head-loads"]  # never read: each case is refused before
 # script -> bad argument lists ({folder}, {file} and {missing} are filled from `paths`)
 CASES = {
+    "auto_choice.py": [["--model", "m", "--head", "{missing}", "--code", "{folder}"],
+                       ["--model", "m", "--head", "{folder}", "--code", "{missing}"],
+                       ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--prompts", "0"],
+                       ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--threads", "0"],
+                       ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--out", "{folder}"],
+                       ["--model", "m", "--head", "{folder}", "--code", "{folder}"]],  # no .py there: no prompts
+    "vllm_speed.py": [["--model", "{missing}", "--head", "{folder}", "--code", "{folder}", "--out", "{file}"],
+                      ["--model", "{folder}", "--head", "{folder}", "--code", "{folder}", "--out", "{folder}"],
+                      ["--model", "{folder}", "--head", "{folder}", "--code", "{folder}", "--out", "{file}",
+                       "--new-tokens", "0"],
+                      ["--model", "{folder}", "--head", "{folder}", "--code", "{folder}", "--out", "{file}",
+                       "--methods", "medusa"], ["report", "{missing}"], ["report", "{file}"]],
     "depth_acceptance.py": [
         [*MODEL, "--features", "{folder}", "--sequences", "0"], [*MODEL, "--features", "{folder}", "--threads", "-3"],
         [*MODEL, "--features", "{folder}", "--windows", "0"], [*MODEL, "--features", "{folder}", "--out", "{folder}"],

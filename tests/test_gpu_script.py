@@ -30,7 +30,8 @@ gpu = load_script()
 @pytest.mark.parametrize("sizes", [gpu.gpu_sizes, gpu.dry_sizes], ids=["gpu", "dry-run"])
 def test_every_stage_command_parses(sizes, tmp_path):
     stages = gpu.plan(sizes(), tmp_path)
-    assert [s.name for s in stages] == ["env", "tests", "smollm2-shape", "bench-greedy", "bench-sample", "train-head"]
+    assert [s.name for s in stages] == ["env", "tests", "smollm2-shape", "bench-greedy", "bench-sample", "train-head",
+                                        *(["vllm"] if gpu.vllm_installed() else [])]
     for stage in stages:
         if stage.argv[1:3] == ["-m", "mtpc.cli"]:
             args = build_parser().parse_args(stage.argv[3:])  # an InputError names a flag that rotted
