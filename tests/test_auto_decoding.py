@@ -49,23 +49,26 @@ def test_chain_tokens_add_the_greedy_path_rates():
 
 
 def test_where_k_positions_cost_k_steps_plain_decoding_is_chosen():
-    choice = choose_decoding(TABLE, LINEAR, draft_seconds=0.002, n=4, states=2048)
+    choice = choose_decoding(TABLE, LINEAR, overhead=0.002, n=4, states=2048)
     assert choice.kind == "plain" and choice.rate() == 1.0
     assert "plain decoding" in choice.describe()
 
 
 def test_where_verifying_is_free_the_head_decodes_with_all_it_drafts():
-    chain_only = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048, trees=False)
+    chain_only = choose_decoding(TABLE, FREE, overhead=0.0, n=4, states=2048, trees=False)
     assert (chain_only.kind, chain_only.window) == ("chain", 4)
     assert chain_only.tokens == pytest.approx(chain_tokens(TABLE, 4))
-    with_trees = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048)
+    with_trees = choose_decoding(TABLE, FREE, overhead=0.0, n=4, states=2048)
     assert with_trees.kind == "tree" and with_trees.rate() > chain_only.rate()
 
 
-def test_a_slow_draft_is_counted():
-    cheap = choose_decoding(TABLE, FREE, draft_seconds=0.0, n=4, states=2048, trees=False)
-    slow = choose_decoding(TABLE, FREE, draft_seconds=0.05, n=4, states=2048, trees=False)  # a draft = a step
+def test_the_cycles_work_besides_its_verify_call_and_the_measured_step_are_counted():
+    cheap = choose_decoding(TABLE, FREE, overhead=0.0, n=4, states=2048, trees=False)
+    slow = choose_decoding(TABLE, FREE, overhead=0.05, n=4, states=2048, trees=False)  # the draft = a step
     assert cheap.kind == "chain" and slow.kind == "plain"
+    # a plain step measured at twice a one-position verify call: every chain costs half as many steps
+    halved = choose_decoding(TABLE, LINEAR, overhead=0.0, n=4, states=2048, trees=False, step=0.1)
+    assert halved.kind == "chain" and halved.cost == pytest.approx(max(0.05 * halved.window / 0.1, 1.0))
 
 
 def test_the_choice_never_expects_less_than_plain_and_is_the_best_scored():
@@ -246,4 +249,4 @@ def test_a_tied_head_is_timed_on_the_models_own_output_layer(tmp_path, capsys, c
     plain = capsys.readouterr().out
     assert main(argv[:3] + ["--head", str(head)] + argv[3:]) == 0
     captured = capsys.readouterr()
-    assert captured.out == plain and "mtpc: auto: " in captured.err and "draft " in captured.err
+    assert captured.out == plain and "mtpc: auto: " in captured.err and "a plain step " in captured.err

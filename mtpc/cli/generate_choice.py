@@ -57,7 +57,7 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
     is scored, and a warning says when plain decoding is expected to be faster."""
     from ..decoding.auto_decoding import choose_decoding, expected_choice
     from ..decoding.backbone import SplitBackbone
-    from ..decoding.costs import draft_seconds, machine_costs
+    from ..decoding.costs import cycle_costs, machine_costs
     from ..decoding.trees import tree_budget
 
     forced = window is not None or tree is not None
@@ -71,33 +71,34 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
     costs = machine_costs(backbone, dtype, device)
     if head.parameterisation == "tied":  # its input units are the model's output layer (the decoder ties it again)
         head.tie_to(base.get_output_embeddings())
-    draft = draft_seconds(head, backbone.vocab_size, device)
+    cycle = cycle_costs(base, head, costs.call_seconds)
+    measured = (f"a plain step {cycle.step * 1e3:.1f} ms, a cycle's work besides its verify call "
+                f"{cycle.overhead * 1e3:.1f} ms; {costs.describe()}")
     n, states = head.num_variables, head.num_states
     if forced:
         budget = tree_budget(tree, n, states) if isinstance(tree, int) and not isinstance(tree, bool) else None
-        expected = expected_choice(depth_topk, costs.call_seconds, draft, window=window or max(n, 2), tree=budget) \
-            if budget is not None or tree is None else None
+        expected = expected_choice(depth_topk, costs.call_seconds, cycle.overhead, window=window or max(n, 2),
+                                   tree=budget, step=cycle.step) if budget is not None or tree is None else None
         if expected is not None and expected.rate() < 1.0:
             err.write(f"mtpc: warning: {expected.describe()}: slower than plain decoding on this machine by the "
-                      f"head's recorded acceptance ({costs.describe()}); without --window and --tree mtpc "
-                      "chooses\n")
+                      f"head's recorded acceptance ({measured}); without --window and --tree mtpc chooses\n")
         return HeadPlan(False, window, tree)
-    choice = choose_decoding(depth_topk, costs.call_seconds, draft, n, states)
+    choice = choose_decoding(depth_topk, costs.call_seconds, cycle.overhead, n, states, step=cycle.step)
     with_lookup = ""
     if choice.kind == "plain" and lookup is not None:
-        choice = _best_head_choice(depth_topk, costs.call_seconds, draft, n, states)
+        choice = _best_head_choice(depth_topk, costs.call_seconds, cycle, n)
         with_lookup = " before --lookup's matches, which it cannot count"
-    err.write(f"{prefix}; {choice.describe()}{with_lookup} (the head's recorded acceptance; draft "
-              f"{draft * 1e3:.1f} ms; {costs.describe()})\n")
+    err.write(f"{prefix}; {choice.describe()}{with_lookup} (the head's recorded acceptance; {measured})\n")
     return HeadPlan(choice.kind == "plain", choice.window, choice.tree)
 
 
-def _best_head_choice(depth_topk, call_seconds, draft, n, states):
+def _best_head_choice(depth_topk, call_seconds, cycle, n):
     """The best chain (or tree) even where plain decoding is expected to beat it: with --lookup, whose matches add
     tokens the table does not count."""
     from ..decoding.auto_decoding import DecodingChoice, expected_choice
 
-    chains = [expected_choice(depth_topk, call_seconds, draft, window=w) for w in range(2, max(n, 2) + 1)]
+    chains = [expected_choice(depth_topk, call_seconds, cycle.overhead, window=w, step=cycle.step)
+              for w in range(2, max(n, 2) + 1)]
     scored = [c for c in chains if c is not None]
     if not scored:  # a table without the greedy column: the decoder's own chain
         return DecodingChoice("chain", max(n, 2), None, 1.0, 1.0)

@@ -1,12 +1,13 @@
 """How to decode with a head on the machine at hand: plain decoding, a chain of some width, or a tree, whichever
 commits the most tokens a second by the head's recorded per-depth acceptance and this machine's measured costs
-(`costs.machine_costs`, `costs.draft_seconds`). `mtpc generate` decodes so when the user sets neither `--window`
+(`costs.machine_costs`, `costs.cycle_costs`). `mtpc generate` decodes so when the user sets neither `--window`
 nor `--tree`, and says what a forced `--window` or `--tree` is expected to give against plain decoding.
 
 A cycle that verifies `w` positions commits `1 + sum_{d < w} path_d(1)` tokens on average (`path_d(1)`: how often
 the circuit's greedy draft is right at every depth up to `d`, on held-out text) and costs one verify call over
-`w` positions plus one draft, in units of a plain step (one call over one position). A tree of `auto_tree`'s
-choice commits what `auto_tree` expects and costs its call plus one draft. Plain decoding commits 1 at cost 1.
+`w` positions plus the cycle's other work (`overhead`: the draft, the acceptance, the host), in units of a plain
+step (`step`, measured by decoding; by default a verify call over one position). A tree of `auto_tree`'s choice
+commits what `auto_tree` expects and costs its call plus the overhead. Plain decoding commits 1 at cost 1.
 The expected rate is tokens over cost; the choice is the highest, plain decoding when nothing beats it.
 """
 
@@ -55,45 +56,56 @@ def chain_tokens(table: dict, width: int) -> float | None:
     return 1.0 + sum(rates[d] for d in range(1, width))
 
 
-def choose_decoding(depth_topk: dict, call_seconds: dict[int, float], draft_seconds: float, n: int, states: int,
-                    trees: bool = True) -> DecodingChoice:
+def choose_decoding(depth_topk: dict, call_seconds: dict[int, float], overhead: float, n: int, states: int,
+                    trees: bool = True, step: float | None = None) -> DecodingChoice:
     """The choice with the highest expected rate among plain decoding, chains of 2 .. max(n, 2) positions and
     (`trees`) the tree `auto_tree` picks; a `ValueError` for a malformed table or costs (as `auto_tree`)."""
     table = depth_topk_table(depth_topk)
     seconds = checked_call_seconds(call_seconds)
-    one = call_cost(seconds, 1)
-    draft = max(float(draft_seconds), 0.0) / one
+    one = _step(seconds, step)
+    extra = max(float(overhead), 0.0) / one  # the cycle's work besides its verify call, in plain steps
     best = DecodingChoice("plain", None, None, 1.0, 1.0)
     for width in range(2, max(n, 2) + 1):
         tokens = chain_tokens(table, width)
         if tokens is not None:
-            choice = DecodingChoice("chain", width, None, tokens, max(call_cost(seconds, width) / one, 1.0) + draft)
+            choice = DecodingChoice("chain", width, None, tokens, _cost(seconds, width, one) + extra)
             best = choice if choice.rate() > best.rate() else best
     if trees:
-        budget, tokens, cost = auto_tree(table, seconds, n, states)
+        budget, tokens, _ = auto_tree(table, seconds, n, states)
         if budget is not None:
-            choice = DecodingChoice("tree", None, budget, tokens, cost + draft)
+            choice = DecodingChoice("tree", None, budget, tokens, _cost(seconds, budget.nodes, one) + extra)
             best = choice if choice.rate() > best.rate() else best
     return best
 
 
-def expected_choice(depth_topk: dict, call_seconds: dict[int, float], draft_seconds: float,
-                    window: int | None = None, tree: TreeBudget | None = None) -> DecodingChoice | None:
+def expected_choice(depth_topk: dict, call_seconds: dict[int, float], overhead: float,
+                    window: int | None = None, tree: TreeBudget | None = None,
+                    step: float | None = None) -> DecodingChoice | None:
     """What a forced `window` (chain) or `tree` is expected to give, as `choose_decoding` scores it (None: the
     table cannot score it, e.g. a tree deeper or wider than recorded)."""
     table = depth_topk_table(depth_topk)
     seconds = checked_call_seconds(call_seconds)
-    one = call_cost(seconds, 1)
-    draft = max(float(draft_seconds), 0.0) / one
+    one = _step(seconds, step)
+    extra = max(float(overhead), 0.0) / one  # the cycle's work besides its verify call, in plain steps
     if tree is not None:
         tokens = _tree_tokens(table, tree)
         if tokens is None:
             return None
-        return DecodingChoice("tree", None, tree, tokens, max(call_cost(seconds, tree.nodes) / one, 1.0) + draft)
+        return DecodingChoice("tree", None, tree, tokens, _cost(seconds, tree.nodes, one) + extra)
     tokens = chain_tokens(table, window)
     if tokens is None:
         return None
-    return DecodingChoice("chain", window, None, tokens, max(call_cost(seconds, window) / one, 1.0) + draft)
+    return DecodingChoice("chain", window, None, tokens, _cost(seconds, window, one) + extra)
+
+
+def _step(seconds: dict[int, float], step: float | None) -> float:
+    """A plain step's seconds: measured (`step`), else a verify call over one position."""
+    return float(step) if step is not None and step > 0 else call_cost(seconds, 1)
+
+
+def _cost(seconds: dict[int, float], width: int, step: float) -> float:
+    """A verify call over `width` positions in plain steps, never below one step (timing noise on tiny models)."""
+    return max(call_cost(seconds, width) / step, 1.0)
 
 
 def _tree_tokens(table: dict, tree: TreeBudget) -> float | None:

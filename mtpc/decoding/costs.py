@@ -5,8 +5,10 @@ A verify curve depends on the model's shape, the dtype, the device (the CPU's mo
 GPU) and the thread count, not on the weights: it is kept in the compiled-step store (`compiling.step_store`,
 under the same trust rules: a file is read only from folders no one else could have written, and it is JSON,
 bounded, never unpickled) under a key of exactly those, so a second process on the same machine reads it in
-milliseconds instead of measuring for seconds. The draft's seconds depend on the head and are measured each time
-(a few calls, milliseconds).
+milliseconds instead of measuring for seconds. What a plain step and a cycle's work besides its verify call
+(the draft, the acceptance, the host) cost depends on the head too, and is measured by decoding a few tokens
+each time (`cycle_costs`): in eager mode on a CPU a SmolLM2 cycle spends tens of milliseconds outside the verify
+call, which the verify curve alone does not see.
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ import torch
 from .. import hardware
 from ..files import atomic_write, parse_json
 from ..heads.head import MTPHead
-from ..sampling import GREEDY
 from .backbone import SplitBackbone
 from .compiling import UntrustedStore, check_store, read_stored_step, step_store
-from .drafting import Drafter
-from .trees import AUTO_TREE_WIDTHS, checked_call_seconds
+from .trees import AUTO_TREE_WIDTHS, call_cost, checked_call_seconds
 from .verify import verify_call_seconds
 
-__all__ = ["MachineCosts", "machine_costs", "draft_seconds", "cost_key"]
+__all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "cost_key"]
 
 COSTS_FOLDER = "costs"  # below the step store
 MAX_COST_BYTES = 64 * 1024  # a cost file holds a few widths' seconds
@@ -81,19 +81,34 @@ def machine_costs(backbone: SplitBackbone, dtype: torch.dtype, device: torch.dev
     return MachineCosts(seconds, True, summary, path if saved else None)
 
 
-def draft_seconds(head: MTPHead, vocab: int, device: torch.device, repeats: int = 5) -> float:
-    """Seconds of one greedy circuit draft of one row (the median of `repeats`, after a warm-up call)."""
-    n = head.num_variables
-    drafter = Drafter(head, (max(n, 2),), None, max(n, 2), vocab)
-    hidden = torch.zeros(1, head.hidden_size, device=device)  # [1, d]
-    first = torch.zeros(1, dtype=torch.long, device=device)  # [1]
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            drafter.circuit_window(hidden, first, GREEDY)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+@dataclass(frozen=True)
+class CycleCosts:
+    """What a plain step and a speculative cycle cost besides its verify call, in seconds, measured by decoding:
+    `step`, the median step of `PlainDecoder`; `overhead`, the median cycle of the head's default chain less the
+    verify call over its width (the draft, the acceptance, the host's reads)."""
+
+    step: float
+    overhead: float
+
+
+def cycle_costs(model: torch.nn.Module, head: MTPHead, call_seconds: dict[int, float], tokens: int = 16,
+                prompt_length: int = 64) -> CycleCosts:
+    """Decode `tokens` tokens after a random prompt plainly and with the head's default chain (greedy; the
+    drafts of a random prompt are rejected, so every cycle is timed alike), after a warm-up of each."""
+    from .decoder import SpeculativeDecoder
+    from .plain import PlainDecoder
+
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(0, vocab, (1, prompt_length), generator=torch.Generator().manual_seed(0)).to(device)
+    plain, speculative = PlainDecoder(model), SpeculativeDecoder(model, head)
+    medians = []
+    for decoder in (plain, speculative):
+        decoder.generate(prompt, 4)  # warm
+        seconds = decoder.generate(prompt, tokens).stats.cycle_seconds
+        medians.append(statistics.median(seconds[1:] or seconds))
+    width = max(head.num_variables, 2)
+    return CycleCosts(medians[0], max(medians[1] - call_cost(call_seconds, width), 0.0))
 
 
 def _read(folder: Path, path: Path, key: dict) -> dict[int, float] | None:
