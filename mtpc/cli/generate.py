@@ -377,7 +377,9 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         err.write(format_stats("speculative" if head is not None else "plain", run, tok) + "\n")
     if cfg.compare:
         # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
-        baseline = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
+        # when auto chose plain decoding, the same decoder again (a second decoder's first run pays its warm-up)
+        baseline = decode if head is None else _plain(base, sampling, eos, compile=cfg.compile,
+                                                      max_context=cfg.max_context)
         plain = _measure(baseline, prompt, cfg, None)
         summary["plain"] = plain
         summary["compare"] = comparison(run, plain, greedy=cfg.sampling().greedy,
