@@ -9,8 +9,9 @@ code (spans of an installed package the head never saw).
 
 Settings (each a list of `mtpc generate` flags): `readme` (the README's example: `--lookup 10`, every other
 choice `auto`), `auto` (the head's defaults: `auto` chooses dtype, plain, chain or tree), `bf16` (`--dtype bf16
---lookup 10` forced: `auto` still chooses the width) and `chain` (`--dtype bf16 --window 4 --lookup 10`: every
-choice forced, as the README's example was before). Prints the Markdown table (median speed-up per setting and
+--lookup 10` forced: `auto` still chooses the width), `chain` (`--dtype bf16 --window 4 --lookup 10`: every
+choice forced, as the README's example was before) and `head+lookup` (`--window 2 --lookup 10`: the head forced
+at its cheapest chain, with prompt lookup, in the dtype `auto` picks). Prints the Markdown table (median speed-up per setting and
 kind, the tokens a cycle, what `auto` said), with `--costs` the verify curves `auto` chose by (float32 and
 bf16), and writes every run as JSON.
 """
@@ -30,7 +31,8 @@ from mtpc.checks import int_in  # noqa: E402
 from mtpc.errors import InputError  # noqa: E402
 
 SETTINGS = {"readme": ["--lookup", "10"], "auto": [], "bf16": ["--dtype", "bf16", "--lookup", "10"],
-            "chain": ["--dtype", "bf16", "--window", "4", "--lookup", "10"]}
+            "chain": ["--dtype", "bf16", "--window", "4", "--lookup", "10"],
+            "head+lookup": ["--window", "2", "--lookup", "10"]}
 CODE_BYTES = 600  # a code prompt's length, from a line start a third of the way into its file
 
 

@@ -250,3 +250,13 @@ def test_a_tied_head_is_timed_on_the_models_own_output_layer(tmp_path, capsys, c
     assert main(argv[:3] + ["--head", str(head)] + argv[3:]) == 0
     captured = capsys.readouterr()
     assert captured.out == plain and "mtpc: auto: " in captured.err and "a plain step " in captured.err
+
+
+def test_with_lookup_plain_decoding_is_still_chosen_where_the_head_does_not_pay(tmp_path, capsys, plain_text,
+                                                                                costs_in):
+    """Never slower than plain: the table cannot foresee prompt lookup's matches, so --lookup does not keep a head
+    that is expected to lose; the line says how to force it."""
+    head = head_with(tmp_path, ff8_table(0.0))
+    code, out, err = generate(capsys, "--head", str(head), "--lookup", "10")
+    assert code == 0 and out == plain_text
+    assert "; plain decoding (" in err and "--window N decodes with both" in err

@@ -52,8 +52,8 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
               dtype: torch.dtype, device: torch.device, dtype_note: str | None, err: TextIO) -> HeadPlan:
     """The head's decoding on this machine. Without a recorded table (`depth_topk` None) or a model mtpc can
     split, the flags as given (the decoder's chain of `n` by default), silently. With one: `auto` (no `window`,
-    no `tree`) chooses by `choose_decoding` (never plain with `lookup`, whose matches the table cannot foresee)
-    and says so in one line, with the dtype `--dtype auto` chose (`dtype_note`); a forced `window` or int `tree`
+    no `tree`) chooses by `choose_decoding` (plain decoding too with `lookup`, whose matches the table cannot
+    foresee: never slower than plain is the rule; `--window` forces the head) and says so in one line, with the dtype `--dtype auto` chose (`dtype_note`); a forced `window` or int `tree`
     is scored, and a warning says when plain decoding is expected to be faster."""
     from ..decoding.auto_decoding import choose_decoding, expected_choice
     from ..decoding.backbone import SplitBackbone
@@ -85,21 +85,7 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
         return HeadPlan(False, window, tree)
     choice = choose_decoding(depth_topk, costs.call_seconds, cycle.overhead, n, states, step=cycle.step)
     with_lookup = ""
-    if choice.kind == "plain" and lookup is not None:
-        choice = _best_head_choice(depth_topk, costs.call_seconds, cycle, n)
-        with_lookup = " before --lookup's matches, which it cannot count"
+    if choice.kind == "plain" and lookup is not None:  # the table cannot foresee matches: plain is the safe side
+        with_lookup = "; --lookup's matches go with the head: --window N decodes with both"
     err.write(f"{prefix}; {choice.describe()}{with_lookup} (the head's recorded acceptance; {measured})\n")
     return HeadPlan(choice.kind == "plain", choice.window, choice.tree)
-
-
-def _best_head_choice(depth_topk, call_seconds, cycle, n):
-    """The best chain (or tree) even where plain decoding is expected to beat it: with --lookup, whose matches add
-    tokens the table does not count."""
-    from ..decoding.auto_decoding import DecodingChoice, expected_choice
-
-    chains = [expected_choice(depth_topk, call_seconds, cycle.overhead, window=w, step=cycle.step)
-              for w in range(2, max(n, 2) + 1)]
-    scored = [c for c in chains if c is not None]
-    if not scored:  # a table without the greedy column: the decoder's own chain
-        return DecodingChoice("chain", max(n, 2), None, 1.0, 1.0)
-    return max(scored, key=lambda c: c.rate())
