@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mtpc
 from mtpc import hardware, loading
 from mtpc.cli.commands import main
 from mtpc.decoding.auto_decoding import MARGIN, chain_tokens, choose_decoding, expected_choice
@@ -50,7 +51,7 @@ def test_chain_tokens_add_the_greedy_path_rates():
 
 
 def test_where_k_positions_cost_k_steps_plain_decoding_is_chosen():
-    choice = choose_decoding(TABLE, LINEAR, overhead=0.002, n=4, states=2048)
+    choice = choose_decoding(TABLE, LINEAR, overhead=0.04, n=4, states=2048)
     assert choice.kind == "plain" and choice.rate() == 1.0
     assert "plain decoding" in choice.describe()
 
@@ -65,11 +66,9 @@ def test_where_verifying_is_free_the_head_decodes_with_all_it_drafts():
 
 def test_the_cycles_work_besides_its_verify_call_and_the_measured_step_are_counted():
     cheap = choose_decoding(TABLE, FREE, overhead=0.0, n=4, states=2048, trees=False)
-    slow = choose_decoding(TABLE, FREE, overhead=0.05, n=4, states=2048, trees=False)  # the draft = a step
+    slow = choose_decoding(TABLE, FREE, overhead=1.0, n=4, states=2048, trees=False)  # the draft = a step
     assert cheap.kind == "chain" and slow.kind == "plain"
-    # a plain step measured at twice a one-position verify call: every chain costs half as many steps
-    halved = choose_decoding(TABLE, LINEAR, overhead=0.0, n=4, states=2048, trees=False, step=0.1)
-    assert halved.kind == "chain" and halved.cost == pytest.approx(max(0.05 * halved.window / 0.1, 1.0))
+    assert expected_choice(TABLE, FREE, 0.5, window=4).cost == pytest.approx(1.5)
 
 
 def test_the_choice_beats_plain_by_the_margin_or_is_plain_and_is_the_best_scored():
@@ -78,7 +77,7 @@ def test_the_choice_beats_plain_by_the_margin_or_is_plain_and_is_the_best_scored
         path = sorted((rng.random() for _ in range(3)), reverse=True)
         table = {"k": [1], "depth": [1, 2, 3], "path": [[p] for p in path]}
         seconds = {w: rng.uniform(0.01, 0.1) * (1 + rng.uniform(0, 1) * w) for w in AUTO_TREE_WIDTHS}
-        draft = rng.uniform(0, 0.02)
+        draft = rng.uniform(0, 0.5)
         choice = choose_decoding(table, seconds, draft, n=4, states=16)
         forced = [expected_choice(table, seconds, draft, window=w) for w in (2, 3, 4)]
         if choice.kind == "plain":  # nothing beats plain decoding by the margin
@@ -111,8 +110,24 @@ def test_this_machines_summary_names_its_cpu():
 # --------------------------------------------------------------------------- the cost store
 
 @pytest.fixture(scope="module")
-def backbone():
-    return SplitBackbone(loading.load_model(MODEL, torch.float32))
+def byte_lm():
+    return loading.load_model(MODEL, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def backbone(byte_lm):
+    return SplitBackbone(byte_lm)
+
+
+def test_a_plain_step_and_a_cycles_other_work_are_measured_by_decoding(byte_lm):
+    from mtpc.decoding.costs import cycle_costs
+
+    model = byte_lm
+    call_seconds = {1: 1.0, 8: 1.0}  # a flat curve: the whole chain cycle over the step is the overhead
+    costs = cycle_costs(model, mtpc.load_head(HEAD), call_seconds, tokens=6)
+    assert costs.step > 0 and costs.overhead >= 0
+    steep = cycle_costs(model, mtpc.load_head(HEAD), {1: 1.0, 8: 100.0}, tokens=6)
+    assert steep.overhead == 0.0  # a curve that says more than the cycle took leaves nothing besides it
 
 
 def test_a_verify_curve_is_measured_once_then_read_for_the_same_key(backbone, tmp_path):

@@ -367,7 +367,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         return _run_batches(decode, decoder, texts, [r[0] for r in rows], eos, tok, cfg, device, out, err)
     streamer = None if not cfg.stream else Utf8Streamer(out) if isinstance(tok, ByteTokenizer) else \
         TokenStreamer(out, tok)
-    run = _measure(decode, prompt, cfg, streamer, speculative_warm_up(cfg) if head is not None else 4)
+    run = _measure(decode, prompt, cfg, streamer, _warm_up(cfg, speculative=head is not None))
     new = run["sequence"][len(ids):]
     if not cfg.stream:
         out.write(tok.decode(new) + "\n")
@@ -380,7 +380,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         # when auto chose plain decoding, the same decoder again (a second decoder's first run pays its warm-up)
         baseline = decode if head is None else _plain(base, sampling, eos, compile=cfg.compile,
                                                       max_context=cfg.max_context)
-        plain = _measure(baseline, prompt, cfg, None)
+        plain = _measure(baseline, prompt, cfg, None, _warm_up(cfg, speculative=False))
         summary["plain"] = plain
         summary["compare"] = comparison(run, plain, greedy=cfg.sampling().greedy,
                                         baseline="static cache, compiled" if cfg.compile else "eager",
@@ -532,6 +532,15 @@ def speculative_warm_up(cfg: GenerateConfig) -> int:
     the decoder compiles its step before its first cycle, on the caches of the generation it is in (a
     shorter warm-up would allocate smaller caches, and the timed run would compile again for its own)."""
     return 0 if cfg.compile else 4
+
+
+def _warm_up(cfg: GenerateConfig, speculative: bool) -> int:
+    """The untimed tokens before a timed generation: with --compare as many as the timed run decodes, so both
+    runs meet every shape warm (on a CPU the first step at each new cache length pays for its kernels: a plain
+    decoder's first 64-token run read 0.94x its second); else a few (`speculative_warm_up`)."""
+    if speculative and cfg.compile:
+        return speculative_warm_up(cfg)
+    return cfg.max_new_tokens if cfg.compare else speculative_warm_up(cfg) if speculative else 4
 
 
 def _measure(decode, prompt: torch.Tensor, cfg: GenerateConfig, streamer, warm: int = 4, **batch) -> dict:

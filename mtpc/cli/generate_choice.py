@@ -73,17 +73,17 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
         head.tie_to(base.get_output_embeddings())
     cycle = cycle_costs(base, head, costs.call_seconds)
     measured = (f"a plain step {cycle.step * 1e3:.1f} ms, a cycle's work besides its verify call "
-                f"{cycle.overhead * 1e3:.1f} ms; {costs.describe()}")
+                f"{cycle.overhead:.2f} steps; {costs.describe()}")
     n, states = head.num_variables, head.num_states
     if forced:
         budget = tree_budget(tree, n, states) if isinstance(tree, int) and not isinstance(tree, bool) else None
         expected = expected_choice(depth_topk, costs.call_seconds, cycle.overhead, window=window or max(n, 2),
-                                   tree=budget, step=cycle.step) if budget is not None or tree is None else None
+                                   tree=budget) if budget is not None or tree is None else None
         if expected is not None and expected.rate() < 1.0:
             err.write(f"mtpc: warning: {expected.describe()}: slower than plain decoding on this machine by the "
                       f"head's recorded acceptance ({measured}); without --window and --tree mtpc chooses\n")
         return HeadPlan(False, window, tree)
-    choice = choose_decoding(depth_topk, costs.call_seconds, cycle.overhead, n, states, step=cycle.step)
+    choice = choose_decoding(depth_topk, costs.call_seconds, cycle.overhead, n, states)
     with_lookup = ""
     if choice.kind == "plain" and lookup is not None:  # the table cannot foresee matches: plain is the safe side
         with_lookup = "; --lookup's matches go with the head: --window N decodes with both"

@@ -5,9 +5,9 @@ nor `--tree`, and says what a forced `--window` or `--tree` is expected to give 
 
 A cycle that verifies `w` positions commits `1 + sum_{d < w} path_d(1)` tokens on average (`path_d(1)`: how often
 the circuit's greedy draft is right at every depth up to `d`, on held-out text) and costs one verify call over
-`w` positions plus the cycle's other work (`overhead`: the draft, the acceptance, the host), in units of a plain
-step (`step`, measured by decoding; by default a verify call over one position). A tree of `auto_tree`'s choice
-commits what `auto_tree` expects and costs its call plus the overhead. Plain decoding commits 1 at cost 1.
+`w` positions plus the cycle's other work (`overhead`: the draft, the acceptance, the host), in plain steps (the
+verify curve's call over one position is one step; `costs.cycle_costs` measures the overhead so). A tree of
+`auto_tree`'s choice commits what `auto_tree` expects and costs its call plus the overhead. Plain decoding commits 1 at cost 1.
 The expected rate is tokens over cost; the choice is the highest, plain decoding unless a chain or tree is
 expected to beat it by `MARGIN`: the table is the head's held-out acceptance on its own kind of text, and a
 prompt of another kind accepts less (the README's head kept 1.36 tokens a cycle on chat where its table
@@ -62,14 +62,14 @@ def chain_tokens(table: dict, width: int) -> float | None:
 
 
 def choose_decoding(depth_topk: dict, call_seconds: dict[int, float], overhead: float, n: int, states: int,
-                    trees: bool = True, step: float | None = None) -> DecodingChoice:
+                    trees: bool = True) -> DecodingChoice:
     """The choice with the highest expected rate among chains of 2 .. max(n, 2) positions and (`trees`) the tree
     `auto_tree` picks, if it beats plain decoding by `MARGIN`, else plain decoding; a `ValueError` for a
     malformed table or costs (as `auto_tree`)."""
     table = depth_topk_table(depth_topk)
     seconds = checked_call_seconds(call_seconds)
-    one = _step(seconds, step)
-    extra = max(float(overhead), 0.0) / one  # the cycle's work besides its verify call, in plain steps
+    one = call_cost(seconds, 1)
+    extra = max(float(overhead), 0.0)  # the cycle's work besides its verify call, in plain steps
     best = DecodingChoice("plain", None, None, 1.0, 1.0)
     bar = MARGIN  # what the best speculative choice must beat: plain by the margin, then each other
     for width in range(2, max(n, 2) + 1):
@@ -88,14 +88,13 @@ def choose_decoding(depth_topk: dict, call_seconds: dict[int, float], overhead: 
 
 
 def expected_choice(depth_topk: dict, call_seconds: dict[int, float], overhead: float,
-                    window: int | None = None, tree: TreeBudget | None = None,
-                    step: float | None = None) -> DecodingChoice | None:
+                    window: int | None = None, tree: TreeBudget | None = None) -> DecodingChoice | None:
     """What a forced `window` (chain) or `tree` is expected to give, as `choose_decoding` scores it (None: the
     table cannot score it, e.g. a tree deeper or wider than recorded)."""
     table = depth_topk_table(depth_topk)
     seconds = checked_call_seconds(call_seconds)
-    one = _step(seconds, step)
-    extra = max(float(overhead), 0.0) / one  # the cycle's work besides its verify call, in plain steps
+    one = call_cost(seconds, 1)
+    extra = max(float(overhead), 0.0)  # the cycle's work besides its verify call, in plain steps
     if tree is not None:
         tokens = _tree_tokens(table, tree)
         if tokens is None:
@@ -105,11 +104,6 @@ def expected_choice(depth_topk: dict, call_seconds: dict[int, float], overhead: 
     if tokens is None:
         return None
     return DecodingChoice("chain", window, None, tokens, _cost(seconds, window, one) + extra)
-
-
-def _step(seconds: dict[int, float], step: float | None) -> float:
-    """A plain step's seconds: measured (`step`), else a verify call over one position."""
-    return float(step) if step is not None and step > 0 else call_cost(seconds, 1)
 
 
 def _cost(seconds: dict[int, float], width: int, step: float) -> float:

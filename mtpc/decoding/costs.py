@@ -83,9 +83,11 @@ def machine_costs(backbone: SplitBackbone, dtype: torch.dtype, device: torch.dev
 
 @dataclass(frozen=True)
 class CycleCosts:
-    """What a plain step and a speculative cycle cost besides its verify call, in seconds, measured by decoding:
-    `step`, the median step of `PlainDecoder`; `overhead`, the median cycle of the head's default chain less the
-    verify call over its width (the draft, the acceptance, the host's reads)."""
+    """What decoding costs besides the verify curve, measured by decoding: `step`, the median seconds of a
+    `PlainDecoder` step; `overhead`, a cycle's work besides its verify call (the draft, the acceptance, the host's
+    reads) in plain steps: the median cycle of the head's default chain over `step`, less its verify call on the
+    curve (scaled so that one position is one step: the curve's calls and a decoder's steps differ by a constant
+    the curve does not care about)."""
 
     step: float
     overhead: float
@@ -101,14 +103,14 @@ def cycle_costs(model: torch.nn.Module, head: MTPHead, call_seconds: dict[int, f
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(0, vocab, (1, prompt_length), generator=torch.Generator().manual_seed(0)).to(device)
-    plain, speculative = PlainDecoder(model), SpeculativeDecoder(model, head)
     medians = []
-    for decoder in (plain, speculative):
-        decoder.generate(prompt, 4)  # warm
+    for decoder in (PlainDecoder(model), SpeculativeDecoder(model, head)):
+        decoder.generate(prompt, tokens)  # warm, every shape of the timed run included
         seconds = decoder.generate(prompt, tokens).stats.cycle_seconds
         medians.append(statistics.median(seconds[1:] or seconds))
     width = max(head.num_variables, 2)
-    return CycleCosts(medians[0], max(medians[1] - call_cost(call_seconds, width), 0.0))
+    relative_call = call_cost(call_seconds, width) / call_cost(call_seconds, 1)
+    return CycleCosts(medians[0], max(medians[1] / medians[0] - relative_call, 0.0))
 
 
 def _read(folder: Path, path: Path, key: dict) -> dict[int, float] | None:
