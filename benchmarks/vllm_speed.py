@@ -182,12 +182,13 @@ def verify_cost(llm, repeats: int) -> dict:
 
     block = llm.llm_engine.vllm_config.cache_config.block_size
     params = vllm.SamplingParams(temperature=0.0, max_tokens=1)
-    prefix = [(7 * i) % 5000 + 100 for i in range(PREFIX_BLOCKS * block)]
+    span = min(5000, llm.llm_engine.model_config.get_vocab_size() - 100)  # ids in 100 .. 100 + span: any vocabulary
+    prefix = [(7 * i) % span + 100 for i in range(PREFIX_BLOCKS * block)]
     llm.generate([{"prompt_token_ids": prefix + [1]}], params, use_tqdm=False)  # fills the cache's blocks
     times = {m: [] for m in COST_POSITIONS}
     for r in range(repeats + 1):  # the widths interleaved, so a drift in the machine's speed touches them alike
         for m in COST_POSITIONS:
-            tail = [(11 * (r + 1) * (j + 1)) % 5000 + 100 for j in range(m)]  # new positions, never cached
+            tail = [(11 * (r + 1) * (j + 1)) % span + 100 for j in range(m)]  # new positions, never cached
             start = time.perf_counter()
             llm.generate([{"prompt_token_ids": prefix + tail}], params, use_tqdm=False)
             times[m].append(time.perf_counter() - start)

@@ -418,3 +418,32 @@ def test_the_proposer_checks_hand_written_options_when_the_engine_starts():
     with pytest.raises(InputError) as error:
         built.load_model(torch.nn.Linear(192, 264))  # a model class whose forward the capture does not know
     assert "'Linear', whose layout it does not know" in one_line(error)
+
+
+# --------------------------------------------------------------------------- the speed benchmark
+
+def test_the_speed_benchmark_runs_each_method_in_its_own_engine_and_compares_greedy_text(tmp_path):
+    """benchmarks/vllm_speed.py (docs/results.md's vLLM table) at tiny sizes on the byte LM: plain and the ff8 head,
+    eager, each in a process of its own; the record holds every phase, the head's greedy text is plain's, its
+    drafts were accepted, and plain's verify-cost probe measured every M."""
+    import subprocess
+    import sys
+
+    import networkx
+
+    out = tmp_path / "speed.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_speed.py"), "--model", str(MODEL),
+                          "--head", str(HEADS / "ff8"), "--code", str(Path(networkx.__file__).parent),
+                          "--dtype", "float32", "--methods", "plain", "head", "--modes", "eager", "--single", "2",
+                          "--batch", "2", "--new-tokens", "16", "--cost-repeats", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900, env={**os.environ, **ENGINE_ENV})
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = {r["method"]: r for r in json.loads(out.read_text())["records"]}
+    plain, head = records["plain"], records["head"]
+    for phase in ("single_greedy", "single_t1", "batch_greedy", "batch_t1"):
+        assert head[phase]["tokens"] == plain[phase]["tokens"] == 2 * 16
+    assert head["single_greedy"]["outputs"] == plain["single_greedy"]["outputs"]
+    assert head["batch_greedy"]["outputs"] == plain["batch_greedy"]["outputs"]
+    assert head["single_greedy"]["spec"]["num_accepted_tokens"] > 0 and head["single_greedy"]["proposer"]["calls"] > 0
+    assert sorted(plain["verify_cost"]["relative"], key=int) == ["1", "2", "4", "8", "16"]
+    assert "| head | eager | single greedy |" in run.stdout and "| relative (M = 1:" in run.stdout
