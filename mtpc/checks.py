@@ -37,9 +37,9 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}  # a --dtype
 ROUNDING_DTYPES = ("bf16",)  # --dtype names whose matmuls round differently with the number of rows
 ROUNDING_NOTE = ("in bf16 a verify call over several positions rounds its sums differently from a one-position "
                  "step, so a near-tie can go the other way; check exactness with --dtype fp32")
-HELP_DECODING_DTYPE = ("auto: bf16 where the device runs bf16 matrix products natively (CUDA, a CPU with AVX-512 BF16 "
-                       "or AMX), else fp32 (a bf16 verify of k positions costs about k steps there); or fp32, bf16, "
-                       "fp64")
+HELP_DECODING_DTYPE = ("auto: fp32 for a checkpoint stored in float32; else bf16 where the device runs bf16 matrix "
+                       "products natively (CUDA, a CPU with AVX-512 BF16 or AMX) and fp32 elsewhere (a bf16 verify of "
+                       "k positions costs about k steps there); or fp32, bf16, fp64")
 HELP_DTYPE = ("the LM's dtype: fp32 (float32), bf16 (bfloat16) or fp64 (float64); on CPUs with bf16 matrix units "
               "bf16 makes verifying several positions cost about one step")
 
@@ -141,8 +141,8 @@ def dtype_name(text: str) -> str:
 
 
 def decoding_dtype_name(text: str) -> str:
-    """`--dtype` of a decoding command: `auto` (bf16 where the device runs it natively, else fp32:
-    `mtpc.loading.resolve_dtype`) or a dtype's name as `dtype_name` takes it."""
+    """`--dtype` of a decoding command: `auto` (a float32 checkpoint's fp32, else bf16 where the device runs it
+    natively and fp32 elsewhere: `mtpc.loading.resolve_dtype`) or a dtype's name as `dtype_name` takes it."""
     return "auto" if text == "auto" else dtype_name(text)
 
 

@@ -592,14 +592,30 @@ def torch_dtype(name: str):
         raise InputError(f"dtype {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
-def resolve_dtype(name: str, device) -> str:
-    """A `--dtype` name with `auto` resolved for `device`: `bf16` where it runs bf16 matrix products natively
-    (`mtpc.hardware.native_bf16`), else `fp32`; any other name as it is."""
+def resolve_dtype(name: str, device, stored: str | None = None) -> str:
+    """A `--dtype` name with `auto` resolved for `device` and a model whose checkpoint holds `stored` weights
+    (`stored_dtype`): `fp32` for a float32 checkpoint (its own dtype, as transformers' `dtype="auto"` keeps it:
+    bf16 would change the text it was checked with), else `bf16` where the device runs bf16 matrix products
+    natively (`mtpc.hardware.native_bf16`) and `fp32` elsewhere; any other name as it is."""
     from .hardware import native_bf16
 
     if name != "auto":
         return name
+    if stored == "fp32":
+        return "fp32"
     return "bf16" if native_bf16(str(device)) else "fp32"
+
+
+def stored_dtype(path: str | Path, config: dict) -> str | None:
+    """The float dtype a model's checkpoint holds its weights in, by its `config` (`model_config`): `fp32`,
+    `bf16`, `fp16`, or None when it names none or the model is a GGUF file (quantized weights: mtpc dequantizes
+    them to the dtype it decodes in)."""
+    from .gguf_files import is_gguf
+
+    if is_gguf(path):
+        return None
+    named = config.get("dtype") or config.get("torch_dtype")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(named) if isinstance(named, str) else None
 
 
 def resolve_device(name: str):

@@ -103,6 +103,24 @@ def test_dtype_auto_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch
     assert ("no native bf16" in hardware.machine_summary()) is not native
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_dtype_auto_keeps_a_float32_checkpoint_in_float32(monkeypatch, tmp_path, native):
+    """A checkpoint stored in float32 (the shipped byte and subword LMs) decodes in float32 on any machine, so the
+    docs' texts hold there too; a bf16 checkpoint, or a GGUF file's quantized weights, follow the hardware."""
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"amx_bf16"} if native else {"avx2"}))
+    cpu = torch.device("cpu")
+    byte_lm = ROOT / "models" / "byte-lm"
+    stored = loading.stored_dtype(byte_lm, loading.model_config(byte_lm))
+    assert stored == "fp32" and loading.resolve_dtype("auto", cpu, stored) == "fp32"
+    assert loading.resolve_dtype("bf16", cpu, stored) == "bf16"  # a given dtype still wins
+    assert loading.resolve_dtype("auto", cpu, "bf16") == ("bf16" if native else "fp32")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert loading.stored_dtype(gguf, {"dtype": "float32"}) is None  # the converted folder's config says float32
+    assert loading.stored_dtype(tmp_path, {"torch_dtype": "bfloat16"}) == "bf16"
+    assert loading.stored_dtype(tmp_path, {}) is None and loading.stored_dtype(tmp_path, {"dtype": 7}) is None
+
+
 def test_this_machines_summary_names_its_cpu():
     assert hardware.cpu_name() in hardware.machine_summary()
 

@@ -343,7 +343,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         torch.set_num_threads(cfg.threads)
 
     device = loading.resolve_device(cfg.device)
-    resolved, dtype_note = resolved_dtype(cfg.dtype, device)
+    resolved, dtype_note = resolved_dtype(cfg.dtype, device, loading.stored_dtype(cfg.model, config))
     cfg = replace(cfg, dtype=resolved)
     check_context_room(cfg, config, k, device)
     sampling = cfg.sampling()

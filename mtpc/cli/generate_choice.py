@@ -1,7 +1,7 @@
 """`mtpc generate`'s measured choices, each stated in one line on stderr:
 
-- `--dtype auto` (the default): bf16 where the device runs bf16 matrix products natively (CUDA, or a CPU with
-  AVX-512 BF16 or AMX), float32 elsewhere; a forced `--dtype bf16` on a CPU without native bf16 is a warning
+- `--dtype auto` (the default): float32 for a checkpoint stored in float32, else bf16 where the device runs bf16
+  matrix products natively (CUDA, or a CPU with AVX-512 BF16 or AMX) and float32 elsewhere; a forced `--dtype bf16` on a CPU without native bf16 is a warning
   when a head verifies several positions a cycle (each then costs about a step);
 - with a head and neither `--window` nor `--tree`: plain decoding, a chain of some width or a tree, whichever
   `mtpc.decoding.auto_decoding` expects to be fastest from the head's recorded per-depth acceptance and this
@@ -21,11 +21,15 @@ from .. import hardware, loading
 __all__ = ["resolved_dtype", "HeadPlan", "plan_head"]
 
 
-def resolved_dtype(name: str, device: torch.device) -> tuple[str, str | None]:
-    """`--dtype` with `auto` resolved for `device` (`loading.resolve_dtype`), and what to say of it: the dtype
-    and the machine when `auto` chose it, else None."""
-    resolved = loading.resolve_dtype(name, device)
-    return resolved, f"{resolved} ({hardware.machine_summary(str(device))})" if name == "auto" else None
+def resolved_dtype(name: str, device: torch.device, stored: str | None = None) -> tuple[str, str | None]:
+    """`--dtype` with `auto` resolved for `device` and a checkpoint of `stored` weights (`loading.resolve_dtype`),
+    and what to say of it: the dtype and why (the checkpoint's dtype, or the machine) when `auto` chose it, else
+    None."""
+    resolved = loading.resolve_dtype(name, device, stored)
+    if name != "auto":
+        return resolved, None
+    why = "the checkpoint's dtype" if stored == "fp32" else hardware.machine_summary(str(device))
+    return resolved, f"{resolved} ({why})"
 
 
 def bf16_warning(dtype: torch.dtype, device: torch.device) -> str | None:
