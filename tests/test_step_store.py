@@ -96,13 +96,20 @@ def counting_compiles(monkeypatch) -> list:
 
 
 @needs_store
-def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path, monkeypatch):
+def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path, monkeypatch, caplog):
     x = torch.linspace(-1, 1, 6)
-    step = precompiled_step(Scale(2.0).step, (x,), "scale", store=tmp_path)
+    with caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
+        step = precompiled_step(Scale(2.0).step, (x,), "scale", store=tmp_path, label="the scale step")
+    # announced before it compiled, as kept for later processes
+    assert [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()] == [
+        "mtpc: compiling the scale step (the whole model as one graph: seconds for a small model, minutes for a "
+        "30-layer one on a CPU; kept in the step store, later processes load it in seconds)"]
     assert torch.allclose(step(x), torch.sin(x) * 2)
-    with monkeypatch.context() as patch:
+    caplog.clear()
+    with monkeypatch.context() as patch, caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
         patch.setattr(torch, "compile", no_compiling)
         assert torch.allclose(precompiled_step(Scale(3.0).step, (x,), "scale", store=tmp_path)(x), torch.sin(x) * 3)
+    assert not caplog.records  # loaded: nothing to announce
     compiles = counting_compiles(monkeypatch)
     y = torch.linspace(-1, 1, 7)  # a shape the stored step's guards refuse: compiled for it
     assert torch.allclose(precompiled_step(Scale(3.0).step, (y,), "scale", store=tmp_path)(y), torch.sin(y) * 3)

@@ -156,7 +156,7 @@ def steps_can_be_stored() -> bool:
 
 
 def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic: Sequence[torch.Tensor] = (),
-                     store: Path | None = None) -> CompiledStep:
+                     store: Path | None = None, label: str = "a step") -> CompiledStep:
     """`step` (a bound method: a pure step of fixed-shape tensors, one graph) compiled ahead of time on
     the CPU for calls like `step(*args)`, loaded from `store` (default `step_store()`) when an earlier
     process saved it, else compiled there and saved. `identity` names everything the traced step depends
@@ -169,7 +169,7 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
     torch cannot save is compiled by `compile_step` (traced again in each process). A store others could
     have written (`check_store`, `read_stored_step`) is neither read nor written: a warning, and the step
-    is compiled for this process."""
+    is compiled for this process. A step about to be compiled (not loaded) is announced first, by `label`."""
     owner, function = step.__self__, step.__func__
     storable = steps_can_be_stored()
     path = None
@@ -179,6 +179,7 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     compiled = None if path is None else _load(path, function, owner, args)
     if compiled is not None:
         return CompiledStep(owner, aot=compiled)
+    announce_compiling(label, stored=path is not None)
     for tensor in dynamic:
         dynamic_length(tensor)
     # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
@@ -257,14 +258,26 @@ class StepVariants:
         # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw them
         # built would be recompiled on the next call
         self.step(*args)
+        label = (f"the {'greedy' if variant.sampling.greedy else 'sampling'} cycle step over {variant.width} "
+                 f"position{'s' if variant.width > 1 else ''} for {variant.batch} row{'s' if variant.batch > 1 else ''}")
         if dynamic and dynamic[0].is_cuda:
+            announce_compiling(label, stored=False)
             for tensor in dynamic:
                 dynamic_length(tensor)
             step = CompiledStep(self.step.__self__, traced=compile_step(self.step, cuda=True))
         else:
-            step = precompiled_step(self.step, args, self.identity(variant, layout), dynamic=dynamic)
+            step = precompiled_step(self.step, args, self.identity(variant, layout), dynamic=dynamic, label=label)
         step(*args)
         return step
+
+
+def announce_compiling(label: str, stored: bool) -> None:
+    """One line before a step compiles: a first compile traces the whole model as one graph (minutes for a
+    30-layer model on a CPU), which nothing printed before this line said."""
+    later = ("kept in the step store, later processes load it in seconds" if stored else
+             "this process only: another compiles it again")
+    log.warning("mtpc: compiling %s (the whole model as one graph: seconds for a small model, minutes for a "
+                "30-layer one on a CPU; %s)", label, later)
 
 
 def tensor_layout(*modules: torch.nn.Module) -> tuple:
