@@ -11,7 +11,9 @@ Settings (each a list of `mtpc generate` flags): `readme` (the README's example:
 choice `auto`), `auto` (the head's defaults: `auto` chooses dtype, plain, chain or tree), `bf16` (`--dtype bf16
 --lookup 10` forced: `auto` still chooses the width), `chain` (`--dtype bf16 --window 4 --lookup 10`: every
 choice forced, as the README's example was before) and `head+lookup` (`--window 2 --lookup 10`: the head forced
-at its cheapest chain, with prompt lookup, in the dtype `auto` picks). Prints the Markdown table (median speed-up per setting and
+at its cheapest chain, with prompt lookup, in the dtype `auto` picks); and forced shapes to hold `auto`'s choice
+against: `window4` (the head's chain of 4), `tree8` and `tree21` (trees of 8 and 21 nodes), `fp32` (float32, the
+shape chosen). Prints the Markdown table (median speed-up per setting and
 kind, the tokens a cycle, what `auto` said), with `--costs` the verify curves `auto` chose by (float32 and
 bf16), and writes every run as JSON.
 """
@@ -32,7 +34,8 @@ from mtpc.errors import InputError  # noqa: E402
 
 SETTINGS = {"readme": ["--lookup", "10"], "auto": [], "bf16": ["--dtype", "bf16", "--lookup", "10"],
             "chain": ["--dtype", "bf16", "--window", "4", "--lookup", "10"],
-            "head+lookup": ["--window", "2", "--lookup", "10"]}
+            "head+lookup": ["--window", "2", "--lookup", "10"], "window4": ["--window", "4"], "tree8": ["--tree", "8"],
+            "tree21": ["--tree", "21"], "fp32": ["--dtype", "fp32"]}
 CODE_BYTES = 600  # a code prompt's length, from a line start a third of the way into its file
 
 

