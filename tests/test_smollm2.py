@@ -43,7 +43,7 @@ def test_generate_with_the_shipped_head_is_plain_greedy_and_transformers_generat
 
     file = smollm2_gguf()
     argv = ["generate", "--model", str(file), "--head", str(HEAD), prompt, "--max-new-tokens", "48", "--compare",
-            "--no-stream", "--threads", "2"]
+            "--no-stream", "--threads", "2", "--dtype", "fp32"]  # exactly transformers' float32 (auto: bf16 on AMX)
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "greedy outputs identical: yes" in captured.err
