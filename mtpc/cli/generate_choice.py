@@ -1,8 +1,9 @@
 """`mtpc generate`'s measured choices, each stated in one line on stderr:
 
 - `--dtype auto` (the default): float32 for a checkpoint stored in float32, else bf16 where the device runs bf16
-  matrix products natively (CUDA, or a CPU with AVX-512 BF16 or AMX) and float32 elsewhere; a forced `--dtype bf16` on a CPU without native bf16 is a warning
-  when a head verifies several positions a cycle (each then costs about a step);
+  matrix products natively (CUDA, or a CPU with AVX-512 BF16 or AMX) and float32 elsewhere; a forced `--dtype
+  bf16` on a CPU without native bf16 is a warning when a head verifies several positions a cycle (each then
+  costs about a step);
 - with a head and neither `--window` nor `--tree`: plain decoding, a chain of some width or a tree, whichever
   `mtpc.decoding.auto_decoding` expects to be fastest from the head's recorded per-depth acceptance and this
   machine's verify costs (kept in the step store: measured once per model shape, dtype, device and threads);
