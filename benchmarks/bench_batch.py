@@ -23,6 +23,7 @@ Writes `DIR/batch.json` (every report, by batch size), `DIR/batch.md` (one table
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from mtpc.bench import BenchConfig, run_bench  # noqa: E402
 from mtpc.bench.batch import HF, PLAIN, PLAIN_COMPILED  # noqa: E402
-from mtpc.checks import positive_int, seed, width_or_adaptive  # noqa: E402
+from mtpc.checks import bench_window, positive_int, seed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from script_args import ScriptParser, existing_file, output_folder, run_main, torch_threads  # noqa: E402
@@ -114,6 +115,15 @@ def plot(reports: dict[int, dict], path: Path) -> None:
     plt.close(fig)
 
 
+
+def batch_window(text: str) -> int | str:
+    """A verify width for every row of a batch: an integer or 'adaptive' (`auto` chooses for one row, not here)."""
+    value = bench_window(text)
+    if value == "auto":
+        raise argparse.ArgumentTypeError("expected 'adaptive' or an integer in 2..1024, got 'auto' (mtpc bench's "
+                                         "--window auto chooses for one row at a time)")
+    return value
+
 def main(argv=None) -> dict[int, dict]:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "byte-lm"))
@@ -128,7 +138,7 @@ def main(argv=None) -> dict[int, dict]:
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--mode", choices=("greedy", "sample"), default="sample")
     parser.add_argument("--compile", action="store_true", help="also the compiled decoders (heads and plain)")
-    parser.add_argument("--window", nargs="+", type=width_or_adaptive, default=[None], metavar="K",
+    parser.add_argument("--window", nargs="+", type=batch_window, default=[None], metavar="K",
                         help="verify widths to compare (2 .. n, or 'adaptive'; default: n): at a larger B a verified "
                              "position costs more of a cycle, so a narrower window may win")
     parser.add_argument("--threads", type=torch_threads, default=1)

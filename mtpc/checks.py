@@ -81,11 +81,12 @@ def int_in(low: int, high: int):
     return parse
 
 
-def width_or_adaptive(text: str) -> int | str:
-    """A verify width: an integer in 2..1024, or `adaptive` (each window chooses its own)."""
-    if text.strip().lower() == "adaptive":
-        return "adaptive"
-    return _number(text, int, "'adaptive' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
+def bench_window(text: str) -> int | str:
+    """A bench row's verify width: an integer in 2..1024, `adaptive` (each window chooses its own) or `auto` (what
+    `mtpc generate` chooses with neither --window nor --tree)."""
+    if text.strip().lower() in ("adaptive", "auto"):
+        return text.strip().lower()
+    return _number(text, int, "'adaptive', 'auto' or an integer in 2..1024", lambda v: 2 <= v <= 1024)
 
 
 MAX_TREE_NODES = 1024  # the largest tree a flag may ask for (a head's n and branching bound it further)

@@ -405,6 +405,42 @@ def test_the_compiled_plain_decoder_compiles_outside_its_timed_steps():
     assert torch.equal(again.sequences, eager.generate(ids, 140).sequences)
 
 
+def test_window_auto_is_the_row_mtpc_generate_would_decode_with(setup, tmp_path, caplog):
+    """`--window auto`: the choice `mtpc generate` makes with neither --window nor --tree (a head always right
+    gets a chain or a tree, its row saying what was expected); a head never right chooses plain decoding: no row,
+    and one line says so; a head with no record is one input error naming it and the flag."""
+    import shutil
+
+    right, wrong = tmp_path / "right", tmp_path / "wrong"
+    shutil.copytree(setup["heads"]["ff"], right)
+    shutil.copytree(setup["heads"]["cp"], wrong)
+    depths = list(range(1, N))
+    (right / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1], "depth": depths, "path": [[1.0] for _ in depths]}}))
+    (wrong / "depth_topk.json").write_text(json.dumps({"val_depth_topk": {
+        "k": [1], "depth": depths, "path": [[0.0] for _ in depths]}}))
+    with caplog.at_level("WARNING", logger="mtpc.bench.variants"):
+        report = run_bench(config(setup, heads=[str(right), str(wrong)], windows=("auto",)))
+    rows = {r["label"]: r for r in report["heads"]}
+    assert len(rows) == 1 and report["greedy_identical"] is True
+    label, row = next(iter(rows.items()))
+    assert label.startswith(("right/auto-w", "right/auto-tree")) and row["width"] == "auto"
+    assert row["auto"]["kind"] in ("chain", "tree") and row["auto"]["expected_speedup"] > 1.15
+    assert row["auto"]["expected_tokens"] > 1
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [m for m in said if m.startswith("mtpc bench: --window auto for wrong: plain decoding (")]
+    assert len(said) == 1 and said[0].endswith("; the plain row is its choice")
+    bare = tmp_path / "bare"
+    shutil.copytree(setup["heads"]["ff"], bare)
+    config_file = bare / "train_config.json"
+    if config_file.exists():
+        recorded = json.loads(config_file.read_text())
+        recorded.pop("val_depth_topk", None)
+        config_file.write_text(json.dumps(recorded))
+    with pytest.raises(InputError, match="--window auto: the head bare records no per-depth acceptance.*give --window N"):
+        run_bench(config(setup, heads=[str(bare)], windows=("auto",)))
+
+
 def test_tree_auto_sizes_each_heads_tree_from_its_recorded_acceptance(setup, tmp_path):
     """`--tree auto`: a head that records a high per-depth acceptance gets a tree (its row says what the choice
     expected and the verify costs it was made from); one whose tree cannot beat plain decoding keeps only its

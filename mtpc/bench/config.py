@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..checks import (DTYPES, HELP_DTYPE, MAX_LOOKUP_TOKENS, MAX_THREADS, dtype_name, int_in, positive_float,
                       positive_int, probability, target_or_temperature, tree_or_chain, unit_interval,
-                      width_or_adaptive)
+                      bench_window)
 from ..checks import seed as parse_seed
 from ..sampling import GREEDY, Sampling
 from ..settings import setting
@@ -54,9 +54,11 @@ class BenchConfig:
         help="prompt-lookup drafting inside the heads' decoder: off, on, or both side by side")
     lookup_tokens: int = setting(10, type=int_in(1, MAX_LOOKUP_TOKENS), help="tokens a lookup match proposes")
     windows: Sequence[int | str | None] = setting(  # None: the head's n
-        (None,), flag="--window", nargs="+", type=width_or_adaptive, metavar="K",
-        help="verify widths of the circuit window to compare side by side: 2 .. each head's n, or 'adaptive' "
-             "(each window's width chosen from its draft's probabilities); default: n")
+        (None,), flag="--window", nargs="+", type=bench_window, metavar="K",
+        help="verify widths of the circuit window to compare side by side: 2 .. each head's n, 'adaptive' "
+             "(each window's width chosen from its draft's probabilities) or 'auto' (the chain or tree mtpc "
+             "generate chooses on this machine from the head's recorded acceptance and measured costs; no row "
+             "where it chooses plain decoding, and a line says so); default: n")
     trees: Sequence[int | str | None] = setting(  # None: a chain
         (None,), flag="--tree", nargs="+", type=tree_or_chain, metavar="N",
         help="window shapes to compare side by side: 'chain' (one drafted continuation, the default) and/or "
@@ -116,5 +118,6 @@ class Variant:
     width: int | str | None = None  # the requested verify width of the circuit window (None: n; "adaptive")
     tree: int | None = None  # a tree's node budget (None: a chain)
     tree_auto: dict | None = None  # `--tree auto`: what the choice expected (tokens a cycle, cost), and from what
+    auto: dict | None = None  # `--window auto`: what `choose_decoding` chose and expected
     acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES
     draft_temperature: float | None = None  # the circuit's sampling temperature (None: the target's)

@@ -157,7 +157,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         sets = [set_metrics(r, lengths) for r in runs[v.label]]
         ff = ff_reference(v, variants)
         row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width,
-               "tree": v.tree, "tree_auto": v.tree_auto,
+               "tree": v.tree, "tree_auto": v.tree_auto, "auto": v.auto,
                "acceptance": v.acceptance, "draft_temperature": v.draft_temperature, "compiled": v.compiled,
                **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}

@@ -147,6 +147,8 @@ def _check_inputs(cfg: BenchConfig) -> None:
             checks.states_fit_vocabulary(graph["states"], info.vocab_size, f"head {path} with model {cfg.model}")
         if "auto" in cfg.trees:
             recorded_acceptance(path, Path(path).name)  # read again, the same way, when the tree is chosen
+        if "auto" in cfg.windows:
+            recorded_acceptance(path, Path(path).name, flag="--window auto")
     if cfg.prompts is not None and not Path(cfg.prompts).is_file():
         raise InputError(f"--prompts {cfg.prompts!r} is not a file")
     if cfg.corpus not in (None, "stdlib"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -15,13 +16,17 @@ import torch
 from .. import loading
 from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
                         load_head_entry)
+from ..decoding.auto_decoding import DecodingChoice, choose_decoding
 from ..decoding.auto_trees import AutoTree, choose_auto_tree, recorded_acceptance, verify_costs
+from ..decoding.costs import cycle_costs
 from ..decoding.trees import tree_budget
 from ..errors import InputError
 from ..tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
 
 __all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
+
+log = logging.getLogger(__name__)
 
 
 def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder],
@@ -49,6 +54,9 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                               call_seconds, chains=None in trees)
     if None not in trees:
         return variants
+    if "auto" in windows:
+        variants += _auto_variants(entries, decoder_cls, lookup, lookup_tokens, compiled, call_seconds)
+    windows = [w for w in windows if w != "auto"]
     for entry, use, width, rule, heat, c in itertools.product(entries, lookup, windows, acceptance, draft_temperatures,
                                                                compiled):
         label = (entry.label + ("/lookup" if use else "") + _width_label(width) + ("/token" if rule == "token" else "")
@@ -95,6 +103,50 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         variants.append(Variant(label, entry, use, window, decoder, compiled=c, tree=count,
                                 tree_auto=auto.summary() if auto else None))
     return variants
+
+
+def _auto_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., SpeculativeDecoder], lookup: Sequence[bool],
+                   lookup_tokens: int, compiled: Sequence[bool],
+                   call_seconds: Callable[[], dict[int, float]] | None) -> list[Variant]:
+    """`--window auto`: per head, the chain or tree `mtpc generate` chooses with neither --window nor --tree
+    (`choose_decoding`, from the head's recorded acceptance, `call_seconds()` and a cycle's other work measured
+    now), with and without lookup and compiled as asked; a head for which plain decoding is chosen has no row
+    (the plain row is its choice), and a line on stderr says so."""
+    variants = []
+    for entry in entries:
+        choice = _auto_choice(entry, call_seconds)
+        summary = {"kind": choice.kind, "window": choice.window, "nodes": choice.tree.nodes if choice.tree else None,
+                   "expected_tokens": choice.tokens, "expected_cost": choice.cost, "expected_speedup": choice.rate()}
+        if choice.kind == "plain":
+            log.warning("mtpc bench: --window auto for %s: %s; the plain row is its choice", entry.label,
+                        choice.describe())
+            continue
+        shape = f"auto-w{choice.window}" if choice.kind == "chain" else f"auto-tree{choice.tree.nodes}"
+        for use, c in itertools.product(lookup, compiled):
+            decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, window=choice.window, tree=choice.tree,
+                                  lookup=PromptLookup(tokens=lookup_tokens) if use else None,
+                                  **({"compile": True} if c else {}))
+            if choice.tree is not None:
+                window = decoder.tree_depth + 1
+            else:
+                window = decoder.span if use else min(decoder.width, entry.info["n"])
+            variants.append(Variant(f"{entry.label}/{shape}" + ("/lookup" if use else "") + ("/compile" if c else ""),
+                                    entry, use, window, decoder, compiled=c, width="auto",
+                                    tree=choice.tree.nodes if choice.tree else None, auto=summary))
+    return variants
+
+
+def _auto_choice(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> DecodingChoice:
+    """`choose_decoding` for one head as `mtpc generate` makes it: its recorded acceptance, the verify curve and
+    a cycle's other work measured by decoding a few tokens (`cycle_costs`)."""
+    depth_topk = recorded_acceptance(entry.path, entry.label, flag="--window auto")
+    if call_seconds is None:
+        raise ValueError("--window auto needs call_seconds, the verify call's seconds by width")
+    seconds = call_seconds()
+    if entry.head.parameterisation == "tied":  # timed on the model's output layer, as the decoder ties it
+        entry.head.tie_to(entry.model.get_output_embeddings())
+    cycle = cycle_costs(entry.model, entry.head, seconds)
+    return choose_decoding(depth_topk, seconds, cycle.overhead, entry.info["n"], entry.head.num_states)
 
 
 def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> AutoTree:

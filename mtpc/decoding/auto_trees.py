@@ -21,14 +21,15 @@ from .verify import verify_call_seconds
 __all__ = ["AutoTree", "choose_auto_tree", "recorded_acceptance", "verify_costs"]
 
 
-def recorded_acceptance(head: str | Path, label: str) -> dict:
+def recorded_acceptance(head: str | Path, label: str, flag: str = "--tree auto") -> dict:
     """The head folder's checked per-depth acceptance (`mtpc.loading.head_depth_topk`: a malformed table is
-    an `InputError` naming its file); a head that records none is an `InputError` naming `label`."""
+    an `InputError` naming its file); a head that records none is an `InputError` naming `label` and the `flag`
+    that asked for it."""
     table = loading.head_depth_topk(head)
     if table is None:
-        raise InputError(f"--tree auto: the head {label} records no per-depth acceptance (val_depth_topk in "
+        raise InputError(f"{flag}: the head {label} records no per-depth acceptance (val_depth_topk in "
                          f"train_config.json, or {loading.DEPTH_TOPK_FILE} from benchmarks/depth_acceptance.py): "
-                         "give --tree N")
+                         f"give {flag.split()[0]} N")
     return table
 
 
