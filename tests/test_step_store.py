@@ -103,7 +103,7 @@ def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path
     # announced before it compiled, as kept for later processes
     assert [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()] == [
         "mtpc: compiling the scale step (the whole model as one graph: seconds for a small model, minutes for a "
-        "30-layer one on a CPU; kept in the step store, later processes load it in seconds)"]
+        "30-layer one on a CPU; kept in the step store if torch can save it: later processes load it in seconds)"]
     assert torch.allclose(step(x), torch.sin(x) * 2)
     caplog.clear()
     with monkeypatch.context() as patch, caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
@@ -119,7 +119,7 @@ def test_a_stored_step_is_loaded_with_its_owners_tensors_and_its_guards(tmp_path
 
 
 @needs_store
-def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkeypatch):
+def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkeypatch, caplog):
     x = torch.linspace(-1, 1, 6)
     assert torch.allclose(precompiled_step(WrappedScale(2.0).step, (x,), "wrapped", store=tmp_path)(x), torch.sin(x) * 2)
     assert [path.suffix for path in tmp_path.iterdir()] == [".bin"]
@@ -132,8 +132,10 @@ def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkey
     holding = precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
     assert holding.aot is None and torch.allclose(holding(x), torch.sin(x) * 2)
     assert sorted(path.suffix for path in tmp_path.iterdir()) == [".bin", ".unsaved"]
-    precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
+    with caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
+        precompiled_step(WrappedScale(2.0, cells=1).step, (x,), "holding", store=tmp_path)
     assert len(compiles) == 3  # the attempt to save, its fallback, and only the fallback the second time
+    assert "for this process only: another traces it again" in caplog.records[-1].getMessage()  # not "kept"
 
 
 def test_saved_guards_leave_out_only_what_torch_cannot_rebuild():

@@ -179,12 +179,12 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     compiled = None if path is None else _load(path, function, owner, args)
     if compiled is not None:
         return CompiledStep(owner, aot=compiled)
-    announce_compiling(label, stored=path is not None)
     for tensor in dynamic:
         dynamic_length(tensor)
     # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
     # version): those are traced in every process, as every step was before, and a marker file says so
     unsaved = None if path is None else path.with_suffix(".unsaved")
+    announce_compiling(label, stored=storable and unsaved is not None and not unsaved.exists())
     if storable and (unsaved is None or not unsaved.exists()):
         try:
             options = {**CPU_OPTIONS, "guard_filter_fn": savable_guards}
@@ -274,8 +274,8 @@ class StepVariants:
 def announce_compiling(label: str, stored: bool) -> None:
     """One line before a step compiles: a first compile traces the whole model as one graph (minutes for a
     30-layer model on a CPU), which nothing printed before this line said."""
-    later = ("kept in the step store, later processes load it in seconds" if stored else
-             "this process only: another compiles it again")
+    later = ("kept in the step store if torch can save it: later processes load it in seconds" if stored else
+             "for this process only: another traces it again, faster once inductor's cache holds its kernels")
     log.warning("mtpc: compiling %s (the whole model as one graph: seconds for a small model, minutes for a "
                 "30-layer one on a CPU; %s)", label, later)
 
