@@ -3,6 +3,7 @@ files and fields, the latency breakdown, prompts from files and corpora, and the
 catching a decoder that commits a wrong token."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -405,6 +406,19 @@ def test_the_compiled_plain_decoder_compiles_outside_its_timed_steps():
     assert torch.equal(again.sequences, eager.generate(ids, 140).sequences)
 
 
+def head_without_acceptance(setup, folder: Path) -> Path:
+    """A copy of the ff head at `folder` that records no per-depth acceptance."""
+    import shutil
+
+    shutil.copytree(setup["heads"]["ff"], folder)
+    config_file = folder / "train_config.json"
+    if config_file.exists():
+        recorded = json.loads(config_file.read_text())
+        recorded.pop("val_depth_topk", None)
+        config_file.write_text(json.dumps(recorded))
+    return folder
+
+
 def test_window_auto_is_the_row_mtpc_generate_would_decode_with(setup, tmp_path, caplog):
     """`--window auto`: the choice `mtpc generate` makes with neither --window nor --tree (a head always right
     gets a chain or a tree, its row saying what was expected); a head never right chooses plain decoding: no row,
@@ -430,13 +444,7 @@ def test_window_auto_is_the_row_mtpc_generate_would_decode_with(setup, tmp_path,
     said = [r.getMessage() for r in caplog.records]
     assert said == [m for m in said if m.startswith("mtpc bench: --window auto for wrong: plain decoding (")]
     assert len(said) == 1 and said[0].endswith("; the plain row is its choice")
-    bare = tmp_path / "bare"
-    shutil.copytree(setup["heads"]["ff"], bare)
-    config_file = bare / "train_config.json"
-    if config_file.exists():
-        recorded = json.loads(config_file.read_text())
-        recorded.pop("val_depth_topk", None)
-        config_file.write_text(json.dumps(recorded))
+    bare = head_without_acceptance(setup, tmp_path / "bare")
     with pytest.raises(InputError, match="--window auto: the head bare records no per-depth acceptance.*give --window N"):
         run_bench(config(setup, heads=[str(bare)], windows=("auto",)))
 
@@ -466,12 +474,6 @@ def test_tree_auto_sizes_each_heads_tree_from_its_recorded_acceptance(setup, tmp
     alone = {r["label"]: r for r in run_bench(config(setup, heads=[str(poor)], trees=("auto",)))["heads"]}
     assert list(alone) == ["poor/auto-chain"] and alone["poor/auto-chain"]["tree"] is None  # without 'chain' asked
     assert alone["poor/auto-chain"]["tree_auto"]["nodes"] is None
-    bare = tmp_path / "bare"
-    shutil.copytree(setup["heads"]["ff"], bare)
-    config_file = bare / "train_config.json"
-    if config_file.exists():
-        recorded = json.loads(config_file.read_text())
-        recorded.pop("val_depth_topk", None)
-        config_file.write_text(json.dumps(recorded))
+    bare = head_without_acceptance(setup, tmp_path / "bare")
     with pytest.raises(InputError, match="--tree auto: the head bare records no per-depth acceptance"):
         run_bench(config(setup, heads=[str(bare)], trees=("auto",)))

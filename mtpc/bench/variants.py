@@ -67,8 +67,8 @@ def build_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                               acceptance=AcceptanceRule() if rule == "token" else BlockVerification(),
                               draft_temperature=heat,
                               **({"window": window} if window is not None else {}), **({"compile": True} if c else {}))
-        window = decoder.span if use else min(decoder.width, entry.info["n"])
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, width=width, acceptance=rule,
+        variants.append(Variant(label, entry, use, _longest(decoder, entry, use), decoder, compiled=c, width=width,
+                                acceptance=rule,
                                 draft_temperature=heat))
     return variants
 
@@ -96,11 +96,7 @@ def _tree_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
         count = (None if budget is None else budget.nodes) if auto else nodes
         label = (f"{entry.label}/{'auto-' if auto else ''}{'chain' if count is None else f'tree{count}'}"
                  + ("/lookup" if use else "") + ("/compile" if c else ""))
-        if budget is None:
-            window = decoder.span if use else min(decoder.width, entry.info["n"])
-        else:
-            window = decoder.tree_depth + 1
-        variants.append(Variant(label, entry, use, window, decoder, compiled=c, tree=count,
+        variants.append(Variant(label, entry, use, _longest(decoder, entry, use), decoder, compiled=c, tree=count,
                                 tree_auto=auto.summary() if auto else None))
     return variants
 
@@ -126,12 +122,8 @@ def _auto_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
             decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, window=choice.window, tree=choice.tree,
                                   lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                                   **({"compile": True} if c else {}))
-            if choice.tree is not None:
-                window = decoder.tree_depth + 1
-            else:
-                window = decoder.span if use else min(decoder.width, entry.info["n"])
             variants.append(Variant(f"{entry.label}/{shape}" + ("/lookup" if use else "") + ("/compile" if c else ""),
-                                    entry, use, window, decoder, compiled=c, width="auto",
+                                    entry, use, _longest(decoder, entry, use), decoder, compiled=c, width="auto",
                                     tree=choice.tree.nodes if choice.tree else None, auto=summary))
     return variants
 
@@ -143,9 +135,7 @@ def _auto_choice(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] 
     if call_seconds is None:
         raise ValueError("--window auto needs call_seconds, the verify call's seconds by width")
     seconds = call_seconds()
-    if entry.head.parameterisation == "tied":  # timed on the model's output layer, as the decoder ties it
-        entry.head.tie_to(entry.model.get_output_embeddings())
-    cycle = cycle_costs(entry.model, entry.head, seconds)
+    cycle = cycle_costs(entry.model, entry.head, seconds)  # a tied head is tied already (`load_head_entry`)
     return choose_decoding(depth_topk, seconds, cycle.overhead, entry.info["n"], entry.head.num_states)
 
 
@@ -156,6 +146,14 @@ def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] 
     if call_seconds is None:
         raise ValueError("--tree auto needs call_seconds, the verify call's seconds by width")
     return choose_auto_tree(depth_topk, call_seconds(), entry.info["n"], entry.head.num_states)
+
+
+def _longest(decoder: SpeculativeDecoder, entry: HeadEntry, lookup: bool) -> int:
+    """The most tokens one cycle of `decoder` can commit: a tree's deepest path and its root, else the lookup's
+    span or the chain's width (at most the head's n)."""
+    if decoder.tree is not None:
+        return decoder.tree_depth + 1
+    return decoder.span if lookup else min(decoder.width, entry.info["n"])
 
 
 def _width_label(width: int | str | None) -> str:
