@@ -11,8 +11,9 @@ acceptance, a function rather than a method, through `compile_step`, which check
 - `verify`: `decoder.verifier.forward` of one window of the circuit's full width (nothing is committed:
   every call writes the same slots after the prompt),
 - `accept`: `mtpc.decoding.acceptance.accept_window` (the whole window's acceptance),
-- `cycle`: `decoder.cycle_step` at the full width, the three in one function; compiled, one graph (what
-  `SpeculativeDecoder(compile=True)` runs per cycle). `sum` - `cycle` is what one graph saves.
+- `cycle`: the decoder's cycle at the full width as `SpeculativeDecoder(compile=True)` runs it:
+  `decoder.verify_step` (the model's call), then `decoder.decide_step` (acceptance and next draft), each one
+  graph when compiled. `sum` - `cycle` is what the two graphs save.
 
 Medians over `--repeats` calls, milliseconds, at `--threads` torch threads (say it with every number).
 Eager, each step's tensor ops are counted too (`*_ops`: the top-level aten calls of one call, under the
@@ -63,7 +64,7 @@ WARMUP = 10  # untimed calls before each step is timed
 def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, compiled: bool,
                evict=None) -> dict[str, float]:
     """Milliseconds of the draft, verify and accept steps of one circuit cycle after `PROMPT`, one by one,
-    and of the decoder's whole cycle step (the three in one function: one graph when compiled); with
+    and of the decoder's whole cycle (its verify and decide steps: two graphs when compiled); with
     `evict` (a function that empties the caches), each also timed right after it (`*_cold_ms`)."""
     ids = torch.tensor([list(PROMPT)])
     logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
@@ -92,7 +93,9 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
     circuit_window = compiled_or_eager(decoder.drafter.circuit_window, h, first, target, draws)
     verify_call = compiled_or_eager(decoder.verifier.forward, tokens, places)
     accept = compiled_or_eager(accept_window)
-    cycle_step = compiled_or_eager(decoder.cycle_step, target, window, places, limit, eos, uniforms)
+    verify_step = compiled_or_eager(decoder.verify_step, window.tokens, window.shape, places)
+    decide_step = compiled_or_eager(decoder.decide_step, target, window, places.slots, verified_logits, hidden, limit,
+                                    eos, uniforms)
 
     def draft():
         return circuit_window(h, first, target, draws)
@@ -104,7 +107,8 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
         return accept(target, decoder.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
 
     def cycle():
-        return cycle_step(target, window, places, limit, eos, uniforms)
+        cycle_logits, cycle_hidden = verify_step(window.tokens, window.shape, places)
+        return decide_step(target, window, places.slots, cycle_logits, cycle_hidden, limit, eos, uniforms)
 
     steps = {"draft": draft, "verify": verify, "accept": accept_step, "cycle": cycle}
     record = {f"{name}_ms": median_ms(step, repeats, WARMUP) for name, step in steps.items()}

@@ -1,13 +1,13 @@
 """What a compiled cycle saves by checking its guards once per generation instead of on every call.
 
 For each head (default: the shipped `models/heads/ff8` and `models/heads/btree8-r8` on `models/byte-lm`),
-the decoder's cycle step is compiled ahead of time for one sampled cycle after a prompt
-(`mtpc.decoding.compiling.precompiled_step`, not stored), then called alternately, `--calls` times per
-round over `--rounds` rounds, two ways:
+the decoder's two cycle steps (`verify_step`, then `decide_step`) are compiled ahead of time for one
+sampled cycle after a prompt (`mtpc.decoding.compiling.precompiled_step`, not stored), then the cycle is
+called alternately, `--calls` times per round over `--rounds` rounds, two ways:
 
-- `per call`: `step(*args)`, the compiled step checking its guards on every call (what every compiled
+- `per call`: `step(*args)`, each compiled step checking its guards on every call (what every compiled
   call did before: torch.compile's own wrapper checks them too);
-- `per generation`: `step.checked(*args)`, the guards checked once, then the step without them (what a
+- `per generation`: `step.checked(*args)`, the guards checked once, then the steps without them (what a
   compiled generation's cycles now run).
 
 Prints the median milliseconds per call of each, their ratio, and the ratio's spread over rounds;
@@ -46,15 +46,19 @@ from script_args import ScriptParser, output_file, run_main, torch_threads  # no
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cycle_arguments(decoder: SpeculativeDecoder, target: Sampling) -> tuple:
-    """The arguments of one sampled cycle at the full width after `PROMPT`."""
+def cycle_arguments(decoder: SpeculativeDecoder, target: Sampling) -> tuple[tuple, tuple]:
+    """The arguments of one sampled cycle's verify and decide steps at the full width after `PROMPT`."""
     ids = torch.tensor([list(PROMPT)])
     logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
     uniforms = cycle_uniforms(1, 2 * decoder.n + decoder.span, None, h.device)
     first = target.probs(logits).argmax(-1)  # [1]
     window = decoder.drafter.circuit_window(h, first, target, uniforms[:, :decoder.n])
     width = decoder.width
-    return target, window, decoder.verifier.places(width), torch.tensor([width]), torch.tensor([-1]), uniforms
+    places = decoder.verifier.places(width)
+    verify_args = (window.tokens, window.shape, places)
+    logits, hidden = decoder.verify_step(*verify_args)
+    return verify_args, (target, window, places.slots, logits, hidden, torch.tensor([width]), torch.tensor([-1]),
+                         uniforms)
 
 
 def per_call_ms(step, calls: int) -> float:
@@ -67,11 +71,17 @@ def per_call_ms(step, calls: int) -> float:
 @torch.no_grad()
 def measure(decoder: SpeculativeDecoder, rounds: int, calls: int) -> dict:
     target = Sampling(1.0)
-    args = cycle_arguments(decoder, target)
-    decoder.cycle_step(*args)  # eagerly first, as the decoder's warm-up does
-    compiled = precompiled_step(decoder.cycle_step, args, None, dynamic=[args[2].kv_slots])
-    unguarded = compiled.checked(*args)
-    ways = {"per_call": lambda: compiled(*args), "per_generation": lambda: unguarded(*args)}
+    verify_args, decide_args = cycle_arguments(decoder, target)
+    decoder.decide_step(*decide_args)  # eagerly first, as the decoder's warm-up does
+    verify = precompiled_step(decoder.verify_step, verify_args, None, dynamic=[verify_args[2].kv_slots])
+    decide = precompiled_step(decoder.decide_step, decide_args, None)
+    checked = verify.checked(*verify_args), decide.checked(*decide_args)
+
+    def cycle(verify_step, decide_step):
+        verify_step(*verify_args)
+        return decide_step(*decide_args)
+
+    ways = {"per_call": lambda: cycle(verify, decide), "per_generation": lambda: cycle(*checked)}
     for way in ways.values():
         per_call_ms(way, 10)
     times = {name: [] for name in ways}
@@ -101,7 +111,7 @@ def main(argv=None) -> dict:
     for head_dir in args.heads:
         decoder = SpeculativeDecoder(model, load_head(head_dir).eval())
         records.append({"head": Path(head_dir).name, **measure(decoder, args.rounds, args.calls)})
-    print(f"one compiled sampled cycle step, threads={args.threads}, median ms per call over {args.rounds} rounds "
+    print(f"one compiled sampled cycle (verify and decide steps), threads={args.threads}, median ms per call over {args.rounds} rounds "
           f"of {args.calls} calls")
     print(f"{'head':<14}{'per call':>10}{'per generation':>16}{'ratio':>8}{'range':>14}")
     for r in records:

@@ -49,6 +49,13 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def draft_temperature(self, setting: float | None = None) -> float:
+        """The temperature a draft head samples at under this sampling: `setting` (a decoder's
+        `draft_temperature`), else the target's own; 1 when greedy (an argmax ignores it)."""
+        if self.greedy:
+            return 1.0
+        return float(setting if setting is not None else self.temperature)
+
     def probs(self, logits):
         """`[..., V]` logits (a torch tensor) -> `[..., V]` float64 probabilities of the shaped target."""
         if self.greedy:

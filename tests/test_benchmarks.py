@@ -112,10 +112,10 @@ def test_bench_cycle_times_every_step(lab, tmp_path, capsys):
     assert run_bench_cycle(lab, tmp_path, "--eager-only") == {("greedy", False), ("sample", False)}
     assert "threads=1, median ms over 3 calls" in capsys.readouterr().out
     records = json.loads((tmp_path / "cycle.json").read_text())["records"]
-    for r in records:  # eager steps count their ops; the cycle is the three steps in one function
+    for r in records:  # eager steps count their ops; the cycle is the three steps, in the decoder's two
         assert all(r[f"{step}_ops"] > 0 for step in ("draft", "verify", "accept"))
         steps = r["draft_ops"] + r["verify_ops"] + r["accept_ops"]
-        assert steps <= r["cycle_ops"] <= steps + 10, r  # plus the slices and the packet the host reads
+        assert steps <= r["cycle_ops"] <= steps + 12, r  # plus the slices and the packet the host reads
     greedy, sample = sorted(records, key=lambda r: r["mode"])
     assert sample["draft_ops"] > greedy["draft_ops"]  # a sampled draft also builds its proposal rows
 

@@ -358,7 +358,7 @@ def test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths(caplog):
 
 class ScaledStep:
     """A step whose variants share one code object (the guard on `self.k` tells them apart), like the
-    `cycle_step` of many decoders in one process."""
+    `decide_step` of many decoders in one process."""
 
     def __init__(self, k: int):
         self.k, self.eager_calls = k, 0
@@ -444,9 +444,9 @@ def test_a_compiled_step_skips_most_of_inductors_per_process_isa_checks():
 
 
 @pytest.mark.parametrize("sample", [False, True])
-def test_the_cycle_step_traces_as_one_graph(sample):
-    """Window, StepOutput and the packet are pytrees of tensors: dynamo sees the whole step (verify call,
-    acceptance, next draft) as one graph without a break."""
+def test_each_cycle_step_traces_as_one_graph(sample):
+    """Window, Places, StepOutput and the packet are pytrees of tensors: dynamo sees the verify step (the
+    model's call) as one graph and the decide step (acceptance, next draft) as another, without a break."""
     vocab, n = 12, 4
     model = cyclic_lm(vocab)
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
@@ -455,10 +455,14 @@ def test_the_cycle_step_traces_as_one_graph(sample):
     logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3], [0, 4, 5]]), [0, 1], 16)  # a batch of 2
     uniforms = torch.rand(2, 2 * n + decoder.span, dtype=torch.float64) if sample else None
     window = decoder.drafter.circuit_window(h, logits.argmax(-1), target, None if uniforms is None else uniforms[:, :n])
-    args = (target, window, decoder.verifier.places(n), torch.tensor([n, n]), torch.tensor([-1]), uniforms)
-    decoder.cycle_step(*args)  # the draft program's plans are built on first use
-    explained = torch._dynamo.explain(decoder.cycle_step)(*args)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    places = decoder.verifier.places(n)
+    verify_args = (window.tokens, window.shape, places)
+    logits, hidden = decoder.verify_step(*verify_args)
+    decide_args = (target, window, places.slots, logits, hidden, torch.tensor([n, n]), torch.tensor([-1]), uniforms)
+    decoder.decide_step(*decide_args)  # the draft program's plans are built on first use
+    for step, args in ((decoder.verify_step, verify_args), (decoder.decide_step, decide_args)):
+        explained = torch._dynamo.explain(step)(*args)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
 def test_a_call_attends_over_the_filled_slots_only():

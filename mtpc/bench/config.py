@@ -81,7 +81,8 @@ class BenchConfig:
              "(needs llama-cpp-python)")
     compile: bool = setting(
         False, help="also run plain decoding with a static KV cache, eager and torch.compile'd, and every head "
-                    "variant again with its cycle (draft, verify, accept) compiled as one graph (compiled in the "
+                    "variant again with its cycle compiled (the verify call as one graph, acceptance and draft as another; "
+                    "compiled in the "
                     "warm-up); speed-ups are then reported against the compiled baseline too")
     max_repetition: float | None = setting(
         None, type=unit_interval, metavar="R",

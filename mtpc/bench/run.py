@@ -23,8 +23,8 @@ the circuit window's verify width, eager or compiled), over `K` disjoint prompt 
   backbone call: the circuit's draft, its marginals/conditionals, the first token's decision),
   `backbone` (the one backbone call: verifier + draft path), `accept` (after the backbone call until
   the next cycle: acceptance, residuals after a rejection, cache crop, bookkeeping). A compiled
-  variant runs its draft, verify call and acceptance as one graph (`SpeculativeDecoder.cycle_step`): its
-  `backbone` phase is that whole step, `head` only the eager choice of the window, `accept` the host
+  variant runs its verify call as one graph and its acceptance and draft as another
+  (`SpeculativeDecoder.verify_step`, `decide_step`): its `backbone` phase is the two, `head` only the eager choice of the window, `accept` the host
   read and bookkeeping after it (`benchmarks/bench_cycle.py` times the steps one by one).
 
 A subword LM (its own tokenizer files in the folder) is measured through its tokenizer: prompts are its

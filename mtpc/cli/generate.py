@@ -121,7 +121,7 @@ def check_config(cfg: GenerateConfig) -> None:
     if cfg.lookup is not None and (isinstance(cfg.lookup, bool) or not isinstance(cfg.lookup, int) or cfg.lookup < 1):
         raise InputError(f"--lookup must be a positive integer (tokens a match proposes), got {cfg.lookup!r}")
     if cfg.compile and cfg.head is None:
-        raise InputError("--compile compiles the speculative decoder's cycle step: give --head too")
+        raise InputError("--compile compiles the speculative decoder's cycle steps: give --head too")
     if cfg.max_context is not None and not cfg.compile:
         raise InputError("--max-context sets the room a compiled decoder's caches hold: give --compile too")
     if cfg.window is not None and cfg.head is None:

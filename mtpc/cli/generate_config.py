@@ -66,8 +66,8 @@ class GenerateConfig:
         help="with --head and --temperature > 0: the temperature the circuit drafts at (default: --temperature, "
              "as the verifier samples); any value stays lossless")
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
-        False, help="with --head: torch.compile each decoding cycle (verify, accept, draft) as one graph (static "
-                    "caches, one graph per verify width; compiled before the first cycle)")
+        False, help="with --head: torch.compile each decoding cycle (the verify call as one graph, acceptance and "
+                    "draft as another; static caches, one pair per verify width; compiled before the first cycle)")
     max_context: int | None = setting(  # None: the model's context, at most 8,192 (decoding.verify.context_reserve)
         None, type=int_in(1, MAX_CONTEXT), metavar="N",
         help="with --compile: positions the decoder's caches hold from the start (default: the model's context, "

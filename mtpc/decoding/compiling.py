@@ -1,4 +1,5 @@
-"""`torch.compile` of one cycle step (draft, verify or accept), the same way for every step.
+"""`torch.compile` of one cycle step (a decoder's verify step or its acceptance-and-draft step, a plain step),
+the same way for every step.
 
 A step is a pure function of fixed-shape tensors (randomness comes in as uniforms, positions as a
 tensor), so it compiles once per shape, but for one dimension left dynamic on purpose: the number of cache
@@ -7,7 +8,7 @@ compiles inductor on the CPU (with its C++ wrapper: at batch 1 the
 Python wrapper's per-call cost is a visible part of a step); on CUDA `mode="reduce-overhead"`, i.e.
 CUDA graphs, whose outputs live in memory the next replay overwrites, so they are copied out.
 
-On the CPU the decoder's cycle step is compiled ahead of time (`precompiled_step`) and kept on disk:
+On the CPU the decoder's cycle steps are compiled ahead of time (`precompiled_step`) and kept on disk:
 inductor's own cache keeps the kernels between processes, but dynamo would trace the step again in
 every process (2-3 s of a `mtpc generate --compile` run), so the traced step, its guards and its
 kernels are saved together and a later process loads them instead (with a torch that has `aot_compile`;
@@ -38,7 +39,7 @@ from typing import Callable, Collection, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "UntrustedStore", "check_store",
+__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "UntrustedStore", "VerifyVariant", "check_store",
            "compile_step", "dynamic_length", "isolation_options", "precompiled_step", "read_stored_step",
            "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
 
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # Each compiled step keeps its own variants (`isolate_recompiles`): by default dynamo files every variant of
 # a code object in one list, checks their guards in turn on every call and stops compiling at 8, so the
-# decoders of a bench (one `cycle_step` code object, a few variants each) would fall back to eager.
+# decoders of a bench (one `decide_step` code object, a few variants each) would fall back to eager.
 RECOMPILE_LIMIT = 64
 MAX_STEP_BYTES = 256 * 2**20  # a stored step file (the byte LM's are 1.7 MB): more is refused unread
 
@@ -64,12 +65,15 @@ def isolation_options(compile_parameters) -> dict:
 ISOLATED = isolation_options(inspect.signature(torch.compile).parameters)
 
 # Inductor options on a CPU. `cpp_wrapper`: a C++ wrapper around the kernels (measured 0.14-0.20 ms a call
-# where the Python one took 0.21-0.31). `cpp.vec_isa_ok`: inductor otherwise proves, in every process, that
+# where the Python one took 0.21-0.31; on SmolLM2's 30 layers a verify call took 10% longer through the Python
+# wrapper). `cpp_wrapper_build_separate`: the wrapper is built at -O1 and the kernels apart at -O3, where one
+# -O3 build of both took 97 of the 157 s a cold SmolLM2 step compiled in (now 62 s; its cycles ran 1.5%
+# slower, within the spread of the rounds). `cpp.vec_isa_ok`: inductor otherwise proves, in every process, that
 # the C++ compiler builds and loads code for each vector ISA the CPU reports, one child Python per check
 # (three on our CPU, a few tenths of a second each, in every `mtpc generate --compile`). The ISAs it
 # would check are the CPU's own (read from cpuinfo either way), and any g++ or clang of the last several
 # years builds for them; the narrower checks (AVX-512 VNNI and bf16, AMX) still run.
-CPU_OPTIONS = {"cpp_wrapper": True, "cpp.vec_isa_ok": True}
+CPU_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "cpp.vec_isa_ok": True}
 
 
 def compile_step(step: Callable, cuda: bool) -> Callable:
@@ -202,9 +206,9 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
 
 @dataclass(frozen=True)
 class StepVariant:
-    """What one compiled variant of a decoder's cycle step specialises on: the sampling (a constant of the
-    trace), the number of EOS ids, the cache allocation it writes (new tensors after every allocation), the
-    verify width and the batch size."""
+    """What one compiled variant of a decoder's acceptance-and-draft step specialises on: the sampling (a
+    constant of the trace), the number of EOS ids, the cache allocation it writes (new tensors after every
+    allocation), the verify width and the batch size."""
 
     sampling: object
     eos_count: int
@@ -212,9 +216,34 @@ class StepVariant:
     width: int
     batch: int
 
+    def label(self) -> str:
+        return (f"the {'greedy' if self.sampling.greedy else 'sampling'} acceptance and draft after a verify over "
+                f"{_count(self.width, 'position')} for {_count(self.batch, 'row')} (seconds)")
+
+
+@dataclass(frozen=True)
+class VerifyVariant:
+    """What one compiled variant of a decoder's verify step (the model's call over a window) specialises on: the
+    cache allocation it writes, the verify width and the batch size; not the sampling, so greedy and sampling
+    cycles share it."""
+
+    allocation: int
+    width: int
+    batch: int
+
+    def label(self) -> str:
+        return (f"the model's verify call over {_count(self.width, 'position')} for {_count(self.batch, 'row')} "
+                "(the whole model as one graph: seconds for a small model, about a minute for a 30-layer one on a "
+                "CPU; greedy and sampling cycles share it)")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
 
 class StepVariants:
-    """A decoder's compiled cycle steps: each `StepVariant` compiled once per process (on the CPU loaded from
+    """A decoder's compiled steps of one kind (its verify step, or its acceptance-and-draft step): each variant
+    (`StepVariant`, `VerifyVariant`) compiled once per process (on the CPU loaded from
     `step_store()` when an earlier process saved it), made ready before a generation's first cycle
     (`make_ready`: its guards checked once for the generation's shapes), and handed out per cycle
     (`step_for`: the ready step, else the eager `step`: a cycle never compiles).
@@ -237,7 +266,7 @@ class StepVariants:
         self.ready.clear()
         self.fresh = 0
 
-    def make_ready(self, variant: StepVariant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]) -> None:
+    def make_ready(self, variant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]) -> None:
         """Ready `variant` for calls like `step(*args)` (`dynamic`: tensors of `args` whose first dimension
         varies from cycle to cycle): compiled now unless this process compiled it for the same `layout` (the
         model's and head's tensors, `tensor_layout`), and its guards checked once."""
@@ -250,17 +279,15 @@ class StepVariants:
             ready = compiled.checked(*args) or compiled
         self.ready[variant] = ready
 
-    def step_for(self, variant: StepVariant) -> Callable:
+    def step_for(self, variant) -> Callable:
         return self.ready.get(variant, self.step)
 
-    def _compile(self, variant: StepVariant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]
-                 ) -> CompiledStep:
+    def _compile(self, variant, layout: tuple, args: tuple, dynamic: Sequence[torch.Tensor]) -> CompiledStep:
         # eagerly first: the circuit's draft program builds its plans on first use, and a trace that saw them
         # built would be recompiled on the next call
         self.step(*args)
-        label = (f"the {'greedy' if variant.sampling.greedy else 'sampling'} cycle step over {variant.width} "
-                 f"position{'s' if variant.width > 1 else ''} for {variant.batch} row{'s' if variant.batch > 1 else ''}")
-        if dynamic and dynamic[0].is_cuda:
+        label = variant.label()
+        if any(isinstance(arg, torch.Tensor) and arg.is_cuda for arg in args):
             announce_compiling(label, stored=False)
             for tensor in dynamic:
                 dynamic_length(tensor)
@@ -272,12 +299,11 @@ class StepVariants:
 
 
 def announce_compiling(label: str, stored: bool) -> None:
-    """One line before a step compiles: a first compile traces the whole model as one graph (minutes for a
-    30-layer model on a CPU), which nothing printed before this line said."""
+    """One line before a step compiles: a first compile of the verify step traces the whole model as one graph
+    (about a minute for a 30-layer model on a CPU), which nothing printed before this line said."""
     later = ("kept in the step store if torch can save it: later processes load it in seconds" if stored else
              "for this process only: another traces it again, faster once inductor's cache holds its kernels")
-    log.warning("mtpc: compiling %s (the whole model as one graph: seconds for a small model, minutes for a "
-                "30-layer one on a CPU; %s)", label, later)
+    log.warning("mtpc: compiling %s; %s", label, later)
 
 
 def tensor_layout(*modules: torch.nn.Module) -> tuple:

@@ -1,7 +1,7 @@
 """The named data of a speculative cycle: what the step returns, the one tensor the host reads, and the
 host's view of each row.
 
-A cycle step (`SpeculativeDecoder.cycle_step`) returns a `StepOutput` on the device; the host reads its
+A cycle's decide step (`SpeculativeDecoder.decide_step`) returns a `StepOutput` on the device; the host reads its
 `packet` once (`CyclePacket.read`) and keeps, per row, a `Row`: the tokens it added, its budget left,
 whether it is live, and its next window's first token and verify width. `Pending` is the next cycle's
 windows as they sit on the device. `CycleDraws` says which of a sampling cycle's uniforms serves which draw.
@@ -49,7 +49,7 @@ class CycleDraws:
 
 @dataclass
 class StepOutput:
-    """What `cycle_step` returns, on the device: the `packet` the host reads, the next windows and the
+    """What `decide_step` returns, on the device: the `packet` the host reads, the next windows and the
     draft hidden states `hidden` `[B, d]` at each row's last committed token (a host proposer drafts from
     it)."""
 

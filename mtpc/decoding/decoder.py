@@ -6,8 +6,8 @@ positions in the static caches, and rows advance by different amounts each cycle
 decoder holds, on the device, each row's next `Window` `[x_0, d_1 .. d_{S-1}]`: `x_0` already decided
 (the verifier's next token: its argmax, or a draw from its target or from a residual), the circuit's
 draft conditioned on it, the proposal rows and its verify width (the decoder's fixed width, or with
-`AdaptiveWidth` the one the row's draft chose). A cycle is one fixed-shape step, `cycle_step`, for the
-whole batch:
+`AdaptiveWidth` the one the row's draft chose). A cycle is two fixed-shape steps for the whole batch,
+`verify_step` (1) and `decide_step` (2, 3):
 
 1. one backbone call on the windows' first `W` tokens (`W` the widest row's width: every row verifies
    the same width, each tests only its own) at each row's own slots and positions in static caches
@@ -30,7 +30,9 @@ and commits 1 .. width tokens per row; greedy output equals plain greedy decodin
 sampled output is exactly distributed as the verifier's shaped target, row by row. Every draw of a
 sampling cycle comes from one uniforms tensor per row (`cycle_uniforms`), so a seed gives the same text
 eager and compiled, and with one generator per row a row's text depends on its own generator only;
-with `compile=True` the step is one graph per verify width.
+with `compile=True` each step is one graph per verify width (the verify step, the model's call, apart:
+it reads no sampling setting, so greedy and sampling cycles share it, and it alone takes the time of a
+first compile).
 
 A tree (`tree=N`, `mtpc.decoding.trees`) runs the same loop and step: the window is the circuit's tree of
 `N` nodes with its `WindowShape`, the verify call puts each node at its depth's position and lets it see
@@ -55,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -68,9 +70,9 @@ from ..sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
                          cycle_uniforms)
 from .backbone import SplitBackbone
-from .compiling import StepVariant, StepVariants, tensor_layout
+from .compiling import StepVariant, StepVariants, VerifyVariant, tensor_layout
 from .cycle import CyclePacket, Pending, Row, StepOutput
-from .drafting import AdaptiveWidth, Drafter, Window, window_widths
+from .drafting import AdaptiveWidth, Drafter, Window, WindowShape, window_widths
 from .host import HostReads
 from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
                      checked_switch, eos_set)
@@ -92,8 +94,8 @@ class SpeculativeDecoder:
 
     `lora_layers`: the last `k` layers run twice (`SplitBackbone`). `lookup`: prompt lookup as a host proposer
     (`K` tokens per match, or a `PromptLookup`); `proposers`: more host proposers, asked after it. `window`:
-    the circuit windows' verify width (2 .. n; default n) or an `AdaptiveWidth`. `compile`: the cycle step
-    through `torch.compile`, one graph per verify width, kept for later generations (on the CPU also on
+    the circuit windows' verify width (2 .. n; default n) or an `AdaptiveWidth`. `compile`: the cycle's
+    verify and decide steps through `torch.compile`, one graph each per verify width, kept for later generations (on the CPU also on
     disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
     token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
     is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
@@ -126,7 +128,7 @@ class SpeculativeDecoder:
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
         self.compile, self.host_reads = checked_switch("compile", compile), HostReads()
-        self.steps = StepVariants(self.cycle_step, partial(step_identity, self))
+        self.compiled = CompiledCycle(self)
 
     @property
     def width(self) -> int:  # the widest verify width of a circuit window
@@ -197,7 +199,7 @@ class SpeculativeDecoder:
             self._warm(h, sampling)
             stats.compile_seconds = time.perf_counter() - compiling
             start += stats.compile_seconds
-            announce_compile(self.verifier, stats.compile_seconds, self.steps.fresh)
+            announce_compile(self.verifier, stats.compile_seconds, self.compiled.fresh)
         stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         for proposer in self.proposers:
             proposer.start([prompt[b, pads[b]:].tolist() for b in range(len(rows))])
@@ -206,7 +208,8 @@ class SpeculativeDecoder:
             first = logits.argmax(-1)  # [B]
         else:
             first = inverse_cdf(sampling.probs(logits), self.draws.of_decide(uniforms, 1)[:, 0])  # [B]
-        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms), self.draft_temperature_for(sampling))
+        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms),
+                                    sampling.draft_temperature(self.draft_temperature))
         firsts, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         for row, first_token, width in zip(rows, firsts, widths):
             row.first, row.width = first_token, width
@@ -228,10 +231,12 @@ class SpeculativeDecoder:
         stats.count_windows([name for name, v in zip(drafted_by, verify) if v])
         W = max(w for w, v in zip(widths, verify) if v)
         limit = [min(length, row.left) if v else 1 for length, row, v in zip(lengths, rows, verify)]
-        step = self.steps.step_for(self._variant(sampling, W, len(rows)))
-        stamp("backbone_start")  # a compiled step is one graph: its acceptance and draft count as the backbone's
-        out = step(sampling, window, self.verifier.places(W), torch.tensor(limit, device=pending.hidden.device),
-                   self.eos_ids, uniforms)
+        places = self.verifier.places(W)
+        verify_step, decide_step = self.compiled.steps(sampling, W, len(rows))
+        stamp("backbone_start")  # compiled steps: their acceptance and draft count as the backbone's
+        logits, hidden = verify_step(window.tokens, window.shape, places)
+        out = decide_step(sampling, window, places.slots, logits, hidden,
+                          torch.tensor(limit, device=pending.hidden.device), self.eos_ids, uniforms)
         stamp("step_end")
         packet = CyclePacket.read(self.host_reads, out.packet)
         accepted = [a if v else 0 for a, v in zip(packet.accepted, verify)]
@@ -252,7 +257,7 @@ class SpeculativeDecoder:
         lengths = [min(w, self.n) for w in widths]
         if not self.proposers:  # the circuit's windows as drafted: no per-row views to build
             return window, widths, lengths, drafted_by
-        temperature = self.draft_temperature_for(sampling)
+        temperature = sampling.draft_temperature(self.draft_temperature)
         for b in (b for b, v in enumerate(verify) if v):
             draws = self.draws.of_fill(uniforms, b)  # never the next window's draws
             view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature, pending.window)
@@ -264,31 +269,32 @@ class SpeculativeDecoder:
                     break
         return window, widths, lengths, drafted_by
 
-    def cycle_step(self, sampling: Sampling, window: Window, places: Places, limit: torch.Tensor,
-                   eos_ids: torch.Tensor, uniforms: torch.Tensor | None) -> StepOutput:
-        """A cycle of the whole batch as one function of fixed-shape tensors (with `compile=True` one
-        graph): verify the windows' first `W` tokens at `places` (`[B, W]` slots and positions), accept
-        (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`),
-        draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
-        `self.draws` (`CycleDraws`) says."""
+    def verify_step(self, tokens: torch.Tensor, shape: WindowShape | None, places: Places
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A cycle's first step (compiled: one graph, which greedy and sampling cycles share): the first `W`
+        of the windows' `tokens` `[B, span]` at `places` (`[B, W]` slots and positions; a tree of `shape`: a
+        node at its depth's position, seeing its ancestors) -> logits `[B, W, V]`, draft hidden `[B, W, d]`."""
         W = places.slots.shape[1]
+        places = places if shape is None else places.for_tree(shape, self.tree_depth)
+        return self.verifier.forward(tokens[:, :W], places)
+
+    def decide_step(self, sampling: Sampling, window: Window, slots: torch.Tensor, logits: torch.Tensor,
+                    hidden: torch.Tensor, limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None
+                    ) -> StepOutput:
+        """A cycle's second step (compiled: one graph) after `verify_step` of `window` at `slots` `[B, W]`:
+        accept (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`)
+        and draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
+        `self.draws` (`CycleDraws`) says."""
+        W = slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
-        places = places if window.shape is None else places.for_tree(window.shape, self.tree_depth)  # a tree's
-        logits, hidden = self.verifier.forward(tokens, places)  # [B, W, V], [B, W, d]
         verdict = decide(sampling, self.acceptance, window, logits, hidden, limit, eos_ids,
                          self.draws.of_decide(uniforms, W), self.tree_depth, self.circuit.tree_proposals(window, W))
         if verdict.path is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
-            self.verifier.keep_path(places, verdict.path)
+            self.verifier.keep_path(slots, verdict.path)
             tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
         nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.draws.of_draft(uniforms),
-                                 self.draft_temperature_for(sampling))
+                                 sampling.draft_temperature(self.draft_temperature))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
-
-    def draft_temperature_for(self, sampling: Sampling) -> float:
-        """The temperature the circuit drafts at for `sampling` (1 when greedy: an argmax ignores it)."""
-        if sampling.greedy:
-            return 1.0
-        return float(self.draft_temperature if self.draft_temperature is not None else sampling.temperature)
 
     def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
         """Refuse (`ValueError`, `refuse_batch`) a batch `[B, T]` this decoder cannot run, before allocating."""
@@ -296,22 +302,17 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- compiled steps
 
-    def _variant(self, sampling: Sampling, width: int, batch: int) -> StepVariant:
-        return StepVariant(sampling, self.eos_ids.numel(), self.verifier.allocations, width, batch)
-
     def _warm(self, h: torch.Tensor, sampling: Sampling) -> None:
-        """Make ready, on this generation's caches and cycle-shaped inputs, the step variant of every verify width
-        (the growing attended length is its one dynamic dimension); the first cycle overwrites rows written here."""
+        """Make ready, on this generation's caches and cycle-shaped inputs, the steps of every verify width (the
+        growing attended length is their one dynamic dimension); the first cycle overwrites rows written here."""
         B = h.shape[0]
         uniforms = cycle_draws(sampling, None, h, self.draws.total)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
         window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms), 1.0)
-        self.steps.start()
-        layout = tensor_layout(self.backbone.model, self.head)
+        self.compiled.start()
         for width in sorted(set(self.widths).union(*(p.widths for p in self.proposers))):
-            places = self.verifier.places(width)
-            args = (sampling, window, places, torch.full((B,), width, device=h.device), self.eos_ids, uniforms)
-            self.steps.make_ready(self._variant(sampling, width, B), layout, args, [places.kv_slots])
+            limit = torch.full((B,), width, device=h.device)
+            self.compiled.make_ready(sampling, window, self.verifier.places(width), limit, uniforms)
 
     # ----------------------------------------------------------------- transformers integration
 
@@ -337,6 +338,47 @@ class SpeculativeDecoder:
 
             return GenerateDecoderOnlyOutput(sequences=out.sequences)
         return out.sequences
+
+
+class CompiledCycle:
+    """A compiled decoder's two cycle steps: its verify step (the model's call over a window; `VerifyVariant`s,
+    which greedy and sampling cycles share) and its acceptance-and-draft step (`StepVariant`s), each variant made
+    ready before a generation's first cycle (`make_ready`) and handed out per cycle (`steps`: the eager step of
+    a variant not made ready; a cycle never compiles)."""
+
+    def __init__(self, decoder: SpeculativeDecoder):
+        self.decoder = decoder
+        self.verify = StepVariants(decoder.verify_step, partial(verify_identity, decoder))
+        self.decide = StepVariants(decoder.decide_step, partial(step_identity, decoder))
+
+    @property
+    def fresh(self) -> int:  # variants this generation compiled or loaded
+        return self.verify.fresh + self.decide.fresh
+
+    def start(self) -> None:
+        self.verify.start()
+        self.decide.start()
+
+    def steps(self, sampling: Sampling, width: int, batch: int) -> tuple[Callable, Callable]:
+        verify, decide = self._variants(sampling, width, batch)
+        return self.verify.step_for(verify), self.decide.step_for(decide)
+
+    def make_ready(self, sampling: Sampling, window: Window, places: Places, limit: torch.Tensor,
+                   uniforms: torch.Tensor | None) -> None:
+        """Ready the variants of a cycle of `window` at `places` (its verify step run once, for the logits and
+        hidden states its acceptance step is made ready on)."""
+        decoder, model, (B, width) = self.decoder, self.decoder.backbone.model, places.slots.shape
+        verify, decide = self._variants(sampling, width, B)
+        verify_args = (window.tokens, window.shape, places)
+        self.verify.make_ready(verify, tensor_layout(model), verify_args, [places.kv_slots])
+        logits, hidden = self.verify.step_for(verify)(*verify_args)
+        args = (sampling, window, places.slots, logits, hidden, limit, decoder.eos_ids, uniforms)
+        self.decide.make_ready(decide, tensor_layout(model, decoder.head), args, [])
+
+    def _variants(self, sampling: Sampling, width: int, batch: int) -> tuple[VerifyVariant, StepVariant]:
+        allocation = self.decoder.verifier.allocations
+        return (VerifyVariant(allocation, width, batch),
+                StepVariant(sampling, self.decoder.eos_ids.numel(), allocation, width, batch))
 
 
 # --------------------------------------------------------------------------- checks and sizes
@@ -454,6 +496,20 @@ def announce_compile(verifier: Verifier, seconds: float, variants: int) -> None:
     log.warning("mtpc: compiled decoding cycle ready in %.1f s (%d step variant%s, traced or loaded from the step "
                 "store), for caches of %s positions (%.0f MiB); %s", seconds, variants, "" if variants == 1 else "s",
                 f"{verifier.max_len:,}", verifier.cache_bytes() / 2**20, later)
+
+
+def verify_identity(decoder: SpeculativeDecoder, variant: VerifyVariant, layout: tuple) -> str | None:
+    """What a compiled variant of the verify step depends on besides the tensors its guards check (see
+    `precompiled_step`): the model's configuration and tensors' layout, the layers run twice, a tree's depth,
+    the caches' length and the variant's width and batch (not its allocation, which only tells this process's
+    caches apart). None when the model or its family is a class outside mtpc, transformers and peft."""
+    parts = (decoder.backbone.model, decoder.backbone.family)
+    if not all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts):
+        return None
+    config = decoder.backbone.model.config.to_dict()
+    config.pop("_name_or_path", None)
+    return repr((sorted(config.items(), key=repr), layout, decoder.backbone.k, decoder.tree_depth,
+                 decoder.verifier.max_len, variant.width, variant.batch))
 
 
 def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tuple) -> str | None:

@@ -208,13 +208,13 @@ class Verifier:
                             starts=places.starts, kv_slots=places.kv_slots, ancestors=places.ancestors)
         return out.logits, out.hidden
 
-    def keep_path(self, places: Places, path: torch.Tensor) -> None:
-        """After a tree's call at `places`: move each row's accepted `path` `[B, D + 1]` (node indices, depth by
-        depth) to the slots after its committed text, in every cache (verifier and draft path), so that
-        `commit` can count them as a chain's. On the device, inside the step."""
-        path = path[:, :places.slots.shape[1]]  # a path is never longer than the nodes verified (the rest repeat)
-        sources = places.slots.gather(1, path)  # [B, D + 1]
-        targets = places.slots[:, :path.shape[1]]
+    def keep_path(self, slots: torch.Tensor, path: torch.Tensor) -> None:
+        """After a tree's call at `slots` `[B, W]`: move each row's accepted `path` `[B, D + 1]` (node indices,
+        depth by depth) to the slots after its committed text, in every cache (verifier and draft path), so
+        that `commit` can count them as a chain's. On the device, inside the step."""
+        path = path[:, :slots.shape[1]]  # a path is never longer than the nodes verified (the rest repeat)
+        sources = slots.gather(1, path)  # [B, D + 1]
+        targets = slots[:, :path.shape[1]]
         self.state.verifier.move(sources, targets)
         if self.state.draft is not None:
             self.state.draft.move(sources, targets)
