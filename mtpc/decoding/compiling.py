@@ -218,7 +218,8 @@ class StepVariant:
 
     def label(self) -> str:
         return (f"the {'greedy' if self.sampling.greedy else 'sampling'} acceptance and draft after a verify over "
-                f"{_count(self.width, 'position')} for {_count(self.batch, 'row')} (seconds)")
+                f"{_count(self.width, 'position')} for {_count(self.batch, 'row')} (seconds for a chain; a tree's "
+                "draft, unrolled node by node, about a minute on a CPU)")
 
 
 @dataclass(frozen=True)
