@@ -39,7 +39,7 @@ from typing import Callable, Collection, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "StepVariant", "StepVariants", "UntrustedStore", "VerifyVariant", "check_store",
+__all__ = ["CPU_OPTIONS", "CompiledStep", "PlainVariant", "StepVariant", "StepVariants", "UntrustedStore", "VerifyVariant", "check_store",
            "compile_step", "dynamic_length", "isolation_options", "precompiled_step", "read_stored_step",
            "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
 
@@ -236,6 +236,19 @@ class VerifyVariant:
         return (f"the model's verify call over {_count(self.width, 'position')} for {_count(self.batch, 'row')} "
                 "(the whole model as one graph: seconds for a small model, about a minute for a 30-layer one on a "
                 "CPU; greedy and sampling cycles share it)")
+
+
+@dataclass(frozen=True)
+class PlainVariant:
+    """What one compiled variant of a plain decoder's one-token step specialises on: the cache allocation it
+    writes and the batch size."""
+
+    allocation: int
+    batch: int
+
+    def label(self) -> str:
+        return (f"the plain decoding step for {_count(self.batch, 'row')} (the whole model as one graph: seconds "
+                "for a small model, about a minute for a 30-layer one on a CPU)")
 
 
 def _count(number: int, noun: str) -> str:

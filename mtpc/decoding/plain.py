@@ -6,11 +6,12 @@ distill-data` all run it. A batch of left-padded prompts `[B, T]` with its `atte
 together, each row at its own positions in preallocated caches (the split backbone's `SlotCache`,
 as the speculative decoder's verifier keeps them); rows advance together and a row that reached its
 EOS rides along, padded. The prompt is read by an eager forward; the one-token step runs eagerly or,
-with `compile=True`, through `torch.compile` as the speculative decoder's cycle step is compiled
-(`compile_step`: fixed shapes, the attended length its one dynamic dimension), which makes it the
-static-cache compiled plain decoding a user would pick instead of a draft head. A compiled step is
-traced before the first timed step on caches it has not run on (`stats.compile_seconds`, out of the
-steps' times, as the speculative decoder's).
+with `compile=True`, through `torch.compile` as the speculative decoder's cycle steps are compiled
+(`StepVariants`: fixed shapes, the attended length its one dynamic dimension; on the CPU kept in the
+step store for later processes), which makes it the static-cache compiled plain decoding a user would
+pick instead of a draft head. A compiled step is made ready before the first timed step on caches it
+has not run on, announced in one line when it compiles (`stats.compile_seconds`, out of the steps'
+times, as the speculative decoder's).
 
 A model mtpc has no family adapter for runs through its own forward and a dynamic cache: eager only,
 and its rows must be unpadded (equal lengths). A peft model runs with its adapters disabled (the
@@ -21,13 +22,14 @@ one generator or one per row (a row's text then depends on its own generator onl
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 from torch import nn
 
 from ..sampling import GREEDY, Sampling
 from .backbone import BackboneState, SplitBackbone, lora_depth
-from .compiling import compile_step, dynamic_length
+from .compiling import PlainVariant, StepVariants, tensor_layout
 from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
 from .verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
@@ -56,8 +58,8 @@ class PlainDecoder:
         self.state: BackboneState | None = None
         self.max_len, self.batch = 0, 0
         self.allocations, self.compiled_for = 0, 0  # cache allocations; the one the compiled step last ran on
-        cuda = self.backbone.parts.lm_head.weight.is_cuda if not self.backbone.whole_model else False
-        self.step = compile_step(self._step, cuda) if compile else self._step
+        self.steps = StepVariants(self._step, partial(plain_identity, self))
+        self.step = self._step  # the compiled variant once `_warm` made it ready
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling = GREEDY, *,
@@ -159,7 +161,14 @@ class PlainDecoder:
         if not self.compile or self.compiled_for == self.allocations:
             return 0.0
         start = time.perf_counter()
-        self._next(torch.zeros(B, dtype=torch.long, device=device), T)
+        slots = torch.full((B, 1), T, device=device)  # [B, 1]
+        kv_slots = attended_slots(T + 1, self.max_len, device)  # [S]
+        args = (torch.zeros(B, 1, dtype=torch.long, device=device), slots, slots - self.starts[:, None], self.starts,
+                kv_slots)
+        variant = PlainVariant(self.allocations, B)
+        self.steps.start()
+        self.steps.make_ready(variant, tensor_layout(self.backbone.model), args, [kv_slots])
+        self.step = self.steps.step_for(variant)
         self.compiled_for = self.allocations
         return time.perf_counter() - start
 
@@ -169,7 +178,7 @@ class PlainDecoder:
             return self.backbone(token[:, None], self.state).logits[:, -1]
         B = token.shape[0]
         slots = torch.full((B, 1), slot, device=token.device)  # [B, 1]
-        kv_slots = dynamic_length(attended_slots(slot + 1, self.max_len, token.device))  # [S]
+        kv_slots = attended_slots(slot + 1, self.max_len, token.device)  # [S]
         logits = self.step(token[:, None], slots, slots - self.starts[:, None], self.starts, kv_slots)
         return logits.clone() if self.compile else logits  # a compiled step's output may be overwritten
 
@@ -184,6 +193,17 @@ class PlainDecoder:
         # the caches with a constant host length: the rows' places come in as tensors, so a compiled step never
         # specialises on a position
         return BackboneState(self.state.verifier, None, 0, False)
+
+
+def plain_identity(decoder: PlainDecoder, variant: PlainVariant, layout: tuple) -> str | None:
+    """What a compiled variant of the plain step depends on besides the tensors its guards check (see
+    `precompiled_step`): the model's configuration and tensors' layout, the caches' length and the batch; None
+    when the model is a class outside transformers and peft."""
+    if not type(decoder.backbone.model).__module__.startswith(("transformers.", "peft.")):
+        return None
+    config = decoder.backbone.model.config.to_dict()
+    config.pop("_name_or_path", None)
+    return repr((sorted(config.items(), key=repr), layout, decoder.max_len, variant.batch))
 
 
 def _choose(sampling: Sampling, logits: torch.Tensor, generator) -> torch.Tensor:
