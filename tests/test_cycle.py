@@ -292,15 +292,19 @@ def test_compiled_cycle_equals_eager(window, first_token):
     for i, ids in enumerate(prompts(vocab, 3, seed=9)):
         plain = PlainDecoder(model).generate(ids, 19).sequences
         assert torch.equal(compiled.generate(ids, 19).sequences, plain)
+        verify_steps = dict(compiled.compiled.verify.compiled)
         gen = [torch.Generator().manual_seed(i) for _ in range(2)]
         sampled = [d.generate(ids, 19, sampling=Sampling(0.7), generator=g).sequences
                    for d, g in zip((compiled, eager), gen)]
         assert torch.equal(*sampled)  # same draws (the circuit's at 0.7 too), same float64 verdicts
+        # the verify steps (the model's call) read no sampling setting: the greedy cycles' serve the sampled ones
+        assert compiled.compiled.verify.fresh == 0 and compiled.compiled.verify.compiled == verify_steps
+        assert compiled.compiled.decide.fresh == (2 if i == 0 else 0)  # a decide step per width: circuit, lookup
 
 
 @pytest.mark.slow
 def test_compiled_sampling_is_exact_and_a_wrong_rule_is_caught():
-    """The compiled cycle (one graph: the circuit window, the verify call and the acceptance) against
+    """The compiled cycle (two graphs: the verify call; the acceptance and the next circuit window) against
     exact enumeration, with the wrong residual that must fail on the same compiled path."""
     from test_decode import PROMPT, BlockResidualIsTarget, chi_square_pvalue, exact_joint, sampling_setup, speculative_samples
 
