@@ -13,7 +13,10 @@ acceptance, a function rather than a method, through `compile_step`, which check
 - `accept`: `mtpc.decoding.acceptance.accept_window` (the whole window's acceptance),
 - `cycle`: the decoder's cycle at the full width as `SpeculativeDecoder(compile=True)` runs it:
   `decoder.verify_step` (the model's call), then `decoder.decide_step` (acceptance and next draft), each one
-  graph when compiled. `sum` - `cycle` is what the two graphs save.
+  graph when compiled. `sum` - `cycle` is what the two graphs save;
+- `one graph`: the same two steps in one function (`OneGraph`), one graph when compiled: what the decoder
+  compiled before its verify step was made a graph of its own (shared by greedy and sampling cycles);
+  `cycle` / `one graph` is what the second graph costs a cycle.
 
 Medians over `--repeats` calls, milliseconds, at `--threads` torch threads (say it with every number).
 Eager, each step's tensor ops are counted too (`*_ops`: the top-level aten calls of one call, under the
@@ -60,6 +63,18 @@ TARGETS = {"greedy": GREEDY, "sample": Sampling(1.0)}
 WARMUP = 10  # untimed calls before each step is timed
 
 
+class OneGraph:
+    """The decoder's two cycle steps called from one method, so that `precompiled_step` compiles them as one
+    graph."""
+
+    def __init__(self, decoder: SpeculativeDecoder):
+        self.decoder = decoder
+
+    def step(self, tokens, shape, places, target, window, limit, eos, uniforms):
+        logits, hidden = self.decoder.verify_step(tokens, shape, places)
+        return self.decoder.decide_step(target, window, places.slots, logits, hidden, limit, eos, uniforms)
+
+
 @torch.no_grad()
 def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, compiled: bool,
                evict=None) -> dict[str, float]:
@@ -96,6 +111,8 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
     verify_step = compiled_or_eager(decoder.verify_step, window.tokens, window.shape, places)
     decide_step = compiled_or_eager(decoder.decide_step, target, window, places.slots, verified_logits, hidden, limit,
                                     eos, uniforms)
+    one_graph_args = (window.tokens, window.shape, places, target, window, limit, eos, uniforms)
+    one_graph_step = compiled_or_eager(OneGraph(decoder).step, *one_graph_args)
 
     def draft():
         return circuit_window(h, first, target, draws)
@@ -110,7 +127,10 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
         cycle_logits, cycle_hidden = verify_step(window.tokens, window.shape, places)
         return decide_step(target, window, places.slots, cycle_logits, cycle_hidden, limit, eos, uniforms)
 
-    steps = {"draft": draft, "verify": verify, "accept": accept_step, "cycle": cycle}
+    def one_graph():
+        return one_graph_step(*one_graph_args)
+
+    steps = {"draft": draft, "verify": verify, "accept": accept_step, "cycle": cycle, "one_graph": one_graph}
     record = {f"{name}_ms": median_ms(step, repeats, WARMUP) for name, step in steps.items()}
     if evict is not None:
         record.update({f"{name}_cold_ms": median_ms(step, repeats, WARMUP, before=evict) for name, step in steps.items()})
@@ -158,7 +178,7 @@ def main(argv=None) -> dict:
                 times = step_times(decoder, target, args.repeats, compiled, evict)
                 records.append({"head": Path(head_dir).name, "mode": mode, "compiled": compiled, **times})
     print(f"one cycle's steps at batch 1, threads={args.threads}, median ms over {args.repeats} calls")
-    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}"
+    print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}{'1 graph':>8}"
           f"{'ops: draft':>12}{'verify':>8}{'accept':>8}{'cycle':>8}")
     for r in records:
         kind = "compiled" if r["compiled"] else "eager"
@@ -166,7 +186,7 @@ def main(argv=None) -> dict:
         ops = "".join(f"{r[f'{step}_ops']:>{12 if step == 'draft' else 8}}" for step in ("draft", "verify", "accept", "cycle")
                       ) if not r["compiled"] else ""
         print(f"{r['head']:<14}{r['mode']:<8}{kind:<10}{r['draft_ms']:>8.3f}{r['verify_ms']:>8.3f}{r['accept_ms']:>8.3f}"
-              f"{total:>8.3f}{r['cycle_ms']:>8.3f}{ops}")
+              f"{total:>8.3f}{r['cycle_ms']:>8.3f}{r['one_graph_ms']:>8.3f}{ops}")
     if args.cold:
         print(f"the same steps right after evicting the caches ({args.evict_mib} MiB copied, untimed, before each call)")
         print(f"{'head':<14}{'mode':<8}{'':<10}{'draft':>8}{'verify':>8}{'accept':>8}{'sum':>8}{'cycle':>8}")
