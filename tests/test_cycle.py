@@ -349,15 +349,16 @@ def test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths(caplog):
     torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length
     with caplog.at_level(logging.WARNING, logger="mtpc.decoding.decoder"):
         first = decoder.generate(torch.tensor([[1, 2, 3]]), 40)
-    notices = [r.getMessage() for r in caplog.records]
+    notices = [r.getMessage() for r in caplog.records if r.name == "mtpc.decoding.decoder"]  # not the compile lines
     assert len(notices) == 1 and "for caches of 1,025 positions" in notices[0], notices
     assert "later generations in this process reuse it" in notices[0] and first.stats.compile_seconds > 0
+    lines = len(caplog.records)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for length, budget in GROWING[1:]:
             ids = torch.tensor([[1 + i % 11 for i in range(length)]])
             out = decoder.generate(ids, budget)
             assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, budget).sequences)
-    assert decoder.verifier.allocations == 1 and len(caplog.records) == 1
+    assert decoder.verifier.allocations == 1 and len(caplog.records) == lines  # nothing compiled, nothing said
 
 
 class ScaledStep:
