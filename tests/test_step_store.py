@@ -84,6 +84,26 @@ def test_a_second_decoder_loads_the_step_and_runs_its_own_weights(monkeypatch):
     assert not torch.equal(baked.sequences, eager.sequences)  # the first head's weights would show
 
 
+@pytest.mark.slow  # a cold compile of the plain step into a store of its own
+@needs_store
+def test_a_compiled_plain_step_is_announced_stored_and_loaded_by_the_next_plain_decoder(tmp_path, monkeypatch, caplog):
+    from mtpc.decoding import PlainDecoder
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # an empty step store
+    model = cyclic_lm(12)
+    ids = prompts(12, 1, seed=9)[0]
+    eager = PlainDecoder(model).generate(ids, 19).sequences
+    with caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
+        assert torch.equal(PlainDecoder(model, compile=True).generate(ids, 19).sequences, eager)
+    said = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("mtpc: compiling the plain decoding step for 1 row"), said
+    caplog.clear()
+    monkeypatch.setattr(torch, "compile", no_compiling)
+    with caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
+        assert torch.equal(PlainDecoder(model, compile=True).generate(ids, 19).sequences, eager)
+    assert not caplog.records  # loaded from the store: nothing compiled, nothing said
+
+
 def counting_compiles(monkeypatch) -> list:
     compile_, compiles = torch.compile, []
 
