@@ -158,6 +158,31 @@ def test_a_step_through_a_wrapped_function_is_stored_and_loaded(tmp_path, monkey
     assert "for this process only: another traces it again" in caplog.records[-1].getMessage()  # not "kept"
 
 
+@needs_store
+def test_a_step_known_unsavable_is_traced_once_and_never_stored(tmp_path, monkeypatch, caplog):
+    """`savable=False` (a decide step drafting under vmap): one trace for this process, no attempt to save it
+    (which traced a SmolLM2 tree's step twice), nothing written, and the line says so."""
+    x = torch.linspace(-1, 1, 6)
+    compiles = counting_compiles(monkeypatch)
+    with caplog.at_level("WARNING", logger="mtpc.decoding.compiling"):
+        step = precompiled_step(Scale(2.0).step, (x,), "scale", store=tmp_path, label="the scale step", savable=False)
+        assert step.aot is None and torch.allclose(step(x), torch.sin(x) * 2)
+    assert len(compiles) == 1 and list(tmp_path.iterdir()) == []
+    assert "for this process only" in caplog.records[-1].getMessage()
+
+
+def test_decide_steps_that_draft_under_vmap_are_not_offered_to_the_store():
+    from mtpc.decoding.compiling import StepVariant
+    from mtpc.decoding.decoder import decide_savable
+
+    vocab, n = 12, 4
+    model = cyclic_lm(vocab)
+    head = random_head("btree", n, vocab, seed=3, std=0.3)
+    chain, tree = SpeculativeDecoder(model, head), SpeculativeDecoder(model, head, tree=5)
+    one, eight = (StepVariant(Sampling(1.0), 1, 1, n, batch) for batch in (1, 8))
+    assert decide_savable(chain, one) and not decide_savable(chain, eight) and not decide_savable(tree, one)
+
+
 def test_saved_guards_leave_out_only_what_torch_cannot_rebuild():
     from torch._dynamo.types import GuardFilterEntry
 

@@ -160,7 +160,7 @@ def steps_can_be_stored() -> bool:
 
 
 def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic: Sequence[torch.Tensor] = (),
-                     store: Path | None = None, label: str = "a step") -> CompiledStep:
+                     store: Path | None = None, label: str = "a step", savable: bool = True) -> CompiledStep:
     """`step` (a bound method: a pure step of fixed-shape tensors, one graph) compiled ahead of time on
     the CPU for calls like `step(*args)`, loaded from `store` (default `step_store()`) when an earlier
     process saved it, else compiled there and saved. `identity` names everything the traced step depends
@@ -173,7 +173,14 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     that cannot be read, or whose guards refuse `args`, is compiled again and replaced; a step whose guards
     torch cannot save is compiled by `compile_step` (traced again in each process). A store others could
     have written (`check_store`, `read_stored_step`) is neither read nor written: a warning, and the step
-    is compiled for this process. A step about to be compiled (not loaded) is announced first, by `label`."""
+    is compiled for this process. A step about to be compiled (not loaded) is announced first, by `label`.
+    `savable=False`: a step whose guards torch is known not to save (one running `torch.func.vmap`) is compiled
+    by `compile_step` straight away, where an attempt to compile it ahead of time would trace it twice."""
+    if not savable:
+        announce_compiling(label, stored=False)
+        for tensor in dynamic:
+            dynamic_length(tensor)
+        return CompiledStep(step.__self__, traced=compile_step(step, cuda=False))
     owner, function = step.__self__, step.__func__
     storable = steps_can_be_stored()
     path = None
@@ -263,17 +270,18 @@ class StepVariants:
     (`step_for`: the ready step, else the eager `step`: a cycle never compiles).
 
     `step`: the decoder's eager cycle step (a bound method); `identity(variant, layout)`: what a stored step
-    depends on besides its guards (see `precompiled_step`), None to keep it in this process only. A pickled
-    copy is empty (the compiled steps belong to the process)."""
+    depends on besides its guards (see `precompiled_step`), None to keep it in this process only;
+    `savable(variant)` (default: always): False for a variant torch cannot save (`precompiled_step`'s
+    `savable`). A pickled copy is empty (the compiled steps belong to the process)."""
 
-    def __init__(self, step: Callable, identity: Callable):
-        self.step, self.identity = step, identity
+    def __init__(self, step: Callable, identity: Callable, savable: Callable | None = None):
+        self.step, self.identity, self.savable = step, identity, savable
         self.compiled: dict[tuple, CompiledStep] = {}  # (variant, tensor layout) -> compiled step
         self.ready: dict[StepVariant, Callable] = {}  # this generation's variants, guards checked
         self.fresh = 0  # variants this generation compiled (or loaded from the store)
 
     def __reduce__(self):
-        return StepVariants, (self.step, self.identity)
+        return StepVariants, (self.step, self.identity, self.savable)
 
     def start(self) -> None:
         """A new generation: every variant's guards are checked again (`make_ready`)."""
@@ -307,7 +315,9 @@ class StepVariants:
                 dynamic_length(tensor)
             step = CompiledStep(self.step.__self__, traced=compile_step(self.step, cuda=True))
         else:
-            step = precompiled_step(self.step, args, self.identity(variant, layout), dynamic=dynamic, label=label)
+            savable = self.savable is None or self.savable(variant)
+            step = precompiled_step(self.step, args, self.identity(variant, layout), dynamic=dynamic, label=label,
+                                    savable=savable)
         step(*args)
         return step
 

@@ -95,8 +95,8 @@ class SpeculativeDecoder:
     `lora_layers`: the last `k` layers run twice (`SplitBackbone`). `lookup`: prompt lookup as a host proposer
     (`K` tokens per match, or a `PromptLookup`); `proposers`: more host proposers, asked after it. `window`:
     the circuit windows' verify width (2 .. n; default n) or an `AdaptiveWidth`. `compile`: the cycle's
-    verify and decide steps through `torch.compile`, one graph each per verify width, kept for later generations (on the CPU also on
-    disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
+    verify and decide steps through `torch.compile`, one graph each per verify width, kept for later
+    generations (on the CPU also on disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
     token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
     is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
     `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
@@ -349,7 +349,8 @@ class CompiledCycle:
     def __init__(self, decoder: SpeculativeDecoder):
         self.decoder = decoder
         self.verify = StepVariants(decoder.verify_step, partial(verify_identity, decoder))
-        self.decide = StepVariants(decoder.decide_step, partial(step_identity, decoder))
+        self.decide = StepVariants(decoder.decide_step, partial(step_identity, decoder),
+                                   partial(decide_savable, decoder))
 
     @property
     def fresh(self) -> int:  # variants this generation compiled or loaded
@@ -530,6 +531,13 @@ def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tup
                  decoder.drafter.position_cost,
                  decoder.span, decoder.verifier.max_len, variant.sampling, variant.eos_count, variant.width,
                  variant.batch))
+
+
+def decide_savable(decoder: SpeculativeDecoder, variant: StepVariant) -> bool:
+    """Whether torch can save a decide step: not one that drafts under `torch.func.vmap` (a tree's draft, a
+    batch's), whose pytree flattening puts a guard on pytree's registry that torch 2.13 cannot serialize; such
+    a step is compiled for its process straight away (an attempt traced the SmolLM2 tree's step twice)."""
+    return decoder.tree is None and variant.batch == 1
 
 
 def batch_bytes(verifier: Verifier, span: int, B: int, T: int, max_new_tokens: int) -> int:
