@@ -39,9 +39,9 @@ from typing import Callable, Collection, Sequence
 
 import torch
 
-__all__ = ["CPU_OPTIONS", "CompiledStep", "PlainVariant", "StepVariant", "StepVariants", "UntrustedStore", "VerifyVariant", "check_store",
-           "compile_step", "dynamic_length", "isolation_options", "precompiled_step", "read_stored_step",
-           "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
+__all__ = ["CPU_OPTIONS", "CompiledStep", "PlainVariant", "StepVariant", "StepVariants", "UntrustedStore",
+           "VerifyVariant", "check_store", "compile_step", "dynamic_length", "isolation_options", "precompiled_step",
+           "read_stored_step", "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def _count(number: int, noun: str) -> str:
 
 class StepVariants:
     """A decoder's compiled steps of one kind (its verify step, or its acceptance-and-draft step): each variant
-    (`StepVariant`, `VerifyVariant`) compiled once per process (on the CPU loaded from
+    (`StepVariant`, `VerifyVariant`, `PlainVariant`) compiled once per process (on the CPU loaded from
     `step_store()` when an earlier process saved it), made ready before a generation's first cycle
     (`make_ready`: its guards checked once for the generation's shapes), and handed out per cycle
     (`step_for`: the ready step, else the eager `step`: a cycle never compiles).

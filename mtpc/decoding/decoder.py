@@ -96,9 +96,9 @@ class SpeculativeDecoder:
     (`K` tokens per match, or a `PromptLookup`); `proposers`: more host proposers, asked after it. `window`:
     the circuit windows' verify width (2 .. n; default n) or an `AdaptiveWidth`. `compile`: the cycle's
     verify and decide steps through `torch.compile`, one graph each per verify width, kept for later
-    generations (on the CPU also on disk). `acceptance`: the speculative-sampling rule (default `BlockVerification`; `AcceptanceRule()` is
-    token by token). `draft_temperature`: what the circuit samples at (None: the target's temperature; any
-    is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
+    generations (on the CPU also on disk). `acceptance`: the speculative-sampling rule (default
+    `BlockVerification`; `AcceptanceRule()` is token by token). `draft_temperature`: what the circuit samples
+    at (None: the target's temperature; any is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
     `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
     `mtpc.decoding.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one
     small tensor per cycle through `host_reads`, and one after the prefill.
