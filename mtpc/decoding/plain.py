@@ -198,8 +198,8 @@ class PlainDecoder:
 def plain_identity(decoder: PlainDecoder, variant: PlainVariant, layout: tuple) -> str | None:
     """What a compiled variant of the plain step depends on besides the tensors its guards check (see
     `precompiled_step`): the model's configuration and tensors' layout, the caches' length and the batch; None
-    when the model is a class outside transformers and peft."""
-    if not type(decoder.backbone.model).__module__.startswith(("transformers.", "peft.")):
+    when the model is a class outside mtpc, transformers and peft (as the speculative decoder's steps)."""
+    if not type(decoder.backbone.model).__module__.startswith(("mtpc.", "transformers.", "peft.")):
         return None
     config = decoder.backbone.model.config.to_dict()
     config.pop("_name_or_path", None)
