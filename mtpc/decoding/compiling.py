@@ -40,7 +40,7 @@ from typing import Callable, Collection, Sequence
 import torch
 
 __all__ = ["CPU_OPTIONS", "CompiledStep", "PlainVariant", "StepVariant", "StepVariants", "UntrustedStore",
-           "VerifyVariant", "check_store", "compile_step", "dynamic_length", "isolation_options", "precompiled_step",
+           "VerifyVariant", "check_store", "compile_step", "known_code", "model_configuration", "dynamic_length", "isolation_options", "precompiled_step",
            "read_stored_step", "savable_guards", "step_store", "steps_can_be_stored", "tensor_layout"]
 
 log = logging.getLogger(__name__)
@@ -176,13 +176,8 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
     is compiled for this process. A step about to be compiled (not loaded) is announced first, by `label`.
     `savable=False`: a step whose guards torch is known not to save (one running `torch.func.vmap`) is compiled
     by `compile_step` straight away, where an attempt to compile it ahead of time would trace it twice."""
-    if not savable:
-        announce_compiling(label, stored=False)
-        for tensor in dynamic:
-            dynamic_length(tensor)
-        return CompiledStep(step.__self__, traced=compile_step(step, cuda=False))
     owner, function = step.__self__, step.__func__
-    storable = steps_can_be_stored()
+    storable = savable and steps_can_be_stored()
     path = None
     folder = None if identity is None or not storable else _trusted_store(store or step_store())
     if folder is not None:  # its real path, checked: what is opened is what was judged
@@ -192,8 +187,8 @@ def precompiled_step(step: Callable, args: tuple, identity: str | None, dynamic:
         return CompiledStep(owner, aot=compiled)
     for tensor in dynamic:
         dynamic_length(tensor)
-    # torch 2.13 cannot save some steps' guards (a batch's draft under torch.func.vmap guards on a dict's
-    # version): those are traced in every process, as every step was before, and a marker file says so
+    # torch 2.13 cannot save some steps' guards beyond those known (`savable`): those are traced in every
+    # process, as every step was before, and a marker file says so
     unsaved = None if path is None else path.with_suffix(".unsaved")
     announce_compiling(label, stored=storable and unsaved is not None and not unsaved.exists())
     if storable and (unsaved is None or not unsaved.exists()):
@@ -328,6 +323,19 @@ def announce_compiling(label: str, stored: bool) -> None:
     later = ("kept in the step store if torch can save it: later processes load it in seconds" if stored else
              "for this process only: another traces it again, faster once inductor's cache holds its kernels")
     log.warning("mtpc: compiling %s; %s", label, later)
+
+
+def known_code(*parts) -> bool:
+    """Whether every one of `parts` is an object of a class of mtpc, transformers or peft: code whose changes
+    a stored step's key notices (the library's source and those packages' versions), unlike a user's own."""
+    return all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts)
+
+
+def model_configuration(model: torch.nn.Module) -> list:
+    """`model`'s configuration as a stored step's key holds it: every field but the folder it came from."""
+    config = model.config.to_dict()
+    config.pop("_name_or_path", None)
+    return sorted(config.items(), key=repr)
 
 
 def tensor_layout(*modules: torch.nn.Module) -> tuple:

@@ -70,7 +70,7 @@ from ..sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
                          cycle_uniforms)
 from .backbone import SplitBackbone
-from .compiling import StepVariant, StepVariants, VerifyVariant, tensor_layout
+from .compiling import StepVariant, StepVariants, VerifyVariant, known_code, model_configuration, tensor_layout
 from .cycle import CyclePacket, Pending, Row, StepOutput
 from .drafting import AdaptiveWidth, Drafter, Window, WindowShape, window_widths
 from .host import HostReads
@@ -351,12 +351,16 @@ class CompiledCycle:
         self.verify = StepVariants(decoder.verify_step, partial(verify_identity, decoder))
         self.decide = StepVariants(decoder.decide_step, partial(step_identity, decoder),
                                    partial(decide_savable, decoder))
+        self.layouts: tuple[tuple, tuple] = ((), ())  # the model's tensors; the model's and the head's (`start`)
 
     @property
     def fresh(self) -> int:  # variants this generation compiled or loaded
         return self.verify.fresh + self.decide.fresh
 
     def start(self) -> None:
+        """A new generation: every variant made ready again, for the tensors the model and head hold now."""
+        model_layout = tensor_layout(self.decoder.backbone.model)
+        self.layouts = model_layout, model_layout + tensor_layout(self.decoder.head)
         self.verify.start()
         self.decide.start()
 
@@ -368,13 +372,13 @@ class CompiledCycle:
                    uniforms: torch.Tensor | None) -> None:
         """Ready the variants of a cycle of `window` at `places` (its verify step run once, for the logits and
         hidden states its acceptance step is made ready on)."""
-        decoder, model, (B, width) = self.decoder, self.decoder.backbone.model, places.slots.shape
+        B, width = places.slots.shape
         verify, decide = self._variants(sampling, width, B)
         verify_args = (window.tokens, window.shape, places)
-        self.verify.make_ready(verify, tensor_layout(model), verify_args, [places.kv_slots])
+        self.verify.make_ready(verify, self.layouts[0], verify_args, [places.kv_slots])
         logits, hidden = self.verify.step_for(verify)(*verify_args)
-        args = (sampling, window, places.slots, logits, hidden, limit, decoder.eos_ids, uniforms)
-        self.decide.make_ready(decide, tensor_layout(model, decoder.head), args, [])
+        args = (sampling, window, places.slots, logits, hidden, limit, self.decoder.eos_ids, uniforms)
+        self.decide.make_ready(decide, self.layouts[1], args, [])
 
     def _variants(self, sampling: Sampling, width: int, batch: int) -> tuple[VerifyVariant, StepVariant]:
         allocation = self.decoder.verifier.allocations
@@ -504,12 +508,9 @@ def verify_identity(decoder: SpeculativeDecoder, variant: VerifyVariant, layout:
     `precompiled_step`): the model's configuration and tensors' layout, the layers run twice, a tree's depth,
     the caches' length and the variant's width and batch (not its allocation, which only tells this process's
     caches apart). None when the model or its family is a class outside mtpc, transformers and peft."""
-    parts = (decoder.backbone.model, decoder.backbone.family)
-    if not all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts):
+    if not known_code(decoder.backbone.model, decoder.backbone.family):
         return None
-    config = decoder.backbone.model.config.to_dict()
-    config.pop("_name_or_path", None)
-    return repr((sorted(config.items(), key=repr), layout, decoder.backbone.k, decoder.tree_depth,
+    return repr((model_configuration(decoder.backbone.model), layout, decoder.backbone.k, decoder.tree_depth,
                  decoder.verifier.max_len, variant.width, variant.batch))
 
 
@@ -519,13 +520,10 @@ def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tup
     settings, the variant (less its allocation count, which only tells this process's caches apart).
     None when the step runs code of a class outside mtpc, transformers and peft (a user's acceptance
     rule or model family, a model's remote code), whose changes a stored step would not notice."""
-    parts = (decoder.backbone.model, decoder.backbone.family, decoder.acceptance, decoder.head)
-    if not all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts):
+    if not known_code(decoder.backbone.model, decoder.backbone.family, decoder.acceptance, decoder.head):
         return None
-    config = decoder.backbone.model.config.to_dict()
-    config.pop("_name_or_path", None)
     head = decoder.head
-    return repr((sorted(config.items(), key=repr), layout, type(head).__name__, head.options, head.hidden_size,
+    return repr((model_configuration(decoder.backbone.model), layout, type(head).__name__, head.options, head.hidden_size,
                  str(head.dtype), head.circ.plan.to_json(), decoder.backbone.k, type(decoder.acceptance).__name__,
                  vars(decoder.acceptance), decoder.draft_temperature, decoder.widths, decoder.tree,
                  decoder.drafter.position_cost,

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..sampling import GREEDY, Sampling
 from .backbone import BackboneState, SplitBackbone, lora_depth
-from .compiling import PlainVariant, StepVariants, tensor_layout
+from .compiling import PlainVariant, StepVariants, known_code, model_configuration, tensor_layout
 from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
 from .verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
@@ -199,11 +199,10 @@ def plain_identity(decoder: PlainDecoder, variant: PlainVariant, layout: tuple) 
     """What a compiled variant of the plain step depends on besides the tensors its guards check (see
     `precompiled_step`): the model's configuration and tensors' layout, the caches' length and the batch; None
     when the model is a class outside mtpc, transformers and peft (as the speculative decoder's steps)."""
-    if not type(decoder.backbone.model).__module__.startswith(("mtpc.", "transformers.", "peft.")):
+    model = decoder.backbone.model
+    if not known_code(model):
         return None
-    config = decoder.backbone.model.config.to_dict()
-    config.pop("_name_or_path", None)
-    return repr((sorted(config.items(), key=repr), layout, decoder.max_len, variant.batch))
+    return repr((model_configuration(model), layout, decoder.max_len, variant.batch))
 
 
 def _choose(sampling: Sampling, logits: torch.Tensor, generator) -> torch.Tensor:
