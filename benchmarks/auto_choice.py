@@ -113,9 +113,9 @@ def verify_costs(args) -> dict[str, dict[int, float]]:
     it, else measured now): seconds of one call over each width."""
     import torch
 
-    from mtpc import loading
-    from mtpc.decoding.backbone import SplitBackbone
-    from mtpc.decoding.costs import machine_costs
+    from mtpc.lm import loading
+    from mtpc.lm.backbone import SplitBackbone
+    from mtpc.decoding.choice.costs import machine_costs
 
     torch.set_num_threads(args.threads)
     curves = {}

@@ -28,11 +28,11 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from mtpc.decoding.backbone import SplitBackbone  # noqa: E402
+from mtpc.lm.backbone import SplitBackbone  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
-from mtpc.decoding.verify import Verifier  # noqa: E402
+from mtpc.decoding.cycle.verify import Verifier  # noqa: E402
 from mtpc.checks import non_negative_int, positive_int  # noqa: E402
-from mtpc.loading import load_model  # noqa: E402
+from mtpc.lm.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402

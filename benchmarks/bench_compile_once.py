@@ -27,7 +27,9 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpc import SpeculativeDecoder, loading  # noqa: E402
+from mtpc import SpeculativeDecoder  # noqa: E402
+
+from mtpc.lm import loading  # noqa: E402
 from mtpc.checks import dtype_name, positive_int  # noqa: E402
 from mtpc.decoding import load_head_entry  # noqa: E402
 

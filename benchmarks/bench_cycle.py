@@ -10,7 +10,7 @@ acceptance, a function rather than a method, through `compile_step`, which check
 - `draft`: `decoder.drafter.circuit_window` (head -> circuit window -> proposal rows and verify width),
 - `verify`: `decoder.verifier.forward` of one window of the circuit's full width (nothing is committed:
   every call writes the same slots after the prompt),
-- `accept`: `mtpc.decoding.acceptance.accept_window` (the whole window's acceptance),
+- `accept`: `mtpc.decoding.cycle.acceptance.accept_window` (the whole window's acceptance),
 - `cycle`: the decoder's cycle at the full width as `SpeculativeDecoder(compile=True)` runs it:
   `decoder.verify_step` (the model's call), then `decoder.decide_step` (acceptance and next draft), each one
   graph when compiled. `sum` - `cycle` is what the two graphs save;
@@ -47,10 +47,10 @@ import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.sampling import GREEDY, Sampling  # noqa: E402
-from mtpc.decoding.acceptance import accept_window, cycle_uniforms  # noqa: E402
+from mtpc.decoding.cycle.acceptance import accept_window, cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import compile_step, precompiled_step  # noqa: E402
 from mtpc.checks import positive_int  # noqa: E402
-from mtpc.loading import load_model  # noqa: E402
+from mtpc.lm.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402

@@ -4,7 +4,7 @@ For each structure (FF, CP, HMM, BTree) x head parameterisation (full, shared, f
 count: the head's forward `h [d] -> theta [P]` in float32 and bfloat16, and for each greedy draft
 strategy the circuit's draft from theta (what `SpeculativeDecoder` runs before its backbone call):
 
-- `conditional`: sequential argmax of exact conditionals (the default; `circuitc.draft.DraftProgram.greedy`),
+- `conditional`: sequential argmax of exact conditionals (the default; `circuitc.runtime.draft.DraftProgram.greedy`),
 - `conditional+bonus`: the same given the verifier's bonus token as `x_0`,
 - `marginal`: per-position marginal argmax (`DraftProgram.marginal_argmax`),
 - `map`: max-product MAP (runtime), `sample`: one circuit sample (runtime),
@@ -39,7 +39,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from circuitc import builders  # noqa: E402
-from circuitc.draft import DraftProgram  # noqa: E402
+from circuitc.runtime.draft import DraftProgram  # noqa: E402
 from mtpc import MTPHead, PlainDecoder  # noqa: E402
 
 STRUCTURES = ("ff", "cp", "hmm", "btree")
@@ -81,7 +81,7 @@ def head_times(head: MTPHead, d: int, repeats: int) -> dict[str, float]:
 
 def layered_conditional(circ, theta: torch.Tensor) -> torch.Tensor:
     """`[n]` the sequential-argmax draft by upward passes: for each position, `log_marginal` of the `v`
-    candidate states given the positions before it (what the decoder ran before `circuitc.draft`)."""
+    candidate states given the positions before it (what the decoder ran before `circuitc.runtime.draft`)."""
     n, v = circ.num_vars, circ.num_states
     x = torch.zeros(n, dtype=torch.long)
     for j in range(n):

@@ -33,10 +33,10 @@ import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, load_head  # noqa: E402
 from mtpc.sampling import Sampling  # noqa: E402
-from mtpc.decoding.acceptance import cycle_uniforms  # noqa: E402
+from mtpc.decoding.cycle.acceptance import cycle_uniforms  # noqa: E402
 from mtpc.decoding.compiling import precompiled_step  # noqa: E402
 from mtpc.checks import positive_int  # noqa: E402
-from mtpc.loading import load_model  # noqa: E402
+from mtpc.lm.loading import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts
 from results_file import write_results  # noqa: E402

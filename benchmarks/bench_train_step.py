@@ -80,7 +80,7 @@ BACKWARD = "mtpc.backward"
 
 def tiny_model(folder: Path) -> str:
     """A random 2-layer d=32 byte LM saved as `mtpc tiny-lm` saves one."""
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
     from mtpc.training.tiny_lm_setup import TinyLMConfig, build_model
 
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpc import loading  # noqa: E402
+from mtpc.lm import loading  # noqa: E402
 from mtpc.checks import positive_int  # noqa: E402
 from mtpc.decoding import load_head_entry  # noqa: E402
 from mtpc.heads.nll_loss import teacher_forced_ranks  # noqa: E402

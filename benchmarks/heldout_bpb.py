@@ -26,8 +26,8 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from mtpc.checks import positive_int  # noqa: E402
-from mtpc.loading import load_model  # noqa: E402
-from mtpc.tokenizer import ByteTokenizer  # noqa: E402
+from mtpc.lm.loading import load_model  # noqa: E402
+from mtpc.lm.tokenizer import ByteTokenizer  # noqa: E402
 from mtpc.training.data import (PackedDataset, corpus_root, default_corpus, load_documents,  # noqa: E402
                                 split_documents)
 from mtpc.training.tiny_lm_model import bits_per_byte  # noqa: E402

@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from mtpc.training.data import PackedDataset, collate, load_documents, split_documents
     from mtpc.heads.head import load_head
-    from mtpc.decoding.families import OutputLayer
+    from mtpc.lm.families import OutputLayer
     from mtpc.heads.kl_loss import kl_loss, lm_teacher
     from mtpc.heads.nll_loss import mtp_loss
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer.load(args.model)
     lm = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

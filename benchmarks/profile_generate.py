@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from mtpc import SpeculativeDecoder, PlainDecoder, load_head  # noqa: E402
 from mtpc.checks import non_negative_int, positive_int, seed  # noqa: E402
-from mtpc.loading import byte_tokenizer, load_model  # noqa: E402
+from mtpc.lm.loading import byte_tokenizer, load_model  # noqa: E402
 from mtpc.sampling import GREEDY, Sampling  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling scripts

@@ -36,8 +36,8 @@ from mtpc.checks import int_in, positive_int  # noqa: E402
 from mtpc.errors import InputError  # noqa: E402
 from mtpc.files import read_json  # noqa: E402
 from mtpc.hardware import machine_summary  # noqa: E402
-from mtpc.loading import has_hf_tokenizer  # noqa: E402
-from mtpc.tokenizer import ByteTokenizer  # noqa: E402
+from mtpc.lm.loading import has_hf_tokenizer  # noqa: E402
+from mtpc.lm.tokenizer import ByteTokenizer  # noqa: E402
 
 METHODS = ("plain", "ngram", "head", "head+lookup", "mtpc")
 MODES = ("eager", "compiled")
@@ -204,7 +204,7 @@ def mtpc_loop(args, prompts: dict) -> dict:
     import torch
 
     import mtpc
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.sampling import Sampling
 
     torch.set_num_threads(1)

@@ -3,10 +3,10 @@
 The package follows its pipeline; imports run only downward (tests/test_layers.py checks it):
 
     errors, checks, settings, files,     ground floor: used by every stage
-    sampling,
-    tokenizer, chat, loading, lazy
+    sampling, hardware, lazy
+    lm/          where a model comes from: folders, GGUF files, tokenizers, chat templates, LoRA, the backbone
     heads/       hidden state -> circuit parameters; the NLL and KL losses
-    decoding/    backbone split, proposers, acceptance, the one speculative loop, the one plain decoder
+    decoding/    windows, drafts, proposers, acceptance, the one speculative loop, the one plain decoder
     training/    data, mtpc train, mtpc tiny-lm, mtpc distill-data
     serving/     a head as vLLM's speculative proposer (vllm_options; vLLM imported only inside its engine)
     bench/       prompts, timed runs, peers, the report
@@ -24,14 +24,14 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 # Public names and the module defining each. They are imported on first use: most of them need
 # torch and transformers (seconds to import), which `mtpc --help` and input checks do not.
 _EXPORTS = {
-    "SpeculativeDecoder": "decoding.decoder", "AdaptiveWidth": "decoding.decoder",
+    "SpeculativeDecoder": "decoding.cycle.decoder", "AdaptiveWidth": "decoding.cycle.decoder",
     "PlainDecoder": "decoding.plain", "Sampling": "sampling", "GREEDY": "sampling",
     "MTPHead": "heads.head", "load_head": "heads.head", "save_head": "heads.head",
     "DataStats": "training.data", "Document": "training.data", "PackedDataset": "training.data",
     "load_documents": "training.data", "split_documents": "training.data",
     "mtp_loss": "heads.nll_loss", "teacher_forced_accepted": "heads.nll_loss", "kl_loss": "heads.kl_loss",
     "TinyLMConfig": "training.config", "train_tiny_lm": "training.tiny_lm",
-    "ByteTokenizer": "tokenizer",
+    "ByteTokenizer": "lm.tokenizer",
     "TrainConfig": "training.config", "train": "training.trainer",
     "InputError": "errors", "MtpcError": "errors",
     "vllm_options": "serving.options",

@@ -10,7 +10,7 @@ Three kinds live here:
 - checks of paths the user names for output or data (`output_folder`, `data_source`) and of how
   loaded things fit together (`states_fit_vocabulary`, `hidden_sizes_match`).
 
-Reading model, head and LoRA folders is `mtpc.loading`'s job. This module imports nothing heavy, so
+Reading model, head and LoRA folders is `mtpc.lm.loading`'s job. This module imports nothing heavy, so
 the command line can import it while staying quick to start.
 """
 
@@ -143,7 +143,7 @@ def dtype_name(text: str) -> str:
 
 def decoding_dtype_name(text: str) -> str:
     """`--dtype` of a decoding command: `auto` (a float32 checkpoint's fp32, else bf16 where the device runs it
-    natively and fp32 elsewhere: `mtpc.loading.resolve_dtype`) or a dtype's name as `dtype_name` takes it."""
+    natively and fp32 elsewhere: `mtpc.lm.loading.resolve_dtype`) or a dtype's name as `dtype_name` takes it."""
     return "auto" if text == "auto" else dtype_name(text)
 
 

@@ -13,7 +13,7 @@ def save_tiny_lm(path, sharpen: float = 1.0) -> str:
     """A 2-layer d=32 LM (seed 0) with the byte tokenizer. `sharpen` scales the output layer: a
     confident LM has no float near-ties between greedy choices and a peaky teacher for the KL loss."""
     from mtpc.training.tiny_lm import TinyLMConfig, build_model
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     torch.manual_seed(0)
     tok = ByteTokenizer()
@@ -96,7 +96,7 @@ def family_lm(model_type: str, vocab: int = 40, seed: int = 0, dtype=torch.float
 
 def save_family_lm(path, model_type: str, layers: int = 2) -> str:
     """A byte-level (ByteTokenizer vocabulary) random LM of `model_type` saved as a model folder."""
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
     model = family_lm(model_type, tok.vocab_size, dtype=torch.float32, layers=layers,
@@ -109,7 +109,7 @@ def save_family_lm(path, model_type: str, layers: int = 2) -> str:
 def random_lora(model, k, seed=1):
     """`model` with draft-path LoRA on its last `k` layers whose B matrices are random (peft starts them
     at zero), so the adapters really change the draft path's outputs."""
-    from mtpc.decoding.backbone import attach_draft_lora
+    from mtpc.lm.lora import attach_draft_lora
 
     peft_model = attach_draft_lora(model, k, rank=4)
     torch.manual_seed(seed)

@@ -1,6 +1,6 @@
 """Decoding chosen from measured costs (issue 70): `--dtype auto`, the verify curve kept per machine
-(`mtpc.decoding.costs`), and the choice between plain decoding, chains and trees
-(`mtpc.decoding.auto_decoding`) that `mtpc generate` makes with a head when neither --window nor --tree is given.
+(`mtpc.decoding.choice.costs`), and the choice between plain decoding, chains and trees
+(`mtpc.decoding.choice.auto_decoding`) that `mtpc generate` makes with a head when neither --window nor --tree is given.
 
 - `choose_decoding` picks a chain or tree only when it expects it to beat plain decoding by `MARGIN`, plain
   where a verify of k positions costs k steps (a CPU without native bf16), and the widest chain or a tree where
@@ -24,12 +24,13 @@ import pytest
 import torch
 
 import mtpc
-from mtpc import hardware, loading
+from mtpc import hardware
+from mtpc.lm import loading
 from mtpc.cli.commands import main
-from mtpc.decoding.auto_decoding import MARGIN, chain_tokens, choose_decoding, expected_choice
-from mtpc.decoding.backbone import SplitBackbone
-from mtpc.decoding.costs import MachineCosts, machine_costs
-from mtpc.decoding.trees import AUTO_TREE_WIDTHS, tree_budget
+from mtpc.decoding.choice.auto_decoding import MARGIN, chain_tokens, choose_decoding, expected_choice
+from mtpc.lm.backbone import SplitBackbone
+from mtpc.decoding.choice.costs import MachineCosts, machine_costs
+from mtpc.decoding.drafts.trees import AUTO_TREE_WIDTHS, tree_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = str(ROOT / "models" / "byte-lm")
@@ -138,7 +139,7 @@ def backbone(byte_lm):
 
 
 def test_a_plain_step_and_a_cycles_other_work_are_measured_by_decoding(byte_lm):
-    from mtpc.decoding.costs import cycle_costs
+    from mtpc.decoding.choice.costs import cycle_costs
 
     model = byte_lm
     call_seconds = {1: 1.0, 8: 1.0}  # a flat curve: the whole chain cycle over the step is the overhead

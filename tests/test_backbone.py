@@ -7,7 +7,7 @@ import transformers
 from _tiny import random_lora
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mtpc.decoding.backbone import LlamaFamily, SplitBackbone
+from mtpc.lm.backbone import LlamaFamily, SplitBackbone
 
 
 def tiny_llama(vocab=40, hidden=32, layers=3, seed=0, dtype=torch.float64, config_cls=LlamaConfig, **extra):
@@ -148,8 +148,8 @@ def test_attaching_and_loading_the_draft_lora_warns_nothing(tmp_path):
     --lora-layers` and every bench or generate of a LoRA head; nothing of it may reach the user."""
     import warnings
 
-    from mtpc.decoding.backbone import attach_draft_lora
-    from mtpc.loading import load_lora
+    from mtpc.lm.lora import attach_draft_lora
+    from mtpc.lm.lora import load_lora
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -10,9 +10,9 @@ from scipy.stats import chisquare
 from mtpc import SpeculativeDecoder
 from mtpc.sampling import Sampling
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.decoder import AdaptiveWidth
-from mtpc.decoding.families import LlamaFamily
-from mtpc.decoding.proposals import PromptLookup
+from mtpc.decoding.cycle.decoder import AdaptiveWidth
+from mtpc.lm.families import LlamaFamily
+from mtpc.decoding.drafts.proposals import PromptLookup
 from test_decode import (BlockResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables, random_head,
                          sampling_setup, tiny_lm)
 from _tiny import family_lm, random_lora

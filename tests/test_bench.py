@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder, save_head
-from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.lm.lora import attach_draft_lora
 from mtpc.bench.config import BenchConfig
 from mtpc.bench.report import format_table
 from mtpc.bench.prompts import load_prompts
@@ -19,7 +19,7 @@ from mtpc.bench.run import run_bench
 from mtpc.decoding.clock import split_phases
 from mtpc.errors import InputError
 from mtpc.cli.commands import main
-from mtpc.tokenizer import ByteTokenizer
+from mtpc.lm.tokenizer import ByteTokenizer
 
 D, N = 32, 4
 

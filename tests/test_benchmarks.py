@@ -236,7 +236,7 @@ def test_bench_batch_runs_every_batch_size_and_draws_the_plot(lab, tmp_path, cap
 def test_layered_draft_equals_the_draft_program():
     """The script's `conditional/layered` baseline is the same draft, computed the old way."""
     from circuitc import builders
-    from circuitc.draft import DraftProgram
+    from circuitc.runtime.draft import DraftProgram
     from mtpc import MTPHead
 
     layered = script("bench_draft").layered_conditional
@@ -415,7 +415,7 @@ def test_bench_train_step_compare_interleaves_two_checkouts(tmp_path, capsys):
 def test_heldout_bpb_scores_each_rules_held_out_part(lab, tmp_path, capsys):
     """The current rule's held-out part, the previous rule's and their overlap, scored like tiny-lm does;
     the split is the one `mtpc.training.data` makes (so the script cannot drift from training)."""
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
     from mtpc.training.data import load_documents, split_documents
 
     out = tmp_path / "bpb.json"

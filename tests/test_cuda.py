@@ -29,9 +29,9 @@ from circuitc.plan import lower
 from circuitc.runtime import CompiledCircuit
 from mtpc import SpeculativeDecoder
 from mtpc.sampling import GREEDY, Sampling
-from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.lm.lora import attach_draft_lora
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.proposals import PromptLookup
+from mtpc.decoding.drafts.proposals import PromptLookup
 from mtpc.heads.kl_loss import kl_loss, logits_teacher
 from mtpc.heads.nll_loss import mtp_loss
 from test_decode import (PROMPT, D, BlockResidualIsTarget, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables,
@@ -120,7 +120,7 @@ def test_cuda_samples_follow_the_exact_joint_and_map_matches_the_cpu(make):
 @pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
 def test_draft_windows_match_the_cpu(structure):
     """The decoder's circuit window (greedy and sampled from the same uniforms) on CUDA equals the CPU's."""
-    from mtpc.decoding.drafting import Drafter
+    from mtpc.decoding.drafts.drafting import Drafter
 
     head = random_head(structure, 4, 12, seed=7)
     gpu_head = copy.deepcopy(head).to(CUDA)
@@ -328,7 +328,7 @@ def test_compiled_speculative_decoding_on_cuda_equals_eager(structure, lookup):
 def test_calls_on_cuda_attend_over_the_whole_cache():
     """On CUDA every call attends over all the cache's slots but its spare one: one shape, one CUDA graph
     per compiled step."""
-    from mtpc.decoding.verify import attended_slots
+    from mtpc.decoding.cycle.verify import attended_slots
 
     assert torch.equal(attended_slots(10, 128, torch.device(CUDA)).cpu(), torch.arange(127))
 

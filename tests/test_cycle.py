@@ -10,12 +10,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mtpc import SpeculativeDecoder
-from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification, accept_window
+from mtpc.decoding.cycle.acceptance import AcceptanceRule, BlockVerification, accept_window
 from mtpc.sampling import GREEDY, Sampling
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.decoder import AdaptiveWidth
-from mtpc.decoding.proposals import PromptLookup
-from mtpc.decoding.verify import Places, cache_length
+from mtpc.decoding.cycle.decoder import AdaptiveWidth
+from mtpc.decoding.drafts.proposals import PromptLookup
+from mtpc.decoding.cycle.verify import Places, cache_length
 from test_decode import cyclic_lm, oracle_tables, prompts, random_head, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -347,9 +347,9 @@ def test_a_compiled_decoder_compiles_once_whatever_the_prompt_lengths(caplog):
     head = random_head("btree", n, vocab, seed=3, std=0.3, init_from=oracle_tables(model, n))
     decoder = SpeculativeDecoder(model, head, compile=True, max_context=1024)
     torch._dynamo.reset()  # see test_one_compiled_graph_serves_every_attended_length
-    with caplog.at_level(logging.WARNING, logger="mtpc.decoding.decoder"):
+    with caplog.at_level(logging.WARNING, logger="mtpc.decoding.cycle.decoder"):
         first = decoder.generate(torch.tensor([[1, 2, 3]]), 40)
-    notices = [r.getMessage() for r in caplog.records if r.name == "mtpc.decoding.decoder"]  # not the compile lines
+    notices = [r.getMessage() for r in caplog.records if r.name == "mtpc.decoding.cycle.decoder"]  # not the compile lines
     assert len(notices) == 1 and "for caches of 1,025 positions" in notices[0], notices
     assert "later generations in this process reuse it" in notices[0] and first.stats.compile_seconds > 0
     lines = len(caplog.records)
@@ -473,7 +473,7 @@ def test_each_cycle_step_traces_as_one_graph(sample):
 def test_a_call_attends_over_the_filled_slots_only():
     """The verify call reads the cache's first `S` slots, `S` the furthest slot a row writes rounded up to
     `ATTENTION_ROUNDING` (at most the whole cache), and its logits are those over the whole cache."""
-    from mtpc.decoding.verify import ATTENTION_ROUNDING, attended_slots
+    from mtpc.decoding.cycle.verify import ATTENTION_ROUNDING, attended_slots
 
     vocab, n = 12, 4
     model = cyclic_lm(vocab)

@@ -7,7 +7,7 @@ import torch
 
 from mtpc.training.data import PackedDataset, chat_template, collate, find_files, load_documents, split_documents
 from mtpc.heads.windows import target_validity, window_targets
-from mtpc.tokenizer import ByteTokenizer
+from mtpc.lm.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

@@ -9,13 +9,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import circuitc
 from circuitc import builders
-from circuitc.draft import DraftProgram
+from circuitc.runtime.draft import DraftProgram
 from mtpc import MTPHead, SpeculativeDecoder
-from mtpc.decoding.backbone import attach_draft_lora
-from mtpc.decoding.acceptance import AcceptanceRule, BlockVerification
+from mtpc.lm.lora import attach_draft_lora
+from mtpc.decoding.cycle.acceptance import AcceptanceRule, BlockVerification
 from mtpc.sampling import GREEDY, Sampling
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.decoder import AdaptiveWidth
+from mtpc.decoding.cycle.decoder import AdaptiveWidth
 
 D = 32
 
@@ -456,7 +456,7 @@ def test_bad_input_gets_a_clear_error():
 # --------------------------------------------------------------------------- prompt lookup inside the loop
 
 def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
-    from mtpc.decoding.proposals import LookupState, PromptLookup
+    from mtpc.decoding.drafts.proposals import LookupState, PromptLookup
 
     state = LookupState(PromptLookup(tokens=5, min_ngram=1, max_ngram=3))
     state.extend([7, 1, 2, 9, 1, 2, 3, 1, 2])
@@ -479,7 +479,7 @@ def test_lookup_proposes_the_latest_continuation_and_repeats_it_periodically():
 
 @pytest.mark.parametrize("structure", ["ff", "cp", "hmm", "btree"])
 def test_greedy_with_lookup_equals_plain_greedy(structure):
-    from mtpc.decoding.proposals import PromptLookup
+    from mtpc.decoding.drafts.proposals import PromptLookup
 
     vocab, n = 12, 3
     model = cyclic_lm(vocab)
@@ -518,7 +518,7 @@ LOOKUP_PROMPT = torch.tensor([[1, 3, 2, 1, 3, 0, 1, 3]])
 # and tests/test_batched.py::test_sampled_rows_with_adaptive_widths_and_top_p_are_exact
 @pytest.mark.parametrize("target", [{}, pytest.param({"temperature": 0.8, "top_p": 0.95}, marks=pytest.mark.slow)])
 def test_sampling_with_lookup_is_exact_and_a_wrong_point_mass_residual_is_caught(target):
-    from mtpc.decoding.proposals import PromptLookup
+    from mtpc.decoding.drafts.proposals import PromptLookup
 
     model, head = sampling_setup(3, VOCAB)
     lookup = PromptLookup(tokens=1, min_ngram=1, max_ngram=2, prefer="lookup")  # 1 lookup token, circuit fills

@@ -13,7 +13,7 @@ from mtpc.cli.commands import main
 from mtpc.training.data import load_documents, split_documents
 from mtpc.training.distill import DistillConfig, distill_data
 from mtpc.errors import InputError
-from mtpc.tokenizer import ByteTokenizer, to_bytes
+from mtpc.lm.tokenizer import ByteTokenizer, to_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")

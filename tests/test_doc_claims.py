@@ -88,7 +88,7 @@ def test_the_flags_the_docs_name_exist(helps):
 
 
 def resolve(name: str):
-    """The object a dotted name such as `mtpc.decoding.families.WholeModelPath` names."""
+    """The object a dotted name such as `mtpc.lm.families.WholeModelPath` names."""
     parts = name.split(".")
     for i in range(len(parts), 0, -1):
         try:

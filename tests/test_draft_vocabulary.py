@@ -134,7 +134,7 @@ def subword(tmp_path_factory):
 
 
 def test_train_chooses_the_lms_most_frequent_greedy_tokens_and_decodes_exactly(subword, tmp_path, capsys):
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.training.features import FeatureSet
 
     model, data = subword

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from _gguf import tiny_bpe, tiny_llama, write_gguf
-from mtpc import loading
+from mtpc.lm import loading
 from mtpc.cli import main
-from mtpc.gguf_export import RECORD_FILE, export_gguf, file_mode
-from mtpc.gguf_files import content_digest
+from mtpc.lm.gguf_export import RECORD_FILE, export_gguf, file_mode
+from mtpc.lm.gguf_files import content_digest
 
 pytest.importorskip("gguf")
 

@@ -12,9 +12,9 @@ from _tiny import (FAMILY_CONFIGS, family_lm, planted_remote_model, random_lora,
 from circuitc import builders
 from mtpc import MTPHead, SpeculativeDecoder
 from mtpc.cli import main
-from mtpc.decoding.backbone import SplitBackbone
+from mtpc.lm.backbone import SplitBackbone
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.families import FAMILIES, WholeModelPath
+from mtpc.lm.families import FAMILIES, WholeModelPath
 from mtpc.training.trainer import DraftModel
 
 FAMILY_TYPES = list(FAMILY_CONFIGS)
@@ -170,7 +170,7 @@ def test_cli_train_generate_bench_end_to_end(model_type, tmp_path, capsys):
 
 
 def test_model_info_accepts_every_decoder_family_and_refuses_others(tmp_path):
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.errors import InputError
 
     gpt2 = loading.model_info(save_family_lm(tmp_path / "gpt2", "gpt2"))
@@ -186,7 +186,7 @@ def test_model_info_accepts_every_decoder_family_and_refuses_others(tmp_path):
 def test_remote_code_never_runs_without_the_flag(tmp_path, capsys):
     """A folder whose config names its own modelling code is refused (library and CLI) before any of
     that code is imported; the planted module would write a file the moment it ran."""
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.errors import InputError
 
     folder, ran = planted_remote_model(tmp_path)

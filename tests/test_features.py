@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _tiny import save_tiny_lm, write_source_corpus
-from mtpc import loading
+from mtpc.lm import loading
 from mtpc.cli import main
 from mtpc.errors import InputError
 from mtpc.heads.nll_loss import valid_counts

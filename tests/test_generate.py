@@ -12,10 +12,10 @@ import torch
 from _scripted_lm import TEXT, VOCAB, oracle_head, scripted_lm
 
 from mtpc import save_head
-from mtpc.decoding.backbone import attach_draft_lora
+from mtpc.lm.lora import attach_draft_lora
 from mtpc.cli.commands import main
 from mtpc.cli.generate import GenerateConfig, Utf8Streamer, run_generate
-from mtpc.tokenizer import ByteTokenizer
+from mtpc.lm.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

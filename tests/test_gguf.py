@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from _gguf import tiny_bpe, tiny_llama, write_gguf
-from mtpc import loading
+from mtpc.lm import loading
 from mtpc.cli import main
 from mtpc.errors import InputError
-from mtpc.gguf_files import DONE_FILE, check_gguf, model_folder_for
+from mtpc.lm.gguf_files import DONE_FILE, check_gguf, model_folder_for
 
 pytest.importorskip("gguf")
 

@@ -82,7 +82,7 @@ def bench_prompts_needed(sizes) -> tuple[int, int]:
 def test_the_dry_runs_corpus_gives_the_same_prompts_from_any_checkout_location(tmp_path):
     from mtpc.bench.config import BenchConfig
     from mtpc.bench.prompts import prompts_from_corpus
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     parts = ("benchmarks/", "circuitc/", "mtpc/training/")  # the script and the corpora it might name
     copies = [copied_checkout(tmp_path / where, parts) for where in ("a/checkout", "b/c/other-name")]

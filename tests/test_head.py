@@ -269,7 +269,7 @@ def test_the_chunked_loss_trains_adapter_heads_like_the_naive_loss(parameterisat
 
 @pytest.mark.parametrize("parameterisation, ranks", [("full", {}), ("shared", {"adapter_rank": 3})])
 def test_a_head_that_reads_the_first_token_starts_as_it_was_and_round_trips(tmp_path, parameterisation, ranks):
-    from mtpc.decoding.drafting import Drafter
+    from mtpc.decoding.drafts.drafting import Drafter
 
     torch.manual_seed(0)
     head = MTPHead(builders.btree_graph(3, 2, 5), D, parameterisation=parameterisation, sum_init_std=0.5,
@@ -302,7 +302,7 @@ def test_a_head_that_reads_the_first_token_starts_as_it_was_and_round_trips(tmp_
 
 
 def test_a_head_that_reads_the_first_token_through_an_mlp_starts_as_it_was_and_round_trips(tmp_path):
-    from mtpc.decoding.drafting import Drafter
+    from mtpc.decoding.drafts.drafting import Drafter
 
     torch.manual_seed(1)
     head = MTPHead(builders.btree_graph(3, 2, 5), D, parameterisation="shared", adapter_rank=3, sum_init_std=0.5,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from _tiny import save_tiny_lm
-from mtpc import loading
-from mtpc.decoding.compiling import MAX_STEP_BYTES, UntrustedStore, read_stored_step
+from mtpc.lm import loading
+from mtpc.step_store import MAX_STEP_BYTES, UntrustedStore, read_stored_step
 from mtpc.errors import InputError
 
 

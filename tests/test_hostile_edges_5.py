@@ -25,8 +25,8 @@ from mtpc import SpeculativeDecoder
 from mtpc.cli.commands import main
 from mtpc.decoding import AdaptiveWidth, PlainDecoder, PromptLookup
 from mtpc.decoding.compiling import precompiled_step, steps_can_be_stored
-from mtpc.decoding.trees import TreeBudget
-from mtpc.decoding.verify import cache_bytes
+from mtpc.decoding.drafts.trees import TreeBudget
+from mtpc.decoding.cycle.verify import cache_bytes
 from mtpc.bench import run_bench
 from mtpc.errors import InputError
 from test_bench import config, setup  # noqa: F401  the bench's module-scoped model and heads
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def limit_memory(monkeypatch, available: int) -> None:
     """Every memory check of the decoders sees `available` bytes free (what a small machine would say)."""
-    for module in ("verify", "decoder", "plain"):
+    for module in ("cycle.verify", "cycle.decoder", "plain"):
         monkeypatch.setattr(f"mtpc.decoding.{module}.available_memory", lambda device: available, raising=False)
 
 
@@ -105,7 +105,7 @@ def test_a_generation_counts_the_caches_it_will_allocate_and_not_those_it_reuses
 
 def test_generate_checks_max_context_before_loading_the_model(folders, capsys, monkeypatch):  # noqa: F811
     lm, head = str(folders / "lm"), str(folders / "head")  # a 256-position model
-    monkeypatch.setattr("mtpc.loading.load_model", no_loading)
+    monkeypatch.setattr("mtpc.lm.loading.load_model", no_loading)
     refused(["generate", "--model", lm, "--head", head, "a", "--compile", "--max-context", "4194304"], capsys,
             "--max-context 4,194,304 is more than the 256 positions of the model's context")
     limit_memory(monkeypatch, 1000)
@@ -168,7 +168,7 @@ def test_generate_and_bench_refuse_a_tree_with_a_window_alike(folders, tmp_path,
     lm, head = str(folders / "lm"), str(folders / "head")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a\n")
-    monkeypatch.setattr("mtpc.loading.load_model", no_loading)
+    monkeypatch.setattr("mtpc.lm.loading.load_model", no_loading)
     lines = []
     for command in (["generate", "--model", lm, "--head", head, "a", "--tree", "6", "--window", "2"],
                     ["bench", "--model", lm, "--heads", head, "--prompts", str(prompts), "--tree", "6", "--window", "2"],
@@ -187,7 +187,7 @@ def test_every_peer_argument_is_checked_with_its_range_before_loading(folders, t
                                                                       peer, shown):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a\n")
-    monkeypatch.setattr("mtpc.loading.load_model", no_loading)
+    monkeypatch.setattr("mtpc.lm.loading.load_model", no_loading)
     err = refusal(["bench", "--model", str(folders / "lm"), "--heads", str(folders / "head"), "--prompts",
                    str(prompts), "--peers", peer], capsys)
     assert shown in err, err

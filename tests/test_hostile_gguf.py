@@ -1,7 +1,7 @@
 """Hostile GGUF files and a hostile converted-model cache (issue 61).
 
 Every count, length and offset a GGUF claims is checked against its bytes before transformers' loader
-sees it (`mtpc.gguf_format`), in bounded time; the file named is the file read, whatever the working
+sees it (`mtpc.lm.gguf_format`), in bounded time; the file named is the file read, whatever the working
 folder; a converted folder is used only while it is ours alone and its record names the file's bytes;
 the file's identity survives `touch`; killed conversions are swept; a GGUF's own tokenizer is always its
 tokenizer, and a prompt is what that tokenizer makes of the text.
@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from _gguf import tiny_bpe, tiny_llama, write_gguf
-from mtpc import loading
+from mtpc.lm import loading
 from mtpc.cli import main
 from mtpc.errors import InputError
-from mtpc.gguf_files import DONE_FILE, check_gguf, model_folder_for
-from mtpc.gguf_format import read_gguf_layout
+from mtpc.lm.gguf_files import DONE_FILE, check_gguf, model_folder_for
+from mtpc.lm.gguf_format import read_gguf_layout
 from test_gguf import cache, tiny  # noqa: F401  the module's tiny GGUF and a private cache per test
 
 pytest.importorskip("gguf")

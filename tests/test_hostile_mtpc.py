@@ -29,7 +29,7 @@ def save_lm(path, *, vocab=None, hidden=32, byte_tokenizer=True, nan=False, mode
     """A tiny Llama saved with save_pretrained (and mtpc_tokenizer.json unless byte_tokenizer=False)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer(vocab)
     config = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,

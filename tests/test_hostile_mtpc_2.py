@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from _tiny import write_source_corpus
-from mtpc.chat import chat_ids, render
+from mtpc.lm.chat import chat_ids, render
 from mtpc.cli.commands import describe_error, main
 from mtpc.errors import InputError, MtpcError
 from mtpc.files import LOCK_FILE, glob_paths, read_json
-from mtpc.tokenizer import SPECIAL_TOKENS, ByteTokenizer
+from mtpc.lm.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 from test_hostile_mtpc import BTREE, FAST, fails, save_lm, train_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,7 +307,7 @@ def test_user_text_can_never_produce_a_special_token(lm, tmp_path, content):
     tok.save(model)
     ids = chat_ids(model, [{"role": "user", "content": content}], tok)
     body = ids[2:-2]
-    from mtpc.tokenizer import to_bytes
+    from mtpc.lm.tokenizer import to_bytes
 
     assert ids[:2] == [tok.bos_id, tok.role_id("user")]
     assert ids[-2:] == [tok.end_of_turn_id, tok.role_id("assistant")]

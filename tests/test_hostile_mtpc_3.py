@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtpc.chat import render
+from mtpc.lm.chat import render
 from mtpc.cli.commands import describe_error, main
 from mtpc.errors import InputError
 from test_hostile_mtpc import fails, train_args
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_a_garbage_tokenizer_json_beside_a_byte_tokenizer_is_said_to_be_ignored(capsys, caplog, lm, tmp_path):
     model = Path(shutil.copytree(lm, tmp_path / "m"))
     (model / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "Garbage"}}))
-    with caplog.at_level(logging.WARNING, logger="mtpc.loading"):
+    with caplog.at_level(logging.WARNING, logger="mtpc.lm.loading"):
         assert main(["generate", "--model", str(model), "hi", "--max-new-tokens", "2", "--no-stream"]) == 0
     warnings = [r.getMessage() for r in caplog.records if "tokenizer.json" in r.getMessage()]
     assert len(warnings) == 1 and "model type 'Garbage' is not a tokenizer" in warnings[0], warnings
@@ -119,7 +119,7 @@ def test_the_memory_bound_lets_the_ordinary_heads_train(lm, corpus, tmp_path):
 
 def test_a_prompts_line_nested_100000_deep_is_one_clean_error(tmp_path):
     from mtpc.bench.prompts import prompts_from_file
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps("fine") + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")

@@ -52,7 +52,7 @@ def test_crafted_definition_lines_are_scanned_in_linear_time(block):
 
 def test_instructions_name_a_module_by_its_dotted_name():
     """A document cut in two by the train/validation split (`json/decoder.py#train`) is still `json.decoder`."""
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
     from mtpc.training.data import split_documents, text_document
 
     source = b'"""JSON decoding."""\n\ndef scanstring(s, end):\n    """Scan the string s for a JSON string."""\n'

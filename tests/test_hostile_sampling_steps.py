@@ -26,7 +26,8 @@ import torch
 from mtpc.bench import BenchConfig, run_bench
 from mtpc.cli.commands import main
 from mtpc.decoding import compiling
-from mtpc.decoding.compiling import UntrustedStore, check_store, precompiled_step, read_stored_step
+from mtpc.decoding.compiling import precompiled_step
+from mtpc.step_store import UntrustedStore, check_store, read_stored_step
 from mtpc.errors import InputError
 
 ROOT_USER = os.getuid() == 0

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-import mtpc.decoding.auto_trees
+import mtpc.decoding.choice.auto_trees
 from mtpc.bench.config import BenchConfig
 from mtpc.bench.run import run_bench
 from mtpc.checks import MAX_TREE_NODES
 from mtpc.cli.commands import main
-from mtpc.decoding.trees import AUTO_TREE_WIDTHS, TreeBudget, auto_tree, tree_budget
+from mtpc.decoding.drafts.trees import AUTO_TREE_WIDTHS, TreeBudget, auto_tree, tree_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = str(ROOT / "models" / "byte-lm")
@@ -40,9 +40,9 @@ RISING = {w: 1.0 + 0.05 * w for w in AUTO_TREE_WIDTHS}
 @pytest.fixture
 def costs(monkeypatch):
     """`costs(seconds)`: the verify costs every `--tree auto` measures from now on (generate's and bench's alike:
-    both measure through `mtpc.decoding.auto_trees`)."""
+    both measure through `mtpc.decoding.choice.auto_trees`)."""
     def use(seconds: dict[int, float]) -> None:
-        monkeypatch.setattr(mtpc.decoding.auto_trees, "verify_call_seconds", lambda backbone, widths: dict(seconds))
+        monkeypatch.setattr(mtpc.decoding.choice.auto_trees, "verify_call_seconds", lambda backbone, widths: dict(seconds))
     return use
 
 
@@ -84,7 +84,7 @@ def test_the_record_depth_acceptance_writes_decodes_through_tree_auto(tmp_path, 
     one call: before the fix the 8-ary tree of depth 5, 37,449 nodes, won and the decoder refused it)."""
     corpus, store = tmp_path / "corpus", tmp_path / "store"
     corpus.mkdir()
-    (corpus / "a.py").write_text((ROOT / "mtpc" / "decoding" / "trees.py").read_text()[:4000])
+    (corpus / "a.py").write_text((ROOT / "mtpc" / "decoding" / "drafts" / "trees.py").read_text()[:4000])
     assert main(["features", "--model", MODEL, "--data", str(corpus), "--out", str(store), "--seq-len", "32",
                  "--max-tokens", "32", "--val-sequences", "2", "--no-progress"]) == 0
     head = Path(shutil.copytree(HEAD, tmp_path / "ff8"))

@@ -13,8 +13,8 @@ import torch
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import PlainDecoder, TreeBudget
-from mtpc.decoding.acceptance import AcceptanceRule, TreeProposals, accept_tree
-from mtpc.decoding.proposals import PromptLookup
+from mtpc.decoding.cycle.acceptance import AcceptanceRule, TreeProposals, accept_tree
+from mtpc.decoding.drafts.proposals import PromptLookup
 from mtpc.heads import load_head
 from mtpc.sampling import Sampling
 from test_batched import PAD, left_padded

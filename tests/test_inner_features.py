@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _tiny import save_tiny_lm, write_source_corpus
-from mtpc import loading
+from mtpc.lm import loading
 from mtpc.cli.commands import main
 from mtpc.heads.nll_loss import valid_counts
 from mtpc.training.config import FeaturesConfig, TrainConfig

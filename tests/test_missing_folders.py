@@ -16,8 +16,8 @@ from circuitc.builders import ff_graph
 from mtpc import MTPHead, load_head
 from mtpc.cli.commands import main as mtpc
 from mtpc.errors import InputError, MissingFolderError
-from mtpc.loading import (adapter_files, head_folder, load_lora, load_model, lora_folder, model_config, model_info,
-                          open_model)
+from mtpc.lm.loading import head_folder, load_model, model_config, model_info, open_model
+from mtpc.lm.lora import adapter_files, load_lora, lora_folder
 
 from _readme import ROOT
 from _tiny import save_tiny_lm

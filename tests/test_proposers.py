@@ -1,4 +1,4 @@
-"""Proposers only propose: a third proposer, written against `mtpc.decoding.proposers` alone, plugs into
+"""Proposers only propose: a third proposer, written against `mtpc.decoding.drafts.proposers` alone, plugs into
 the decoder unchanged, and decoding stays exact (greedy identical, sampling by chi-square with a control)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import PlainDecoder
-from mtpc.decoding.proposers import Outcome, RowView, point_mass_window
+from mtpc.decoding.drafts.proposers import Outcome, RowView, point_mass_window
 from mtpc.sampling import Sampling
 from test_decode import (PROMPT, BlockResidualIsTarget, batched_samples, chi_square_pvalue, cyclic_lm, exact_joint,
                          oracle_tables, random_head)

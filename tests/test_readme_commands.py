@@ -389,7 +389,7 @@ def test_head_training_commands_and_the_two_stage_example(workdir, capsys):
     exec(compile(block.text, block.where, "exec"), names)
     decoder, prompt = names["decoder"], torch.tensor([[1, *b"def f("]])
     from mtpc import PlainDecoder
-    from mtpc.loading import load_model
+    from mtpc.lm.loading import load_model
     plain = PlainDecoder(load_model("runs/tiny-lm")).generate(prompt, 8).sequences
     assert torch.equal(decoder.generate(prompt, 8).sequences, plain)  # the LoRA draft path stays lossless
 

@@ -1,4 +1,4 @@
-"""Greedy draft programs (`circuitc.draft.DraftProgram`) against brute-force enumeration: the
+"""Greedy draft programs (`circuitc.runtime.draft.DraftProgram`) against brute-force enumeration: the
 sequential argmax of exact conditionals and the per-position marginal argmax, with and without a
 given prefix, on trees, kronecker partitions and DAGs (regions shared by several parents)."""
 
@@ -7,7 +7,7 @@ import torch
 
 import circuitc
 from circuitc import builders
-from circuitc.draft import DraftProgram
+from circuitc.runtime.draft import DraftProgram
 from circuitc.load import load_graph
 
 

@@ -11,7 +11,7 @@ import torch
 
 from mtpc import SpeculativeDecoder, PlainDecoder, load_head
 from mtpc.cli import main
-from mtpc.loading import model_info, open_model
+from mtpc.lm.loading import model_info, open_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LM = ROOT / "models" / "byte-lm"

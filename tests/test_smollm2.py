@@ -39,7 +39,7 @@ PROMPTS = ["def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n",
 def test_generate_with_the_shipped_head_is_plain_greedy_and_transformers_generate(prompt, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mtpc import loading
+    from mtpc.lm import loading
 
     file = smollm2_gguf()
     argv = ["generate", "--model", str(file), "--head", str(HEAD), prompt, "--max-new-tokens", "48", "--compare",

@@ -173,7 +173,7 @@ def test_a_step_known_unsavable_is_traced_once_and_never_stored(tmp_path, monkey
 
 def test_decide_steps_that_draft_under_vmap_are_not_offered_to_the_store():
     from mtpc.decoding.compiling import StepVariant
-    from mtpc.decoding.decoder import decide_savable
+    from mtpc.decoding.cycle.decoder import decide_savable
 
     vocab, n = 12, 4
     model = cyclic_lm(vocab)

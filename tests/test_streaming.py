@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import PlainDecoder
-from mtpc.tokenizer import ByteTokenizer
+from mtpc.lm.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -63,7 +63,7 @@ def test_a_subword_lm_with_a_head_that_does_not_suit_it_is_refused_with_the_fix(
 
 def test_cli_trains_a_tied_head_on_a_subword_lm_and_generates_exactly(subword, tmp_path, capsys):
     from mtpc.heads import load_head
-    from mtpc.tokenizer import SubwordTokenizer
+    from mtpc.lm.tokenizer import SubwordTokenizer
 
     model, data = subword
     out = tmp_path / "head"
@@ -87,7 +87,7 @@ def test_cli_trains_a_tied_head_on_a_subword_lm_and_generates_exactly(subword, t
 
 
 def test_subword_documents_are_the_tokenizers_ids(subword):
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.training.data import completion_document, text_document
 
     model, _ = subword

@@ -71,11 +71,11 @@ def subword(tmp_path_factory, corpus):
 def test_tiny_lm_trains_a_bpe_on_the_training_files_and_reports_bits_per_byte_and_token(corpus, tmp_path, capsys):
     from transformers import AutoTokenizer
 
-    from mtpc.tokenizer import TOKENIZER_FILE, SubwordTokenizer
+    from mtpc.lm.tokenizer import TOKENIZER_FILE, SubwordTokenizer
     from mtpc.training.bpe import train_bpe
     from mtpc.training.data import load_documents, split_documents
     from mtpc.training.tiny_lm_setup import document_text
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     out = tmp_path / "lm"
     assert main(["tiny-lm", "--out", str(out), "--data", corpus, "--bpe-vocab", str(VOCAB), "--steps", "2",
@@ -127,7 +127,7 @@ def test_tiny_lm_refuses_a_tokenizer_it_cannot_use_before_any_work(corpus, tmp_p
 # --------------------------------------------------------------------------- distill-data and train --loss kl
 
 def test_distill_data_stores_the_subword_lms_own_tokens_and_train_reads_them_back(subword, corpus, tmp_path):
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.training.data import load_documents
 
     model, _ = subword
@@ -157,7 +157,7 @@ def test_distill_data_stores_the_subword_lms_own_tokens_and_train_reads_them_bac
 
 
 def test_a_record_whose_ids_do_not_spell_its_text_is_skipped(subword, tmp_path):
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.training.data import load_documents
 
     model, _ = subword
@@ -179,7 +179,7 @@ def test_bench_prompts_a_subword_lm_through_its_tokenizer(subword, corpus, tmp_p
 
     from mtpc.bench import BenchConfig, run_bench
     from mtpc.decoding import PlainDecoder
-    from mtpc.tokenizer import SubwordTokenizer
+    from mtpc.lm.tokenizer import SubwordTokenizer
 
     model, head = subword
     prompts = tmp_path / "p.txt"
@@ -228,7 +228,7 @@ def test_bench_cli_prints_bytes_per_cycle_and_refuses_an_unreadable_tokenizer(su
 def test_bench_chat_puts_each_prompt_in_the_models_chat_template(subword, corpus, tmp_path, capsys):
     """`mtpc bench --chat`: every prompt of --prompts is a user turn of the model's own chat template, as
     `mtpc generate --chat` renders it, and decoding stops at any special token; with --corpus it is refused."""
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.bench import BenchConfig, run_bench
     from mtpc.bench.prompts import answer_end_ids
 
@@ -269,7 +269,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(command, corpu
 def test_chat_renders_the_subword_tokenizers_template_and_user_text_forges_no_special(subword):
     import io
 
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.cli.generate import run_generate
     from mtpc.cli.generate_config import GenerateConfig
 
@@ -294,7 +294,7 @@ def test_generate_stats_count_a_subword_lms_tokens_and_the_bytes_they_spell(subw
     import io
     import re
 
-    from mtpc import loading
+    from mtpc.lm import loading
     from mtpc.cli.generate import run_generate
     from mtpc.cli.generate_config import GenerateConfig
 
@@ -351,11 +351,11 @@ def test_distill_data_chat_answers_instructions_rendered_by_the_models_template(
     """Each record is the LM's answer to an instruction about a training document, rendered as `generate
     --chat` renders a prompt; batched (left-padded) greedy answers are plain greedy decoding's one at a time;
     `mtpc train` reads the turn exactly as rendered (no <bos> added) with only the answer as targets."""
-    from mtpc import loading
-    from mtpc.chat import chat_ids
+    from mtpc.lm import loading
+    from mtpc.lm.chat import chat_ids
     from mtpc.decoding import PlainDecoder
     from mtpc.sampling import GREEDY
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
     from mtpc.training.data import load_documents, split_documents
     from mtpc.training.instructions import module_name
     from transformers import LlamaForCausalLM

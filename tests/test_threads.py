@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import circuitc
 from circuitc.builders import btree_graph
-from circuitc.draft import DraftProgram
+from circuitc.runtime.draft import DraftProgram
 from circuitc.threads import SMALL_WORK, single_threaded
 
 

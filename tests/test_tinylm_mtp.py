@@ -16,7 +16,7 @@ from _tiny import write_source_corpus
 from mtpc.cli.commands import main
 from mtpc.errors import InputError
 from mtpc.training.tiny_lm import CHECKPOINT, MTP_HEAD_DIR, JointLM, TinyLMConfig, build_model, train_tiny_lm
-from mtpc.tokenizer import ByteTokenizer
+from mtpc.lm.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 FF = str(ROOT / "examples" / "ff.pc")

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from mtpc.tokenizer import NUM_BYTES, SPECIAL_TOKENS, ByteTokenizer
+from mtpc.lm.tokenizer import NUM_BYTES, SPECIAL_TOKENS, ByteTokenizer
 
 
 def test_bytes_are_their_own_ids_and_specials_follow():
@@ -101,7 +101,7 @@ def test_hf_tokenizer_ids_are_byte_values_and_specials_follow(hf_tok):
 
 
 def test_hf_tokenizer_round_trips_every_byte_and_random_byte_strings(hf_tok):
-    from mtpc.tokenizer import hf_ids_to_bytes
+    from mtpc.lm.tokenizer import hf_ids_to_bytes
 
     for b in range(256):
         assert hf_ids_to_bytes(hf_tok, [b]) == bytes([b])
@@ -139,7 +139,7 @@ def test_save_hf_tokenizer_adds_the_files_to_an_old_model_folder(tmp_path):
     from transformers import AutoTokenizer
 
     from mtpc.errors import InputError
-    from mtpc.tokenizer import save_hf_tokenizer
+    from mtpc.lm.tokenizer import save_hf_tokenizer
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 264}))
     save_hf_tokenizer(tmp_path)

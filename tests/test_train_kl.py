@@ -40,7 +40,7 @@ def held_out_losses(lm_dir, head_dir, corpus):
     from mtpc.heads.head import load_head
     from mtpc.heads.kl_loss import kl_loss, lm_teacher
     from mtpc.heads.nll_loss import mtp_loss
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
     from mtpc.training.trainer import TrainConfig
 
     tok = ByteTokenizer.load(lm_dir)

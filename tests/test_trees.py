@@ -13,11 +13,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mtpc import SpeculativeDecoder
 from mtpc.decoding import PlainDecoder, TreeBudget
-from mtpc.decoding.acceptance import AcceptanceRule
-from mtpc.decoding.backbone import SplitBackbone, attach_draft_lora
-from mtpc.decoding.drafting import WindowShape
-from mtpc.decoding.trees import auto_tree, choose_tree, tree_draws, without_replacement
-from mtpc.decoding.verify import Verifier
+from mtpc.decoding.cycle.acceptance import AcceptanceRule
+from mtpc.lm.backbone import SplitBackbone
+from mtpc.lm.lora import attach_draft_lora
+from mtpc.decoding.drafts.drafting import WindowShape
+from mtpc.decoding.drafts.trees import auto_tree, choose_tree, tree_draws, without_replacement
+from mtpc.decoding.cycle.verify import Verifier
 from mtpc.sampling import Sampling
 from test_batched import assert_rows_equal_plain, batch_prompts, left_padded
 from test_decode import (PROMPT, batched_samples, chi_square_pvalue, cyclic_lm, exact_joint, oracle_tables, prompts,
@@ -280,7 +281,7 @@ def test_a_lookup_branch_is_tested_before_the_circuits_children():
     """The circuit's child and a lookup branch's may hold the same token: the branch's point mass is tested first
     (kept with probability p), so a draw the two share follows the branch, which reaches deeper; a circuit child
     drawn past its distribution's support (probability 0) is never tested."""
-    from mtpc.decoding.acceptance import TreeProposals, accept_tree
+    from mtpc.decoding.cycle.acceptance import TreeProposals, accept_tree
 
     V = 8
     tokens = torch.tensor([[2, 5, 4, 5, 6, 7]])  # the circuit's children 5, 4; the branch 5 -> 6 -> 7
@@ -375,7 +376,7 @@ def test_generate_tree_auto_measures_the_verify_costs_and_says_what_it_chose(tmp
     from mtpc import save_head
     from mtpc.cli.commands import main
     from _scripted_lm import VOCAB, oracle_head, scripted_lm
-    from mtpc.tokenizer import ByteTokenizer
+    from mtpc.lm.tokenizer import ByteTokenizer
 
     model = scripted_lm().float()
     model.save_pretrained(tmp_path / "lm")

@@ -31,7 +31,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 import mtpc  # noqa: E402
-from mtpc.decoding.drafting import Drafter  # noqa: E402
+from mtpc.decoding.drafts.drafting import Drafter  # noqa: E402
 from mtpc.errors import InputError  # noqa: E402
 from mtpc.sampling import GREEDY  # noqa: E402
 from mtpc.serving.options import ProposerSettings, check_vllm_version  # noqa: E402
@@ -118,7 +118,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def byte_lm():
-    from mtpc.loading import load_model
+    from mtpc.lm.loading import load_model
 
     return load_model(MODEL, torch.float32)
 
@@ -246,7 +246,7 @@ def subword_prompts(prompts) -> list[list[int]]:
 
 def test_a_tied_head_drafts_with_vllms_own_output_layer(subword_prompts):
     """subword-btree4-r4-tied has no unembedding of its own: inside vLLM it reads vLLM's lm_head."""
-    from mtpc.loading import load_model
+    from mtpc.lm.loading import load_model
 
     options = mtpc.vllm_options(HEADS / "subword-btree4-r4-tied", model=SUBWORD_MODEL)
     options["additional_config"]["mtpc"]["record_drafts"] = 1000

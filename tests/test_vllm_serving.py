@@ -168,7 +168,8 @@ def answers(tmp_path_factory):
 
 def mtpc_greedy(prompt_ids: list[int]) -> list[int]:
     """mtpc's own plain greedy decoding of the byte LM, up to and with its first EOS."""
-    from mtpc import PlainDecoder, loading
+    from mtpc import PlainDecoder
+    from mtpc.lm import loading
 
     model, _ = loading.open_model(BYTE_LM)
     eos = model.config.eos_token_id

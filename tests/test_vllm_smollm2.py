@@ -35,7 +35,7 @@ CHAT = ["Write a Python function that checks whether a string is a palindrome, i
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """The wheel's GGUF as a float32 model folder (`mtpc export-hf`'s library call)."""
-    from mtpc.gguf_export import export_gguf
+    from mtpc.lm.gguf_export import export_gguf
 
     out = tmp_path_factory.mktemp("smollm2") / "fp32"
     export_gguf(smollm2_gguf(), out, dtype="fp32")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["mtpc", "mtpc.errors", "mtpc.checks", "mtpc.tokenizer", "mtpc.loading", "mtpc.heads", "mtpc.decoding",
+STAGES = ["mtpc", "mtpc.errors", "mtpc.checks", "mtpc.lm.tokenizer", "mtpc.lm.loading", "mtpc.lm.backbone", "mtpc.heads",
+          "mtpc.decoding", "mtpc.decoding.cycle.decoder", "mtpc.decoding.drafts.trees", "mtpc.decoding.choice.costs",
           "mtpc.training.trainer", "mtpc.training.tiny_lm", "mtpc.training.distill", "mtpc.bench", "mtpc.cli",
           "mtpc.cli.generate", "circuitc", "circuitc.elaborate.program", "circuitc.cli"]
 

@@ -11,7 +11,9 @@ One module per part, in the order they build on each other:
 - `inputs`: leaf values `[Q, B]` and per-fold sum weights from checked arguments;
 - `likelihood`, `marginals`, `sampling`, `max_product`: the queries, functions of the executor;
 - `arguments`: one argument check per public program; `fuse`: the torch.compile'd queries;
-- `circuit`: `CompiledCircuit`, each public program a check and a query run through one wrapper.
+- `circuit`: `CompiledCircuit`, each public program a check and a query run through one wrapper;
+- `draft`: `DraftProgram`, the fixed-shape programs a decoder drafts with (greedy and sampled windows, a
+  tree's conditionals), built on a compiled circuit.
 
 Conventions (shapes in comments): `B` batch, `Bp` the parameter batch (1 when theta is shared, else
 `B`), `Q` leaves (input units), `v` states, `F` regions in a fold, `R` rows per region (1, or the

@@ -62,7 +62,7 @@ class BenchConfig:
     trees: Sequence[int | str | None] = setting(  # None: a chain
         (None,), flag="--tree", nargs="+", type=tree_or_chain, metavar="N",
         help="window shapes to compare side by side: 'chain' (one drafted continuation, the default) and/or "
-             "trees of N nodes chosen by the circuit (mtpc.decoding.trees; with --lookup, a match is a branch of "
+             "trees of N nodes chosen by the circuit (mtpc.decoding.drafts.trees; with --lookup, a match is a branch of "
              "the tree), or 'auto': each head's tree sized from its recorded per-depth acceptance and the verify "
              "costs measured at the start (as mtpc generate --tree auto); a tree takes no --window")
     acceptance: Sequence[str] = setting(

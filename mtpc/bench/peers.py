@@ -74,7 +74,7 @@ def parse_peer(text: str, model: str | None = None) -> PeerSpec:
     llama-cpp-python to be installed)."""
     kind, colon, arg = text.partition(":")
     if text == "llama.cpp":
-        from ..gguf_files import is_gguf
+        from ..lm.gguf_files import is_gguf
 
         if importlib.util.find_spec("llama_cpp") is None:
             raise InputError("--peers llama.cpp needs llama-cpp-python (pip install llama-cpp-python; where no wheel "

@@ -7,9 +7,9 @@ import json
 import random
 from pathlib import Path
 
-from .. import loading
+from ..lm import loading
 from ..errors import InputError
-from ..tokenizer import ByteTokenizer, SubwordTokenizer
+from ..lm.tokenizer import ByteTokenizer, SubwordTokenizer
 
 __all__ = ["load_prompts", "encode_prompts", "prompts_from_file", "prompt_texts", "prompts_from_corpus",
            "answer_end_ids", "repetition"]
@@ -44,11 +44,11 @@ def encode_prompts(texts: list[str], tok: ByteTokenizer | SubwordTokenizer,
                    chat_model: str | None = None) -> list[list[int]]:
     """Each text's ids as `mtpc generate` takes a prompt (`encode_prompt`: a byte LM's after `<bos>`, a
     pretrained model's as its own tokenizer makes them); with `chat_model` (a `--model`) one user
-    turn through that model's own chat template, as `mtpc generate --chat` renders it (`mtpc.chat.chat_ids`:
+    turn through that model's own chat template, as `mtpc generate --chat` renders it (`mtpc.lm.chat.chat_ids`:
     the text stays text, never a special id)."""
     if chat_model is None:
         return [tok.encode_prompt(text) for text in texts]
-    from ..chat import chat_ids
+    from ..lm.chat import chat_ids
 
     folder = loading.model_folder(chat_model)  # a GGUF file's converted folder holds its chat template
     return [chat_ids(folder, [{"role": "user", "content": text}], tok) for text in texts]

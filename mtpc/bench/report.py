@@ -14,7 +14,7 @@ import torch
 from ..checks import ROUNDING_DTYPES, ROUNDING_NOTE
 from ..decoding import PHASES
 from ..hardware import machine_summary
-from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer
+from ..lm.tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer
 from .config import BenchConfig, Variant
 from .peers import Peer
 from .prompts import repetition

@@ -55,9 +55,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import checks, loading
+from .. import checks
+from ..lm import loading
 from ..decoding import PhaseClock, PlainDecoder, SpeculativeDecoder, backbone_marks
-from ..decoding.auto_trees import recorded_acceptance
+from ..decoding.choice.auto_trees import recorded_acceptance
 from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
 from .variants import bench_tokenizer, load_bench

@@ -13,15 +13,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import loading
+from ..lm import loading
 from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
                         load_head_entry)
-from ..decoding.auto_decoding import DecodingChoice, choose_decoding
-from ..decoding.auto_trees import AutoTree, choose_auto_tree, recorded_acceptance, verify_costs
-from ..decoding.costs import cycle_costs
-from ..decoding.trees import tree_budget
+from ..decoding.choice.auto_decoding import DecodingChoice, choose_decoding
+from ..decoding.choice.auto_trees import AutoTree, choose_auto_tree, recorded_acceptance, verify_costs
+from ..decoding.choice.costs import cycle_costs
+from ..decoding.drafts.trees import tree_budget
 from ..errors import InputError
-from ..tokenizer import ByteTokenizer, SubwordTokenizer
+from ..lm.tokenizer import ByteTokenizer, SubwordTokenizer
 from .config import DTYPES, BenchConfig, Variant
 
 __all__ = ["build_variants", "Loaded", "load_bench", "bench_tokenizer"]
@@ -140,7 +140,7 @@ def _auto_choice(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] 
 
 
 def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] | None) -> AutoTree:
-    """`--tree auto` for one head, as `mtpc generate` chooses it (`mtpc.decoding.auto_trees`): its `budget` is
+    """`--tree auto` for one head, as `mtpc generate` chooses it (`mtpc.decoding.choice.auto_trees`): its `budget` is
     None where no tree beats plain decoding."""
     depth_topk = recorded_acceptance(entry.path, entry.label)
     if call_seconds is None:

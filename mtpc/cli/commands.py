@@ -246,7 +246,7 @@ def add_export_hf(sub) -> None:
 
 
 def run_export_hf(args) -> int:
-    from ..gguf_export import export_gguf
+    from ..lm.gguf_export import export_gguf
     from .serve import vllm_architecture_note
 
     cfg = command_config(args)

@@ -37,12 +37,12 @@ from typing import TextIO
 
 import torch
 
-from .. import loading
+from ..lm import loading, lora
 from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE, check_sampling_settings, tree_and_window
 from ..errors import InputError, MtpcError
 from ..files import regular_file
 from ..sampling import Sampling
-from ..tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
+from ..lm.tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
 from .generate_choice import HeadPlan, plan_head, resolved_dtype
 from .generate_config import DEFAULT_NEW_TOKENS, MAX_LOOKUP, GenerateConfig
 
@@ -162,7 +162,7 @@ def check_batch_config(cfg: GenerateConfig) -> None:
 
 
 def model_config(path: str) -> dict:
-    """The model folder's checked config.json (`mtpc.loading.model_config`), or InputError."""
+    """The model folder's checked config.json (`mtpc.lm.loading.model_config`), or InputError."""
     return loading.model_config(path)  # a missing folder: `loading.readable_folder`'s MissingFolderError
 
 
@@ -213,20 +213,20 @@ def load_prompts(path: str) -> list[bytes]:
 
 
 def prompt_ids(cfg: GenerateConfig, text: bytes, tok: ByteTokenizer | SubwordTokenizer) -> tuple[list[int], set[int]]:
-    """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.chat`, the template
+    """Token ids of the prompt and the ids that end the answer (`--chat`: `mtpc.lm.chat`, the template
     rendered bounded and the prompt kept as text: bytes, or a subword model's own tokens of it, never a
     special id). A subword model's prompt is `encode_prompt`'s: its own tokenizer's ids under its own
     special-token rule; with `--chat` its own chat template, and the answer ends at any special token."""
     if not cfg.chat:
         return tok.encode_prompt(text), {tok.eos_id}
-    from ..chat import chat_ids
+    from ..lm.chat import chat_ids
 
     folder = loading.model_folder(cfg.model)  # a GGUF file's converted folder holds its chat template
     if isinstance(tok, SubwordTokenizer):  # its own template; the answer ends at any special token
         return chat_ids(folder, [{"role": "user", "content": text}], tok), tok.special_ids()
     if not (folder / "tokenizer.json").exists():
         raise InputError(f"--chat needs the model's chat template, but {cfg.model} has no tokenizer.json (written by "
-                         f"mtpc tiny-lm since it saves the tokenizer); add it with: python -c \"from mtpc.tokenizer "
+                         f"mtpc tiny-lm since it saves the tokenizer); add it with: python -c \"from mtpc.lm.tokenizer "
                          f"import save_hf_tokenizer; save_hf_tokenizer('{cfg.model}')\"")
     ids = chat_ids(folder, [{"role": "user", "content": text}], tok)
     return ids, {tok.eos_id, tok.end_of_turn_id}
@@ -243,8 +243,8 @@ def check_head_fits(head, config: dict, head_dir: str) -> None:
 
 
 def check_tree_fits(tree: int, head, head_dir: str) -> None:
-    """A tree budget the head can fill (`mtpc.decoding.trees.tree_budget`'s rule), before any model loads."""
-    from ..decoding.trees import tree_budget
+    """A tree budget the head can fill (`mtpc.decoding.drafts.trees.tree_budget`'s rule), before any model loads."""
+    from ..decoding.drafts.trees import tree_budget
 
     try:
         tree_budget(tree, head.num_variables, head.num_states)
@@ -265,9 +265,9 @@ def _head_plan(cfg: GenerateConfig, base, head, depth_topk: dict | None, dtype, 
 
 def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
     """`--tree auto`: the tree of most tokens per unit of cycle cost from the head's recorded per-depth
-    acceptance and this model's verify costs measured now (`mtpc.decoding.auto_trees`, as `mtpc bench`
+    acceptance and this model's verify costs measured now (`mtpc.decoding.choice.auto_trees`, as `mtpc bench`
     chooses it); said in one line. None (a chain) when no tree of the head's recorded k beats plain decoding."""
-    from ..decoding.auto_trees import choose_auto_tree, verify_costs
+    from ..decoding.choice.auto_trees import choose_auto_tree, verify_costs
 
     choice = choose_auto_tree(depth_topk, verify_costs(model, "decode chains (no --tree)"), head.num_variables,
                               head.num_states)
@@ -276,12 +276,12 @@ def auto_tree_budget(model, head, depth_topk: dict, err: TextIO):
 
 
 def check_context_room(cfg: GenerateConfig, config: dict, k: int, device) -> None:
-    """--max-context by the decoders' own rules (`mtpc.decoding.verify`), before the model loads: at most the
+    """--max-context by the decoders' own rules (`mtpc.decoding.cycle.verify`), before the model loads: at most the
     model's context (`check_max_context`), and caches holding it, in the verifier's layers and the draft
     path's `k`, that fit in the device's available memory (`check_reserve`; the refusal states the bytes)."""
     from types import SimpleNamespace
 
-    from ..decoding.verify import check_max_context, check_reserve
+    from ..decoding.cycle.verify import check_max_context, check_reserve
 
     if cfg.max_context is None:
         return
@@ -298,8 +298,8 @@ def check_context_room(cfg: GenerateConfig, config: dict, k: int, device) -> Non
 def lora_folder(cfg: GenerateConfig) -> Path | None:
     """The draft path's adapter folder: --lora, else HEAD/lora when `mtpc train` saved one there."""
     if cfg.lora is not None:
-        return loading.lora_folder(cfg.lora)
-    return loading.head_lora_folder(cfg.head)
+        return lora.lora_folder(cfg.lora)
+    return lora.head_lora_folder(cfg.head)
 
 
 # --------------------------------------------------------------------------- the run
@@ -330,15 +330,15 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
             raise InputError(f"--window {cfg.window}: the head {cfg.head} verifies windows of 2 to "
                              f"{max(head.num_variables, 2)} tokens")
         if cfg.tree == "auto":
-            from ..decoding.auto_trees import recorded_acceptance
+            from ..decoding.choice.auto_trees import recorded_acceptance
 
             depth_topk = recorded_acceptance(cfg.head, cfg.head)  # checked before the model loads
         else:
             if cfg.tree is not None:
                 check_tree_fits(cfg.tree, head, cfg.head)
             depth_topk = loading.head_depth_topk(cfg.head)  # checked before the model loads; None: not recorded
-    lora = lora_folder(cfg) if head is not None else None
-    k = loading.adapter_layers(lora, cfg.lora_layers) if lora is not None else 0
+    adapter = lora_folder(cfg) if head is not None else None
+    k = lora.adapter_layers(adapter, cfg.lora_layers) if adapter is not None else 0
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
 
@@ -358,7 +358,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
                 head = None
                 decode = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
             else:
-                decode, decoder = _speculative(cfg.model, head, lora, k, device, sampling, eos, cfg.lookup,
+                decode, decoder = _speculative(cfg.model, head, adapter, k, device, sampling, eos, cfg.lookup,
                                                plan.window, cfg.compile, cfg.trust_remote_code,
                                                cfg.draft_temperature, dtype, cfg.max_context, plan.tree)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
@@ -491,7 +491,7 @@ def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_c
     return decode
 
 
-def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampling: Sampling, eos: set[int],
+def _speculative(model_path: str, head, adapter: Path | None, k: int, device, sampling: Sampling, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None,
                  max_context: int | None = None, tree: int | None = None):
@@ -503,8 +503,8 @@ def _speculative(model_path: str, head, lora: Path | None, k: int, device, sampl
     model = loading.load_model(model_path, dtype or torch.float32, device, trust_remote_code=trust_remote_code)
     if head.parameterisation == "tied":  # its input units are this model's own output layer
         head.tie_to(model.get_output_embeddings())
-    if lora is not None:
-        model = loading.load_lora(model, lora)
+    if adapter is not None:
+        model = lora.load_lora(model, adapter)
     try:  # its checks of memory, after the model took its share (the flags were checked before loading)
         decoder = SpeculativeDecoder(model, head, k, lookup=lookup, window=window, compile=compile,
                                      draft_temperature=draft_temperature, max_context=max_context, tree=tree)

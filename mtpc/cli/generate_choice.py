@@ -5,7 +5,7 @@
   bf16` on a CPU without native bf16 is a warning when a head verifies several positions a cycle (each then
   costs about a step);
 - with a head and neither `--window` nor `--tree`: plain decoding, a chain of some width or a tree, whichever
-  `mtpc.decoding.auto_decoding` expects to be fastest from the head's recorded per-depth acceptance and this
+  `mtpc.decoding.choice.auto_decoding` expects to be fastest from the head's recorded per-depth acceptance and this
   machine's verify costs (kept in the step store: measured once per model shape, dtype, device and threads);
   a forced `--window` or `--tree` that the same costs expect to be slower than plain decoding is a warning.
 """
@@ -17,7 +17,8 @@ from typing import TextIO
 
 import torch
 
-from .. import hardware, loading
+from .. import hardware
+from ..lm import loading
 
 __all__ = ["resolved_dtype", "HeadPlan", "plan_head"]
 
@@ -60,10 +61,10 @@ def plan_head(base: torch.nn.Module, head, depth_topk: dict | None, window: int 
     no `tree`) chooses by `choose_decoding` (plain decoding too with `lookup`, whose matches the table cannot
     foresee: never slower than plain is the rule; `--window` forces the head) and says so in one line, with the dtype `--dtype auto` chose (`dtype_note`); a forced `window` or int `tree`
     is scored, and a warning says when plain decoding is expected to be faster."""
-    from ..decoding.auto_decoding import choose_decoding, expected_choice
-    from ..decoding.backbone import SplitBackbone
-    from ..decoding.costs import cycle_costs, machine_costs
-    from ..decoding.trees import tree_budget
+    from ..decoding.choice.auto_decoding import choose_decoding, expected_choice
+    from ..lm.backbone import SplitBackbone
+    from ..decoding.choice.costs import cycle_costs, machine_costs
+    from ..decoding.drafts.trees import tree_budget
 
     forced = window is not None or tree is not None
     warning = bf16_warning(dtype, device)

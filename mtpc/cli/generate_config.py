@@ -55,7 +55,7 @@ class GenerateConfig:
     window: int | None = setting(  # verify width of the circuit window, 2 .. the head's n (None: n)
         None, type=int_in(2, MAX_WINDOW), metavar="K",
         help="with --head: verify K tokens per cycle (x_0 and K-1 drafted ones), 2 .. the head's n (default: n)")
-    tree: int | str | None = setting(  # None: a chain (decoding.trees: the circuit chooses the tree)
+    tree: int | str | None = setting(  # None: a chain (decoding.drafts.trees: the circuit chooses the tree)
         None, type=tree_or_auto, metavar="N",
         help="with --head: verify a tree of N drafted tokens per cycle (x_0 included), chosen by the circuit's "
              "exact prefix probabilities, instead of one chain (with --lookup K, a match is a branch of K more); "
@@ -68,7 +68,7 @@ class GenerateConfig:
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
         False, help="with --head: torch.compile each decoding cycle (the verify call as one graph, acceptance and "
                     "draft as another; static caches, one pair per verify width; compiled before the first cycle)")
-    max_context: int | None = setting(  # None: the model's context, at most 8,192 (decoding.verify.context_reserve)
+    max_context: int | None = setting(  # None: the model's context, at most 8,192 (decoding.cycle.verify.context_reserve)
         None, type=int_in(1, MAX_CONTEXT), metavar="N",
         help="with --compile: positions the decoder's caches hold from the start (default: the model's context, "
              "at most 8,192), so no generation within them compiles again; a notice states what they take")

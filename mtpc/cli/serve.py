@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from .. import loading
+from ..lm import loading
 from ..errors import InputError
 from ..serving.options import installed_vllm_version
 from .serving_config import ServeConfig
@@ -66,7 +66,7 @@ def serve_command(cfg: ServeConfig) -> list[str]:
 def served_folder(model: str, trust_remote_code: bool = False) -> Path:
     """A checkpoint folder the server can run and speak text with: a causal LM mtpc can check
     (`loading.model_info`) holding tokenizer files. A GGUF file is refused with the command that makes one."""
-    from ..gguf_files import is_gguf
+    from ..lm.gguf_files import is_gguf
 
     if is_gguf(model):
         raise InputError(f"--model {model} is a GGUF file, which vLLM does not read; write a folder from it first: "
@@ -75,7 +75,7 @@ def served_folder(model: str, trust_remote_code: bool = False) -> Path:
     if not loading.has_hf_tokenizer(info.path):
         raise InputError(f"--model {model} holds no tokenizer files (tokenizer.json or tokenizer_config.json); the "
                          "OpenAI server turns text into tokens with them (a byte LM of mtpc tiny-lm: "
-                         "python -c \"from mtpc.tokenizer import save_hf_tokenizer; save_hf_tokenizer('FOLDER')\")")
+                         "python -c \"from mtpc.lm.tokenizer import save_hf_tokenizer; save_hf_tokenizer('FOLDER')\")")
     return info.path  # as typed: vLLM names the served model by it (the "model" of every request)
 
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .backbone import SplitBackbone
+from ..lm.backbone import SplitBackbone
 
 __all__ = ["PHASES", "PhaseClock", "split_phases", "backbone_marks"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .. import loading
+from ..lm import loading, lora
 from ..errors import InputError
 from ..files import read_json
 from ..heads import MTPHead, load_head
@@ -46,11 +46,11 @@ def load_head_entry(path: str, base: torch.nn.Module, model_path: str, dtype: to
         head.tie_to(base.get_output_embeddings())
     head.eval()
     train_cfg = _read_json(folder / "train_config.json")
-    lora_dir = loading.head_lora_folder(folder)
+    lora_dir = lora.head_lora_folder(folder)
     model, k = base, 0
     if lora_dir is not None:
-        k = loading.adapter_layers(lora_dir)
-        model = loading.load_lora(loading.load_model(model_path, dtype, device, trust_remote_code=trust_remote_code),
+        k = lora.adapter_layers(lora_dir)
+        model = lora.load_lora(loading.load_model(model_path, dtype, device, trust_remote_code=trust_remote_code),
                                   lora_dir)
     info = head_info(head, train_cfg, k)
     return HeadEntry(folder.name, str(folder), head, model, k, info)

@@ -28,11 +28,12 @@ import torch
 from torch import nn
 
 from ..sampling import GREEDY, Sampling
-from .backbone import BackboneState, SplitBackbone, lora_depth
+from ..lm.backbone import BackboneState, SplitBackbone
+from ..lm.lora import lora_depth
 from .compiling import PlainVariant, StepVariants, known_code, model_configuration, tensor_layout
 from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
-from .verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
+from .cycle.verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
 
 __all__ = ["PlainDecoder"]
 

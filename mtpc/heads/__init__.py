@@ -3,8 +3,8 @@ compiled circuit over the next `n` tokens, and is trained with the NLL or the KL
 
 Takes: a compiled circuit (`circuitc.compile`) and the LM's hidden size; hands on: an `MTPHead`
 (`theta = head(h)`, the layout `circuitc`'s programs read), saved and loaded as a head folder.
-Modules: `head` (the parameterisations, save/load), `windows` (which targets a window scores),
-`nll_loss` (the fused, chunked windowed NLL), `kl_loss` (distillation against the LM's own conditionals).
+Modules: `head` (the parameterisations, save/load), `storage` (a head folder's files, checked),
+`windows` (which targets a window scores), `nll_loss` (the fused, chunked windowed NLL), `kl_loss` (distillation against the LM's own conditionals).
 Imported lazily (`from mtpc.heads import MTPHead`): its modules pull in torch, which the command line's
 settings do not need (`constants`: the names and sizes they refer to).
 """

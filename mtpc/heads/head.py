@@ -54,13 +54,12 @@ float32.
 `head.save_pretrained(dir)` / `MTPHead.from_pretrained(dir)` (the same as `save_head(head, dir)` /
 `load_head(dir)`): `head.safetensors` + `head.json` (format version, the circuit's graph spec inline,
 the parameterisation and the head options); the round trip is exact in any dtype and returns the
-saved subclass. A damaged folder raises `mtpc.errors.InputError` naming the file and the problem.
+saved subclass. A damaged folder raises `mtpc.errors.InputError` naming the file and the problem. The files
+themselves (what they hold, how each is checked) are `mtpc.heads.storage`'s.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Sequence
@@ -70,15 +69,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError, first_line
-from ..files import describe, field, inside, read_json
-from ..loading import MAX_HIDDEN, readable_folder, safetensors_header
+from ..files import inside
+from ..lm.loading import readable_folder, safetensors_header
 from .constants import DEFAULT_ADAPTER_RANK, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
+from .storage import (CONFIG_FILE, HEAD_FORMAT, MAX_VOCABULARY, WEIGHTS_FILE, check_memory, check_weights_header,
+                      compute_dtype, head_arguments, read_head_config, read_head_weights, write_head_files)
 
 __all__ = ["MTPHead", "FullHead", "SharedHead", "FactorisedHead", "TiedHead", "save_head", "load_head",
            "PARAMETERISATIONS", "HEAD_FORMAT"]
 
-HEAD_FORMAT = "mtpc-head/1"
-MAX_VOCABULARY = 2**22  # token ids a draft vocabulary may name (mtpc.loading's MAX_VOCAB)
 
 
 def _compiled(source):
@@ -626,24 +625,13 @@ def _per_position(init_from, n: int, v: int, d: int, head: MTPHead) -> torch.Ten
     return torch.stack([head.vocabulary_rows(t.detach()) for t in tables])  # [n, v, d]
 
 
-# --------------------------------------------------------------------------- save / load
-
-WEIGHTS_FILE = "head.safetensors"
-CONFIG_FILE = "head.json"
-
+# --------------------------------------------------------------------------- save / load (the files: `storage`)
 
 def save_head(head: MTPHead, directory: str | Path) -> Path:
     """Write `head.safetensors` (the head's parameters by name) and `head.json` (graph spec,
     parameterisation and options) into `directory`."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = head.config()
     tensors = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": HEAD_FORMAT})
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
-    return directory
+    return write_head_files(directory, head.config(), tensors)
 
 
 def load_head(directory: str | Path, device: torch.device | str | None = None) -> MTPHead:
@@ -652,7 +640,7 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
     weights (exact, same dtype, or widened to `head.json`'s `compute_dtype`). A damaged folder raises `InputError` naming the file and what is wrong,
     before anything the size of the head is allocated."""
     directory = readable_folder(directory, "head folder")
-    config = _read_head_config(directory / CONFIG_FILE)
+    config = read_head_config(directory / CONFIG_FILE)
     weights = directory / WEIGHTS_FILE
     if not weights.exists() and not weights.is_symlink():
         raise InputError(f"{directory} has no {WEIGHTS_FILE} (the head's weights)")
@@ -662,65 +650,11 @@ def load_head(directory: str | Path, device: torch.device | str | None = None) -
     except InputError as e:  # the head's own wording: "<file>: not a readable safetensors file"
         raise InputError(f"{weights}: not a readable safetensors file, truncated or damaged? ({e})") from None
     circ, shapes = _planned_shapes(config, directory)
-    _check_header(header, shapes, weights, config.get("parameterisation", "full"))
-    _check_memory(shapes, weights)
-    tensors = _read_head_weights(weights)
+    check_weights_header(header, shapes, weights, config.get("parameterisation", "full"))
+    check_memory(shapes, weights)
+    tensors = read_head_weights(weights)
     head = _head_from_config(config, circ, tensors, directory)
     return head.to(device) if device is not None else head
-
-
-def _read_head_config(path: Path) -> dict:
-    from circuitc.graph import RegionGraph
-
-    if not path.exists() and not path.is_symlink():
-        raise InputError(f"{path.parent} has no {CONFIG_FILE}; is it a folder written by save_head or mtpc train?")
-    config = read_json(path, "the head's description", folder=path.parent)
-    if config.get("format") != HEAD_FORMAT:
-        raise InputError(f"{path}: format is {describe(config.get('format'))}, not {HEAD_FORMAT!r}")
-    field(config, "hidden_size", path, "int", low=1, high=MAX_HIDDEN)
-    if config.get("parameterisation", "full") not in PARAMETERISATIONS:
-        raise InputError(f"{path}: parameterisation must be one of {', '.join(PARAMETERISATIONS)}")
-    options = field(config, "options", path, "object", default={})
-    for key in ("adapter_rank", "factor_rank"):
-        field(options, key, f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=None)
-    field(options, "sum_init_std", f"{path}: options", "number", low=0, high=1e6, default=0.0)
-    field(options, "first_token", f"{path}: options", "bool", default=False)
-    field(options, "first_token_mlp", f"{path}: options", "int", low=0, high=MAX_HIDDEN, default=0)
-    _check_vocabulary(config, path)
-    identity = options.get("identity_init")
-    if identity is not None:
-        field(options, "identity_init", f"{path}: options", "number", low=-1e6, high=1e6)
-    graph = config.get("graph")
-    if not isinstance(graph, dict):  # never a path: a head folder does not point at other files
-        raise InputError(f"{path}: graph must be the inline graph-spec JSON object, got {describe(graph)}")
-    try:
-        config["graph"] = RegionGraph.from_json(graph, source_name=f"{path}: graph")
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
-        raise InputError(f"{path}: graph: {first_line(e)}") from None
-    return config
-
-
-def _check_vocabulary(config: dict, path: Path) -> None:
-    """head.json's `vocabulary`: the identity's description, or a draft vocabulary (a list of distinct token
-    ids; its length is checked against the circuit when the head is built)."""
-    vocabulary = config.get("vocabulary")
-    if vocabulary is None or isinstance(vocabulary, str):
-        config["vocabulary"] = None
-        return
-    ok = isinstance(vocabulary, list) and 0 < len(vocabulary) <= MAX_VOCABULARY and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_VOCABULARY for t in vocabulary)
-    if not ok or len(set(vocabulary)) != len(vocabulary):
-        raise InputError(f"{path}: vocabulary must be a list of distinct token ids (a draft vocabulary) or the "
-                         f"identity's description, got {describe(vocabulary)}")
-
-
-def _build_args(config: dict) -> tuple[dict, dict]:
-    """(keyword arguments of `MTPHead`, the head options' ranks) from a checked head.json."""
-    options = dict(config.get("options", {}))
-    ranks = {k: options.pop(k) for k in ("adapter_rank", "factor_rank") if k in options}
-    return {"parameterisation": config.get("parameterisation", "full"), "identity_init": options.get("identity_init"),
-            "sum_init_std": options.get("sum_init_std", 0.0), "first_token": options.get("first_token", False),
-            "first_token_mlp": options.get("first_token_mlp", 0), "vocabulary": config.get("vocabulary")}, ranks
 
 
 def _planned_shapes(config: dict, directory: Path):
@@ -728,7 +662,7 @@ def _planned_shapes(config: dict, directory: Path):
     building the head on the meta device (no memory: sizes only)."""
     import circuitc
 
-    kwargs, ranks = _build_args(config)
+    kwargs, ranks = head_arguments(config)
     try:
         circ = circuitc.compile(config["graph"])
         with torch.device("meta"):
@@ -738,66 +672,10 @@ def _planned_shapes(config: dict, directory: Path):
     return circ, {name: tuple(t.shape) for name, t in head.state_dict().items()}
 
 
-def _check_header(header: dict, shapes: dict, weights: Path, kind: str) -> None:
-    if set(header) != set(shapes):
-        raise InputError(f"{weights} holds {sorted(header)[:8]}; a {kind!r} head has {sorted(shapes)}")
-    for name, shape in shapes.items():
-        if tuple(header[name]) != shape:
-            raise InputError(f"{weights}: {name} has shape {tuple(header[name])}, the graph and options in "
-                             f"{CONFIG_FILE} need {shape}")
-
-
-def _check_memory(shapes: dict, weights: Path) -> None:
-    """Refuse a head larger than this machine's memory (physical, or the address-space limit if lower)."""
-    import os
-    import resource
-
-    values = sum(math.prod(s) for s in shapes.values())
-    need = values * 4  # float32 at most per value is what loading and casting hold
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        memory = min(memory, soft)
-    if need > memory:
-        raise InputError(f"{weights}: the head has {values:,} weights ({need / 2**30:.1f} GiB), more than this "
-                         f"machine's {memory / 2**30:.1f} GiB of memory")
-
-
-def _read_head_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable safetensors file, truncated or damaged? ({first_line(e)})") from None
-    dtypes = {t.dtype for t in tensors.values()}
-    if not tensors or len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
-        raise InputError(f"{path}: expected floating-point tensors of one dtype, got "
-                         f"{sorted(str(d).removeprefix('torch.') for d in dtypes) or 'none'}")
-    return tensors
-
-
-COMPUTE_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-                  "float16": torch.float16}
-
-
-def _compute_dtype(config: dict, tensors: dict[str, torch.Tensor], directory: Path) -> torch.dtype:
-    """The dtype the head runs in: its weights' own, or `head.json`'s `compute_dtype` where a shipped head
-    stores them narrower than it runs (float16 weights of a float32 head: half the bytes in a repository)."""
-    name = config.get("compute_dtype")
-    if name is None:
-        return next(iter(tensors.values())).dtype
-    if not isinstance(name, str) or name not in COMPUTE_DTYPES:
-        raise InputError(f"{directory / CONFIG_FILE}: compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, got "
-                         f"{str(name)[:40]!r}")
-    return COMPUTE_DTYPES[name]
-
-
 def _head_from_config(config: dict, circ, tensors: dict[str, torch.Tensor], directory: Path) -> MTPHead:
-    kwargs, ranks = _build_args(config)
+    kwargs, ranks = head_arguments(config)
     try:
-        head = MTPHead(circ, config["hidden_size"], dtype=_compute_dtype(config, tensors, directory),
+        head = MTPHead(circ, config["hidden_size"], dtype=compute_dtype(config, tensors, directory),
                        **kwargs, **ranks)
     except (ValueError, TypeError) as e:
         raise InputError(f"{directory / CONFIG_FILE}: cannot build the head ({first_line(e)})") from None

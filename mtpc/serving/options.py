@@ -135,11 +135,11 @@ def checked_head(folder: str | Path):
     """The head in `folder`, loaded by mtpc's own loader, and refused where vLLM's proposer cannot draft with it:
     a head with a draft-path LoRA adapter (vLLM runs the verifier's layers only), or a circuit of one position
     (nothing to draft after `x_0`)."""
-    from .. import loading
+    from ..lm import loading, lora
     from ..heads import load_head
 
     path = loading.head_folder(folder)
-    if loading.head_lora_folder(path) is not None:
+    if lora.head_lora_folder(path) is not None:
         raise InputError(f"head folder {folder}: it drafts from a LoRA-adapted draft path ({path / 'lora'}), and "
                          "vLLM runs the verifier's layers only: use a head trained with --lora-layers 0")
     try:
@@ -177,8 +177,8 @@ def draft_tokens(n: int, lookup: int | None, wanted: int | None) -> int:
 
 def _model_fit(head, model: str | Path) -> None:
     """Check the head against a model folder's config.json, as vLLM will load it."""
-    from .. import loading
-    from ..gguf_files import is_gguf
+    from ..lm import loading
+    from ..lm.gguf_files import is_gguf
 
     if is_gguf(model):
         raise InputError(f"vLLM reads no GGUF file ({model}): mtpc export-hf writes a model folder it loads")

@@ -19,7 +19,7 @@ drafts there (`Drafter.circuit_window`: the greedy window of the circuit's exact
 With prompt lookup (`lookup=K`), each request keeps mtpc's own `LookupState` (its n-gram index and the running
 acceptance of both sources), found again from step to step by its text (vLLM's rows move when requests come and
 go); a match replaces the circuit's draft when `LookupState.use` prefers it, and the circuit fills the positions
-after it (`Drafter.lookup_window`), as `mtpc.decoding.proposers.LookupProposer` does.
+after it (`Drafter.lookup_window`), as `mtpc.decoding.drafts.proposers.LookupProposer` does.
 
 At its start the proposer repairs vLLM 0.32's CPU rejection sampler where it is broken
 (`mtpc.serving.vllm_repairs`: without the repair no speculative sampling above temperature 0 is lossless there).
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..decoding.drafting import Drafter
-from ..decoding.proposals import LookupState, PromptLookup
+from ..decoding.drafts.drafting import Drafter
+from ..decoding.drafts.proposals import LookupState, PromptLookup
 from ..errors import InputError, MtpcError
 from ..sampling import GREEDY
 from .options import (ProposerSettings, check_architecture, check_head_fits, check_vllm_version, checked_head,

@@ -2,7 +2,7 @@
 (`mtpc tiny-lm`), or the LM's own continuations as head-training data (`mtpc distill-data`).
 
 Takes: a model folder and a data source (files, folders, globs, JSONL); hands on: head folders and
-model folders on disk (`mtpc.loading` and `mtpc.heads` read them back).
+model folders on disk (`mtpc.lm.loading` and `mtpc.heads` read them back).
 Modules: `config` (the three commands' settings, torch-free), `data` (documents, split, packing,
 epoch order), `loop` (the one training loop both trainers run), `trainer` (`mtpc train`; its setup,
 validation and checkpoint in `trainer_setup`, `trainer_validation`, `trainer_checkpoints`), `tiny_lm`

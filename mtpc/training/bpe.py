@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..tokenizer import SPECIAL_TOKENS, ByteTokenizer
+from ..lm.tokenizer import SPECIAL_TOKENS, ByteTokenizer
 
 __all__ = ["train_bpe", "MIN_BPE_VOCAB"]
 

@@ -16,7 +16,7 @@ from ..checks import (HELP_DTYPE, MAX_THREADS, dtype_name, int_in, non_negative_
                       parse_defines, positive_float, positive_int, probability, unit_interval)
 from ..checks import seed as parse_seed
 from ..heads.constants import DEFAULT_ADAPTER_RANK, DEFAULT_CHUNK_ELEMENTS, DEFAULT_FACTOR_RANK, PARAMETERISATIONS
-from ..loading import MAX_HIDDEN
+from ..lm.loading import MAX_HIDDEN
 from ..sampling import Sampling
 from ..settings import setting
 

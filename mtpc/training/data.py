@@ -40,7 +40,7 @@ import torch
 
 from ..errors import InputError
 from ..files import glob_paths, regular_file
-from ..tokenizer import ROLES, ByteTokenizer, SubwordTokenizer, to_bytes
+from ..lm.tokenizer import ROLES, ByteTokenizer, SubwordTokenizer, to_bytes
 
 log = logging.getLogger(__name__)
 

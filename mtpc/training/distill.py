@@ -20,13 +20,13 @@ what the *LM* does next (sequence-level self-distillation). This command writes 
   masked out of the loss (`mtpc.training.data.completion_document`).
 - Bytes: `prompt` and `completion` are the exact bytes decoded as UTF-8 with Python's
   `surrogateescape` (an invalid byte 0x80..0xFF becomes the lone surrogate U+DC80..U+DCFF, which JSON
-  writes as `\\udc80`..`\\udcff`); `mtpc.tokenizer.to_bytes` gives back the bytes exactly.
+  writes as `\\udc80`..`\\udcff`); `mtpc.lm.tokenizer.to_bytes` gives back the bytes exactly.
 - Deterministic: record `i`'s prompt, mode and sampling generator are seeded from `(seed, i)` only,
   so the file does not depend on `--num-prompts`, on batching, or on being resumed.
 - Resumable: rerunning the same command appends the missing records; a partial last line (a killed
   run) is cut off first. The settings are kept next to the file (`FILE.jsonl.meta.json`); a rerun with
   different settings is refused instead of mixing two kinds of records.
-- A subword LM (its own tokenizer, `mtpc.loading.model_tokenizer`): `L` is in tokens, the first `L` of
+- A subword LM (its own tokenizer, `mtpc.lm.loading.model_tokenizer`): `L` is in tokens, the first `L` of
   the text from a line start; the record also holds `prompt_ids` and `completion_ids`, the LM's own
   tokens, and `prompt`/`completion` are their text. The ids are what `mtpc train` reads: decoding is
   exact (a byte-level BPE spells every byte), but a sampled token sequence need not be the one its text
@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import loading
+from ..lm import loading
 from ..errors import InputError, MtpcError, first_line
 from ..files import OutputLock, atomic_write, read_json
 from ..sampling import GREEDY, Sampling
@@ -169,7 +169,7 @@ def _check_config(cfg: DistillConfig) -> None:
 
 def _check_chat(cfg: DistillConfig) -> None:
     """--chat needs a subword model with a chat template (a byte record cannot hold the template's specials)."""
-    from ..chat import find_template
+    from ..lm.chat import find_template
 
     tok = model_tokenizer(cfg)
     if tok.kind == "byte":
@@ -240,7 +240,7 @@ class TrainingPrompts:
     own tokenizer's spelling, as `mtpc train` reads the documents)."""
 
     def __init__(self, source: str | None, tok, length: int, val_fraction: float):
-        from ..tokenizer import ByteTokenizer, SubwordTokenizer
+        from ..lm.tokenizer import ByteTokenizer, SubwordTokenizer
         from .data import load_documents, split_documents
 
         self.subword = tok if isinstance(tok, SubwordTokenizer) else None
@@ -318,7 +318,7 @@ class ChatPrompts:
         self.fingerprint = prompts.fingerprint
 
     def __getitem__(self, rng: random.Random) -> list[int]:
-        from ..chat import chat_ids
+        from ..lm.chat import chat_ids
 
         ids = chat_ids(self.folder, [{"role": "user", "content": self.instructions[rng]}], self.tok)
         if self.context is not None and len(ids) + self.max_new_tokens > self.context:

@@ -47,8 +47,9 @@ from pathlib import Path
 
 import torch
 
-from .. import checks, loading
-from ..decoding.families import FAMILIES, OutputLayer, has_adapter
+from .. import checks
+from ..lm import loading
+from ..lm.families import FAMILIES, OutputLayer, has_adapter
 from ..errors import InputError
 from ..files import LOCK_FILE, atomic_write, field, file_sha256, inside, regular_file
 from .config import FeaturesConfig
@@ -427,7 +428,7 @@ def check_model(folder: Path, settings: dict, info: loading.ModelInfo, tokenizer
 def check_shard(folder: Path, name: str, record: dict, settings: dict) -> Path:
     """A shard as recorded: a regular file inside the folder, its size and SHA-256 as written, its tensors
     of the store's shapes and dtypes."""
-    from ..loading import safetensors_header
+    from ..lm.loading import safetensors_header
 
     path = regular_file(inside(folder / name, folder), "a feature shard", max_bytes=2**50)
     if path.stat().st_size != record["bytes"] or file_sha256(path) != record["sha256"]:

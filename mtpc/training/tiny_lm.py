@@ -24,7 +24,7 @@ from .. import checks
 from ..errors import InputError
 from ..heads.head import save_head
 from ..heads.nll_loss import valid_counts
-from ..tokenizer import SubwordTokenizer
+from ..lm.tokenizer import SubwordTokenizer
 from .checkpoints import append_log, write_checkpoint
 from ..heads.windows import target_validity
 from .data import collate, to_device

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..heads.nll_loss import mtp_loss, valid_counts
-from ..tokenizer import NUM_BYTES
+from ..lm.tokenizer import NUM_BYTES
 from ..heads.windows import target_validity
 from .data import PackedDataset, collate, to_device
 from .precision import autocast

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import loading
+from ..lm import loading
 from ..errors import InputError
 from ..heads.head import PARAMETERISATIONS, MTPHead
-from ..tokenizer import NUM_BYTES, TOKENIZER_FILE, ByteTokenizer, SubwordTokenizer
+from ..lm.tokenizer import NUM_BYTES, TOKENIZER_FILE, ByteTokenizer, SubwordTokenizer
 from .bpe import train_bpe
 from .config import TinyLMConfig
 from .data import DataStats, Document, EpochSampler, PackedDataset, load_documents, split_documents

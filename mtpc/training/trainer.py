@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
-from .. import loading
+from ..lm import loading
+from ..lm.lora import LORA_DIR
 from ..errors import MtpcError
 from ..heads.nll_loss import valid_counts
 from .checkpoints import rng_state, set_rng_state, write_checkpoint
@@ -57,7 +58,7 @@ from .precision import autocast_dtype
 from .schedule import StepBudget, cosine_lr
 from .trainer_checkpoints import (CHECKPOINT, CHECKPOINT_FORMAT, load_trainable, read_checkpoint, settings,
                                   trainable_state)
-from .trainer_setup import (LORA_DIR, DraftModel, TrainConfig, build_head, check_inputs, load_init_head,
+from .trainer_setup import (DraftModel, TrainConfig, build_head, check_inputs, load_init_head,
                             load_lm, vocabulary_choice)
 from . import trainer_validation
 

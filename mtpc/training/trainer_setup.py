@@ -16,15 +16,13 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from .. import checks, loading
+from .. import checks
+from ..lm import loading, lora
 from ..errors import InputError
 from ..heads.kl_loss import kl_loss, lm_teacher
 from ..heads.nll_loss import mtp_loss
 from .config import LOSSES, TrainConfig
 from .precision import autocast
-
-LORA_DIR = "lora"
-
 
 # ------------------------------------------------------------------ model pieces
 
@@ -55,9 +53,7 @@ class DraftModel(nn.Module):
     def hidden_from_inner(self, inner: torch.Tensor) -> torch.Tensor:
         """`[B, T, d]` the draft path's final-norm hidden states from `inner` `[B, T, d]`, the cached input of
         its LoRA layers (`mtpc features --draft-layers k`): only those `k` layers run, adapters on."""
-        from ..decoding.backbone import lora_depth
-
-        k = lora_depth(self.lm)
+        k = lora.lora_depth(self.lm)
         if not k:
             raise ValueError("inner-layer features need a LoRA draft path (--lora-layers k)")
         with torch.set_grad_enabled(self.trains_lm and torch.is_grad_enabled()), autocast(inner.device, self.amp):
@@ -86,7 +82,7 @@ class DraftModel(nn.Module):
         computes them from its final hidden states (`OutputLayer`: Gemma's soft-capping included), over
         the head's draft vocabulary when it has one (the LM renormalised over the tokens it drafts).
         `verifier` `[B, T, d]`: those final states when cached (`mtpc features`), else computed here."""
-        from ..decoding.families import OutputLayer
+        from ..lm.families import OutputLayer
 
         hidden = self.teacher_hidden(tokens, draft) if verifier is None else verifier
         return lm_teacher(OutputLayer(self.base, rows=self.head.state_tokens), hidden)
@@ -127,9 +123,9 @@ def run_last_layers(model: nn.Module, inner: torch.Tensor, k: int) -> torch.Tens
     """`[B, T, d]` the final-norm hidden states of causal LM `model` from `inner` `[B, T, d]`, the input of
     its last `k` decoder layers, for sequences at positions 0..T-1 under plain causal attention (how
     `mtpc features` ran them: `features.INNER_POSITIONS`). The layers are called as the split backbone
-    calls them (`mtpc.decoding.families`: the family's rotary embedding and causal masks, no cache), so
+    calls them (`mtpc.lm.families`: the family's rotary embedding and causal masks, no cache), so
     whatever adapters are enabled in them run."""
-    from ..decoding.families import split_family
+    from ..lm.families import split_family
 
     family = split_family(model.config, "training from inner-layer features")
     parts = family.parts(model)
@@ -145,31 +141,20 @@ def run_last_layers(model: nn.Module, inner: torch.Tensor, k: int) -> torch.Tens
 
 def load_lm(cfg: TrainConfig, device: torch.device):
     """The frozen backbone, with LoRA adapters when asked (fresh, or the init head's)."""
-    from ..decoding.backbone import attach_draft_lora
-
     # the vocabulary was judged against the head by `check_inputs` (`vocabulary_choice`)
     model, _ = loading.open_model(cfg.model, allow_non_byte_vocab=True, dtype=loading.torch_dtype(cfg.dtype),
                                   trust_remote_code=cfg.trust_remote_code)
     previous = init_adapter(cfg)
     if previous is not None:
-        from peft import PeftModel
-
-        with loading.peft_quietly():
-            model = PeftModel.from_pretrained(model, str(previous), is_trainable=True, local_files_only=True)
+        model = lora.load_lora(model, previous, trainable=True)
     elif cfg.lora_layers > 0:
-        model = attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+        model = lora.attach_draft_lora(model, cfg.lora_layers, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     return model.to(device)
 
 
 def init_adapter(cfg: TrainConfig) -> Path | None:
     """The init head's LoRA adapter folder, if it has one."""
-    return loading.head_lora_folder(cfg.init_head) if cfg.init_head else None
-
-
-def adapter_layers(adapter_dir: Path) -> int:
-    meta = loading.json_object(adapter_dir / "adapter_config.json", "the LoRA adapter of the init head")
-    layers = meta.get("layers_to_transform") or []
-    return len(layers)
+    return lora.head_lora_folder(cfg.init_head) if cfg.init_head else None
 
 
 def load_init_head(cfg: TrainConfig):
@@ -248,12 +233,12 @@ def vocabulary_choice(cfg: TrainConfig, info, init=None) -> VocabularyChoice:
 
 def check_lora_family(cfg: TrainConfig, info) -> None:
     """A LoRA draft path runs the split layer loop, which needs the family's adapter."""
-    from ..decoding.families import FAMILIES, has_adapter
+    from ..lm.families import FAMILIES, has_adapter
 
     if cfg.lora_layers > 0 and not has_adapter(info.model_type):
         raise InputError(f"--lora-layers {cfg.lora_layers}: no split-backbone adapter for model_type "
                          f"{info.model_type!r} (known: {', '.join(sorted(FAMILIES))}); use --lora-layers 0, or add a "
-                         "BackboneFamily in mtpc/decoding/families.py")
+                         "BackboneFamily in mtpc/lm/families.py")
 
 
 def check_inputs(cfg: TrainConfig, init, world: int):
@@ -285,7 +270,7 @@ def check_inputs(cfg: TrainConfig, init, world: int):
                              "to continue that head)")
         graph = init.graph
         adapter = init_adapter(cfg)
-        k = adapter_layers(adapter) if adapter is not None else 0
+        k = lora.adapter_layers(adapter) if adapter is not None else 0
         if adapter is not None and cfg.lora_layers and cfg.lora_layers != k:
             raise InputError(f"{cfg.init_head} carries LoRA on the last {k} layers; --lora-layers "
                              f"{cfg.lora_layers} would change them (omit it, or start from a head without an "
@@ -377,7 +362,7 @@ def check_features(cfg: TrainConfig, init, info) -> None:
         raise InputError(f"--seq-len {cfg.seq_len}, but the features in {cfg.features} are of "
                          f"{stored['seq_len']}-token sequences (pass --seq-len {stored['seq_len']})")
     adapter = init_adapter(cfg) if init is not None else None
-    check_inner_features(cfg, folder, stored, adapter_layers(adapter) if adapter is not None else cfg.lora_layers)
+    check_inner_features(cfg, folder, stored, lora.adapter_layers(adapter) if adapter is not None else cfg.lora_layers)
 
 
 def check_inner_features(cfg: TrainConfig, folder: Path, stored: dict, k: int) -> None:

@@ -22,9 +22,9 @@ from typing import Protocol
 
 import torch
 
-from ..sampling import Sampling
-from .acceptance import TreeProposals
-from .cycle import CycleDraws
+from ...sampling import Sampling
+from ..cycle.acceptance import TreeProposals
+from ..cycle.data import CycleDraws
 from .drafting import Drafter, Window
 from .proposals import LookupState, PromptLookup
 from .trees import TreeBudget, choose_tree, tree_draws, with_branch
@@ -104,7 +104,7 @@ class HostProposer(Protocol):
 
 class CircuitProposer:
     """The head's circuit: every row's window, drafted on the device after its `x_0` (`Drafter.circuit_window`),
-    or with a `tree` budget every row's tree of drafts (`mtpc.decoding.trees.choose_tree`; sampling draws its
+    or with a `tree` budget every row's tree of drafts (`mtpc.decoding.drafts.trees.choose_tree`; sampling draws its
     children)."""
 
     name = "circuit"

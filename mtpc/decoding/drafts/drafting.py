@@ -6,7 +6,7 @@ the proposal rows the acceptance needs (sampling) and the verify width chosen fo
 already committed; the verifier tests `d_1 .. d_{width-1}`.
 
 The circuit's window (`Drafter.circuit_window`, one fixed-shape function the decoder's cycle step
-runs after its acceptance) is head -> `circuitc.draft.DraftProgram` conditioned on `x_0` (the
+runs after its acceptance) is head -> `circuitc.runtime.draft.DraftProgram` conditioned on `x_0` (the
 sequential argmax of the circuit's exact conditionals when greedy; when sampling, a draw from the
 cycle's uniforms of each conditional at the draft temperature, the verifier's own temperature by
 default: a circuit distilled at T = 1 proposes what a sampler at T = 0.7 would draw only when it is
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from circuitc.draft import DraftProgram
+from circuitc.runtime.draft import DraftProgram
 
-from ..heads import MTPHead
-from ..sampling import Sampling
+from ...heads import MTPHead
+from ...sampling import Sampling
 
 __all__ = ["AdaptiveWidth", "Drafter", "Window", "WindowShape", "window_widths"]
 
@@ -39,7 +39,7 @@ class WindowShape:
     """Where each of a window's `N` tokens hangs: `parents` `[B, N]` long (node 0, the committed `x_0`, is its
     own parent; every other node's parent comes before it) and `depths` `[B, N]` long (0 at `x_0`). A chain is
     the special case `parents[j] = j - 1`, `depths[j] = j` (`chain`); a tree verifies several continuations
-    of each prefix in one call (`mtpc.decoding.trees`). Every row of a batch has its own shape."""
+    of each prefix in one call (`mtpc.decoding.drafts.trees`). Every row of a batch has its own shape."""
 
     parents: torch.Tensor
     depths: torch.Tensor
@@ -163,7 +163,7 @@ class Drafter:
         if head.graph is None:
             raise ValueError("the head's circuit has no region graph (build the head from a RegionGraph, a .pc/.json "
                              "source or a compiled circuit that keeps `.graph`): the decoder drafts with its "
-                             "circuitc.draft.DraftProgram")
+                             "circuitc.runtime.draft.DraftProgram")
         self.head, self.n, self.v = head, head.num_variables, head.num_states
         self.program = DraftProgram(head.graph, head.circ.param_layout)
         self.widths, self.span, self.vocab = widths, span, vocab

@@ -34,12 +34,12 @@ with `compile=True` each step is one graph per verify width (the verify step, th
 it reads no sampling setting, so greedy and sampling cycles share it, and it alone takes the time of a
 first compile).
 
-A tree (`tree=N`, `mtpc.decoding.trees`) runs the same loop and step: the window is the circuit's tree of
+A tree (`tree=N`, `mtpc.decoding.drafts.trees`) runs the same loop and step: the window is the circuit's tree of
 `N` nodes with its `WindowShape`, the verify call puts each node at its depth's position and lets it see
 its ancestors, `accept_tree` keeps a path, and the step moves that path's keys and values to the slots
 after the committed text, so the host reads and commits it as a chain's accepted tokens.
 
-Proposers only propose (`mtpc.decoding.proposers`): the circuit drafts inside the step, and before a
+Proposers only propose (`mtpc.decoding.drafts.proposers`): the circuit drafts inside the step, and before a
 cycle each host proposer (prompt lookup with `lookup=K`, or any of `proposers=[...]`) may replace a
 row's circuit window with its own (point-mass proposals, decided by the same rule: a token `c` is kept
 with probability `p(c)`, its residual is `p` without `c`, renormalised); its choice reads only the
@@ -64,22 +64,22 @@ from torch import nn
 
 from circuitc.runtime.kernels import inverse_cdf
 
-from ..checks import MAX_LOOKUP_TOKENS
-from ..heads import MTPHead
-from ..sampling import GREEDY, Sampling, check_draft_temperature
+from ...checks import MAX_LOOKUP_TOKENS
+from ...heads import MTPHead
+from ...sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
                          cycle_uniforms)
-from .backbone import SplitBackbone
-from .compiling import StepVariant, StepVariants, VerifyVariant, known_code, model_configuration, tensor_layout
-from .cycle import CyclePacket, Pending, Row, StepOutput
-from .drafting import AdaptiveWidth, Drafter, Window, WindowShape, window_widths
+from ...lm.backbone import SplitBackbone
+from ..compiling import StepVariant, StepVariants, VerifyVariant, known_code, model_configuration, tensor_layout
+from .data import CyclePacket, Pending, Row, StepOutput
+from ..drafts.drafting import AdaptiveWidth, Drafter, Window, WindowShape, window_widths
 from .host import HostReads
-from .inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
+from ..inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
                      checked_switch, eos_set)
-from .proposals import PromptLookup
-from .proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
-from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
-from .trees import TreeBudget, tree_budget
+from ..drafts.proposals import PromptLookup
+from ..drafts.proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
+from ..stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
+from ..drafts.trees import TreeBudget, tree_budget
 from .verify import Places, Verifier, context_reserve
 
 __all__ = ["AdaptiveWidth", "SpeculativeDecoder"]
@@ -100,7 +100,7 @@ class SpeculativeDecoder:
     `BlockVerification`; `AcceptanceRule()` is token by token). `draft_temperature`: what the circuit samples
     at (None: the target's temperature; any is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
     `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
-    `mtpc.decoding.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one
+    `mtpc.decoding.drafts.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one
     small tensor per cycle through `host_reads`, and one after the prefill.
     """
 
@@ -449,7 +449,7 @@ def checked_proposers(proposers: Sequence[HostProposer]) -> Sequence[HostPropose
     """Host proposers: a list or tuple of objects with a proposer's `name`, `widths`, `span` (tokens of its
     longest window, 1 .. `MAX_PROPOSER_SPAN`) and `start`, `propose`, `observe`."""
     if not isinstance(proposers, (list, tuple)):
-        raise ValueError(f"proposers must be a list of host proposers (mtpc.decoding.proposers.HostProposer), got "
+        raise ValueError(f"proposers must be a list of host proposers (mtpc.decoding.drafts.proposers.HostProposer), got "
                          f"{proposers!r}")
     for proposer in proposers:
         methods = all(callable(getattr(proposer, m, None)) for m in ("start", "propose", "observe"))

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .graph import RegionGraph
-from .plan import ParamSlot
-from .runtime.kernels import inverse_cdf
-from .threads import single_threaded_when_small
+from ..graph import RegionGraph
+from ..plan import ParamSlot
+from .kernels import inverse_cdf
+from ..threads import single_threaded_when_small
 
 __all__ = ["DraftProgram"]
 

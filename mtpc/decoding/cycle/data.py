@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafting import Window
+from ..drafts.drafting import Window
 from .host import HostReads
 
 __all__ = ["CycleDraws", "CyclePacket", "Pending", "Row", "StepOutput"]

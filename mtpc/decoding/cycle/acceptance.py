@@ -3,7 +3,7 @@
 The verifier's target is `mtpc.sampling.Sampling` (greedy, or temperature / top-k / top-p in
 transformers' order); `AcceptanceRule` is speculative sampling's accept-or-residual rule, token by
 token, and `BlockVerification` (the decoder's default) the rule that decides a drafted window as a
-whole and keeps at least as many tokens in expectation. The decoder (`mtpc.decoding.decoder`) applies
+whole and keeps at least as many tokens in expectation. The decoder (`mtpc.decoding.cycle.decoder`) applies
 them to every drafted token, whatever proposed it.
 
 `accept_window` decides a batch of verified windows at once on the tensors' device (no host reads):
@@ -21,7 +21,7 @@ import torch
 
 from circuitc.runtime.kernels import inverse_cdf
 
-from ..sampling import Sampling
+from ...sampling import Sampling
 
 __all__ = ["AcceptanceRule", "BlockVerification", "TreeProposals", "Verdict", "accept_tree", "accept_window",
            "cycle_uniforms", "proposal_rows"]
@@ -170,7 +170,7 @@ def proposal_rows(rows: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TreeProposals:
-    """What a sampled tree was drawn from (`mtpc.decoding.trees.choose_tree`): `rows` `[B, N, v]` float64, node
+    """What a sampled tree was drawn from (`mtpc.decoding.drafts.trees.choose_tree`): `rows` `[B, N, v]` float64, node
     `i`'s children drawn in node order without replacement from `rows[b, i]`, a distribution over the circuit's
     states; `row_tokens` `[v]` long the LM token of each state; `nodes` the circuit's nodes (later ones, a lookup
     branch's, are point masses); `branching` the most children a circuit node has; `depth` the deepest node

@@ -1,5 +1,5 @@
 """Prompt lookup, the speculative decoder's second proposal source (the first is the circuit head,
-`mtpc.decoding.drafting`).
+`mtpc.decoding.drafts.drafting`).
 
 A cycle's window is `[x_0, d_1 .. d_{w-1}]` (`x_0` already decided). Its drafted tokens come from the
 circuit's exact conditionals, or, when `LookupState.use` prefers it, from
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..checks import MAX_LOOKUP_TOKENS  # the most tokens a match may propose (every command's --lookup bound)
+from ...checks import MAX_LOOKUP_TOKENS  # the most tokens a match may propose (every command's --lookup bound)
 
 __all__ = ["LookupProposal", "LookupState", "PromptLookup", "LOOKUP_PREFERENCES"]
 

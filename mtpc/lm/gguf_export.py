@@ -2,7 +2,7 @@
 
     export_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2", dtype="bf16")  # -> ExportSummary
 
-vLLM (0.32) reads no GGUF. The file goes through `mtpc.gguf_files.model_folder_for`, the path every
+vLLM (0.32) reads no GGUF. The file goes through `mtpc.lm.gguf_files.model_folder_for`, the path every
 `--model x.gguf` takes: the bounded walk and its refusals first, then transformers' dequantisation to
 float32, kept in mtpc's cache. That folder is loaded again at the asked dtype and saved with its
 tokenizer (and chat template) and generation config, so the folder written holds exactly the weights mtpc
@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, first_line
-from .files import regular_file
+from ..errors import InputError, first_line
+from ..files import regular_file
 from .gguf_files import MAX_GGUF_BYTES, check_gguf, content_digest, is_gguf, model_folder_for, process_alive
 
 EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what vLLM's CPU and GPU backends both run

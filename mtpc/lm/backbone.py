@@ -9,9 +9,9 @@ rejection. `k = 0` is one path: the draft hidden state is the verifier's.
 
 The model is never copied or patched. A peft `PeftModel` is used through its public API
 (`disable_adapter()` around the verifier tail). With `k = 0` (and no family given) the backbone is
-the model's own forward (`mtpc.decoding.families.WholeModelPath`: any decoder-only LM). The
+the model's own forward (`mtpc.lm.families.WholeModelPath`: any decoder-only LM). The
 decoder-layer loop is written against a small per-family adapter (`BackboneFamily`: embeddings,
-layers, final norm, rotary embedding, LM head, mask and layer call, in `mtpc.decoding.families`), so
+layers, final norm, rotary embedding, LM head, mask and layer call, in `mtpc.lm.families`), so
 other Hugging Face families plug in by adding an adapter.
 
 Positions: the backbone keeps no state of its own; a `BackboneState` holds the caches and the number
@@ -22,7 +22,7 @@ written), `position_ids` `[B, T]` (their positions in their own text: a left-pad
 ahead of its positions by its padding) and `starts` `[B]` (each row's first real slot); the mask
 hides everything before a row's start and after the query's slot, so a rejected suffix stays hidden
 until the next call overwrites it, and the same state serves generation after generation. The
-caller (`mtpc.decoding.verify.Verifier`) keeps each row's length.
+caller (`mtpc.decoding.cycle.verify.Verifier`) keeps each row's length.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
-from ..loading import peft_quietly
-from .families import BackboneFamily, LlamaFamily, SlotCache, WholeModelPath, decoder_layers, family_for, split_family
+from .lora import check_lora_layers, is_peft, lora_layer_indices
+from .families import BackboneFamily, LlamaFamily, SlotCache, WholeModelPath, family_for
 
 __all__ = [
     "BackboneFamily",
@@ -44,72 +44,10 @@ __all__ = [
     "BackboneState",
     "BackboneOutput",
     "SplitBackbone",
-    "attach_draft_lora",
     "family_for",
     "forget_last",
-    "is_peft",
     "WholeModelPath",
-    "lora_depth",
-    "lora_layer_indices",
 ]
-
-
-# --------------------------------------------------------------------------- peft helpers
-
-def is_peft(model: nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # peft is a dependency, but the split works without it
-        return False
-    return isinstance(model, PeftModel)
-
-
-def lora_layer_indices(base: nn.Module, layers: nn.ModuleList) -> tuple[set[int], list[str]]:
-    """Decoder-layer indices holding LoRA modules, and names of LoRA modules outside any decoder layer."""
-    from peft.tuners.lora import LoraLayer
-
-    owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
-    inside, outside = set(), []
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            if id(module) in owner:
-                inside.add(owner[id(module)])
-            else:
-                outside.append(name)
-    return inside, outside
-
-
-def lora_depth(model: nn.Module) -> int:
-    """For a PeftModel: the number of trailing layers that carry adapters (0 for a plain model)."""
-    if not is_peft(model):
-        return 0
-    base = model.get_base_model()
-    layers = decoder_layers(base)
-    inside, _ = lora_layer_indices(base, layers)
-    return len(layers) - min(inside) if inside else 0
-
-
-def attach_draft_lora(model: nn.Module, lora_layers: int, rank: int = 8, alpha: float = 16.0,
-                      dropout: float = 0.0, target_modules: tuple[str, ...] | None = None):
-    """Wrap `model` into a peft `PeftModel` with LoRA adapters on its last `lora_layers` decoder layers
-    (`layers_to_transform`), the layout `SplitBackbone(peft_model, lora_layers)` expects.
-
-    peft injects the adapter modules into `model` itself (that is how peft works); nothing is copied.
-    Default targets: every linear map of a layer of the model's family (`BackboneFamily.lora_targets`).
-    """
-    from peft import LoraConfig, get_peft_model
-
-    num_layers = model.config.num_hidden_layers
-    _check_k(lora_layers, num_layers)
-    if lora_layers == 0:
-        raise ValueError("attach_draft_lora needs lora_layers >= 1 (k = 0 has no draft-only layers)")
-    family = split_family(model.config, "a LoRA draft path")
-    targets = list(target_modules or family.lora_targets)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                        layers_to_transform=list(range(num_layers - lora_layers, num_layers)),
-                        layers_pattern=family.layers_pattern)
-    with peft_quietly():
-        return get_peft_model(model, config)
 
 
 def _check_parts(model, family) -> None:
@@ -120,13 +58,6 @@ def _check_parts(model, family) -> None:
                          f"{type(model).__name__}")
     if family is not None and not isinstance(family, (BackboneFamily, WholeModelPath)):
         raise ValueError(f"family must be None or a BackboneFamily (e.g. LlamaFamily()), got {family!r}")
-
-
-def _check_k(k: int, num_layers: int) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"lora_layers must be an integer >= 0, got {k!r}")
-    if k > num_layers:
-        raise ValueError(f"lora_layers={k} is larger than the model's {num_layers} decoder layers")
 
 
 # --------------------------------------------------------------------------- the split backbone
@@ -169,7 +100,7 @@ class SplitBackbone:
         self.family.check_config(self.config)
         self.parts = self.family.parts(self.base)
         self.num_layers = len(self.parts.layers)
-        _check_k(lora_layers, self.num_layers)
+        check_lora_layers(lora_layers, self.num_layers)
         self.k = lora_layers
         self._check_adapters()
 

@@ -198,7 +198,7 @@ class ByteTokenizer:
     @classmethod
     def load(cls, directory: str | Path) -> "ByteTokenizer":
         """The tokenizer saved in `directory`, or a default one sized to its HF config's vocabulary."""
-        from .files import read_json
+        from ..files import read_json
 
         directory = Path(directory)
         path = directory / TOKENIZER_FILE
@@ -325,7 +325,7 @@ def save_hf_tokenizer(directory: str | Path, tok: ByteTokenizer | None = None) -
     one written before `mtpc tiny-lm` saved them; `tok` defaults to `ByteTokenizer.load(directory)`."""
     directory = Path(directory)
     if not directory.is_dir():
-        from .errors import InputError
+        from ..errors import InputError
 
         raise InputError(f"{directory} is not a folder")
     (tok or ByteTokenizer.load(directory)).save(directory)

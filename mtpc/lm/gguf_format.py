@@ -34,8 +34,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
-from .checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS  # a model's sizes, bounded as for a checkpoint folder
+from ..errors import InputError
+from ..checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS  # a model's sizes, bounded as for a checkpoint folder
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)

@@ -2,7 +2,7 @@
 width (`verify_call_seconds`, the curve `--tree auto` and the auto choice read), and the seconds of one draft.
 
 A verify curve depends on the model's shape, the dtype, the device (the CPU's model and instruction sets, or the
-GPU) and the thread count, not on the weights: it is kept in the compiled-step store (`compiling.step_store`,
+GPU) and the thread count, not on the weights: it is kept in the compiled-step store (`mtpc.step_store`,
 under the same trust rules: a file is read only from folders no one else could have written, and it is JSON,
 bounded, never unpickled) under a key of exactly those, so a second process on the same machine reads it in
 milliseconds instead of measuring for seconds. What a plain step and a cycle's work besides its verify call
@@ -16,19 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .. import hardware
-from ..files import atomic_write, parse_json
-from ..heads.head import MTPHead
-from .backbone import SplitBackbone
-from .compiling import UntrustedStore, check_store, read_stored_step, step_store
-from .trees import AUTO_TREE_WIDTHS, call_cost, checked_call_seconds
-from .verify import verify_call_seconds
+from ... import hardware
+from ...files import atomic_write, parse_json
+from ...step_store import UntrustedStore, check_store, read_stored_step, step_store
+from ...heads.head import MTPHead
+from ...lm.backbone import SplitBackbone
+from ..drafts.trees import AUTO_TREE_WIDTHS, call_cost, checked_call_seconds
+from ..cycle.verify import verify_call_seconds
 
 __all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "cost_key"]
 
@@ -97,8 +96,8 @@ def cycle_costs(model: torch.nn.Module, head: MTPHead, call_seconds: dict[int, f
                 prompt_length: int = 64) -> CycleCosts:
     """Decode `tokens` tokens after a random prompt plainly and with the head's default chain (greedy; the
     drafts of a random prompt are rejected, so every cycle is timed alike), after a warm-up of each."""
-    from .decoder import SpeculativeDecoder
-    from .plain import PlainDecoder
+    from ..cycle.decoder import SpeculativeDecoder
+    from ..plain import PlainDecoder
 
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]

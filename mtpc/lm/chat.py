@@ -24,8 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import InputError
-from .files import field, read_json, read_text
+from ..errors import InputError
+from ..files import field, read_json, read_text
 from .tokenizer import NUM_BYTES, ByteTokenizer, SubwordTokenizer, to_bytes
 
 RENDER_SECONDS = 5.0

@@ -412,7 +412,7 @@ class WholeModelPath:
 def family_for(config, lora_layers: int = 0) -> BackboneFamily | WholeModelPath:
     """How `SplitBackbone` runs a model: through the `model_type`'s adapter (`FAMILIES`) when there is
     one (the layer loop writes preallocated caches at explicit positions: the fixed-shape, compilable
-    cycle of `mtpc.decoding.verify`); else, with `lora_layers == 0`, the whole-model path (any
+    cycle of `mtpc.decoding.cycle.verify`); else, with `lora_layers == 0`, the whole-model path (any
     decoder-only LM; the draft hidden state is the verifier's); else a clear error."""
     if lora_layers == 0 and getattr(config, "model_type", None) not in FAMILIES:
         return WholeModelPath()
@@ -426,5 +426,5 @@ def split_family(config, needed_by: str = "the split loop") -> BackboneFamily:
     if family is None:
         raise ValueError(f"no split-backbone adapter for model_type {model_type!r} (known: {sorted(FAMILIES)}), which "
                          f"{needed_by} needs; use lora_layers=0 (the model's own forward), pass family=LlamaFamily() "
-                         "if its decoder follows the Llama layout, or add a BackboneFamily (mtpc.decoding.families)")
+                         "if its decoder follows the Llama layout, or add a BackboneFamily (mtpc.lm.families)")
     return family

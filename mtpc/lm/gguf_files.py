@@ -4,7 +4,7 @@ content, so that every later run reads that folder instead.
 
     model_folder_for("SmolLM2-135M-Instruct.Q4_1.gguf")  # -> ~/.cache/mtpc/gguf/<sha256>/
 
-A GGUF is outside input. `check_gguf` walks it with bounded work (`mtpc.gguf_format`: every count,
+A GGUF is outside input. `check_gguf` walks it with bounded work (`mtpc.lm.gguf_format`: every count,
 length and offset checked against the bytes there, the model's sizes against its tensors) before
 transformers' loader, which believes what the file claims, sees it; the loader gets the file's absolute
 path (given a bare name it looks in the working folder first).
@@ -35,8 +35,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, first_line
-from .files import file_sha256, read_json, regular_file
+from ..errors import InputError, first_line
+from ..files import file_sha256, read_json, regular_file
 from .gguf_format import GGUF_MAGIC, read_gguf_layout
 
 MAX_GGUF_BYTES = 2**40  # 1 TiB

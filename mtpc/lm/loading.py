@@ -1,34 +1,29 @@
-"""Reading things from disk: model folders, head folders, LoRA adapter folders, and devices.
+"""Reading a model from disk: model folders, head folders (found and checked), tokenizers, dtypes and devices.
 
 Every loader checks before it builds: a folder that cannot be what it is named as is one `InputError`
 naming the folder and the problem, raised before any weights are read. Heavy imports (torch,
 transformers, peft) happen inside the functions that need them, so the command line stays quick.
-Building a head from a head folder's files is `mtpc.heads`' job; this module only finds and checks
-the folder.
+LoRA adapter folders are `mtpc.lm.lora`'s. Building a head from a head folder's files is `mtpc.heads`'
+job; this module only finds and checks the folder.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, MissingFolderError, first_line
-from .checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS
-from .files import describe, field, inside, parse_json, read_json, regular_file
+from ..errors import InputError, MissingFolderError, first_line
+from ..checks import MAX_CONTEXT, MAX_HIDDEN, MAX_LAYERS
+from ..files import describe, field, inside, parse_json, read_json, regular_file
 from .tokenizer import TOKENIZER_FILE, ByteTokenizer
 
 MAX_BYTE_VOCAB = 512  # without mtpc_tokenizer.json, a vocabulary this small is taken as bytes + specials
-MIN_BYTE_VOCAB = 264  # 256 bytes + the 8 special tokens of mtpc.tokenizer
+MIN_BYTE_VOCAB = 264  # 256 bytes + the 8 special tokens of mtpc.lm.tokenizer
 HEAD_FILES = ("head.json", "head.safetensors")
-LORA_DIR = "lora"  # where `mtpc train` saves a head's draft-path adapter, inside the head folder
-ADAPTER_CONFIG = "adapter_config.json"
 REMOTE_CODE_FLAG = "--trust-remote-code"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 GENERATION_CONFIG = "generation_config.json"
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 HF_TOKENIZER_MODELS = ("BPE", "WordPiece", "WordLevel", "Unigram")  # the model types `tokenizers` reads
@@ -94,7 +89,7 @@ def holds_files(path: Path) -> bool:
 
 def model_folder(path: str | Path) -> Path:
     """The checkpoint folder a `--model` names: the folder itself, or for a GGUF file (`model.gguf`) the
-    folder it was dequantized into once (`mtpc.gguf_files`, in mtpc's cache, keyed on its content)."""
+    folder it was dequantized into once (`mtpc.lm.gguf_files`, in mtpc's cache, keyed on its content)."""
     from .gguf_files import is_gguf, model_folder_for
 
     if is_gguf(path):
@@ -448,7 +443,7 @@ def byte_tokenizer(path: str | Path):
 
 
 def subword_tokenizer(path: str | Path, vocab_size: int | None, trust_remote_code: bool = False):
-    """The model folder's own (subword) tokenizer, `mtpc.tokenizer.SubwordTokenizer` (`vocab_size`: the
+    """The model folder's own (subword) tokenizer, `mtpc.lm.tokenizer.SubwordTokenizer` (`vocab_size`: the
     model's, or None for the tokenizer's own size): its Hugging Face
     files must be there (nothing is downloaded); a tokenizer that cannot be read is an `InputError`."""
     from .tokenizer import SubwordTokenizer
@@ -584,7 +579,7 @@ def torch_dtype(name: str):
     """The torch dtype of a `--dtype` name (`fp32`, `bf16`, `fp64`, or their torch names)."""
     import torch
 
-    from .checks import DTYPES, dtype_name
+    from ..checks import DTYPES, dtype_name
 
     try:
         return getattr(torch, DTYPES[dtype_name(name)])
@@ -597,7 +592,7 @@ def resolve_dtype(name: str, device, stored: str | None = None) -> str:
     (`stored_dtype`): `fp32` for a float32 checkpoint (its own dtype, as transformers' `dtype="auto"` keeps it:
     bf16 would change the text it was checked with), else `bf16` where the device runs bf16 matrix products
     natively (`mtpc.hardware.native_bf16`) and `fp32` elsewhere; any other name as it is."""
-    from .hardware import native_bf16
+    from ..hardware import native_bf16
 
     if name != "auto":
         return name
@@ -639,73 +634,3 @@ def resolve_device(name: str):
     elif device.type not in ("cpu", "cuda", "mps"):
         raise InputError(f"--device {name}: mtpc runs on cpu, cuda or mps")
     return device
-
-
-# ------------------------------------------------------------------ LoRA adapter folders
-
-def head_lora_folder(head: str | Path) -> Path | None:
-    """The draft-path adapter `mtpc train` saved inside a head folder (`HEAD/lora`), if there is one."""
-    folder = Path(head) / LORA_DIR
-    return adapter_files(folder) if (folder / ADAPTER_CONFIG).exists() else None
-
-
-def lora_folder(path: str | Path, what: str = "--lora") -> Path:
-    """A peft adapter folder named by the user: `adapter_config.json` and the weights as safetensors,
-    both inside the folder (an adapter is only ever read from local files)."""
-    folder = readable_folder(path, f"LoRA adapter folder ({what})")
-    if not (folder / ADAPTER_CONFIG).is_file():
-        raise InputError(f"{what} {folder}: no {ADAPTER_CONFIG}; expected a peft adapter folder "
-                         f"(mtpc train writes one to OUT/{LORA_DIR})")
-    return adapter_files(folder)
-
-
-def adapter_files(folder: Path) -> Path:
-    """`folder` if it holds a local adapter: a checked `adapter_config.json` and `adapter_model.safetensors`
-    (never pickled `adapter_model.bin`, and no Hub lookup for what is missing)."""
-    folder = readable_folder(folder, "LoRA adapter folder")
-    json_object(folder / ADAPTER_CONFIG, "the LoRA adapter's configuration", folder)
-    weights = folder / ADAPTER_WEIGHTS
-    if not weights.exists():
-        pickled = (folder / "adapter_model.bin").exists()
-        raise InputError(f"{folder}: no {ADAPTER_WEIGHTS}" + (" (adapter_model.bin is pickled and refused: loading "
-                         "it can run code)" if pickled else " (the adapter's weights)"))
-    safetensors_file(inside(weights, folder))
-    return folder
-
-
-def adapter_layers(folder: Path, wanted: int | None = None) -> int:
-    """How many (last) decoder layers the adapter in `folder` adapts; `wanted` must agree when given."""
-    file = folder / ADAPTER_CONFIG
-    config = json_object(file, "the LoRA adapter's configuration", folder)
-    layers = config.get("layers_to_transform") or []
-    if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                              and 0 <= i < MAX_LAYERS for i in layers):
-        raise InputError(f"{file}: layers_to_transform must be a non-empty list of layer numbers (which layers "
-                         "the adapter adapts)")
-    field(config, "r", file, "int", low=1, high=MAX_HIDDEN, default=None)
-    if wanted is not None and wanted != len(layers):
-        raise InputError(f"--lora-layers {wanted}, but the adapter in {folder} adapts the last {len(layers)} layers")
-    return len(layers)
-
-
-@contextlib.contextmanager
-def peft_quietly():
-    """Around a peft wrap or load: peft 0.21 probes `is_gradient_checkpointing`, which transformers 5
-    deprecates with a FutureWarning on every call. The user can do nothing about it, so it stays out of
-    their terminal; every other warning still reaches them."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        yield
-
-
-def load_lora(model, folder: Path):
-    """`model` wrapped with the peft adapter saved in `folder`, read from its local files only (checked
-    first by `adapter_files`, so peft never falls back to the Hub)."""
-    from peft import PeftModel
-
-    adapter_files(Path(folder))
-    try:
-        with peft_quietly():
-            return PeftModel.from_pretrained(model, str(folder), local_files_only=True).eval()
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-        raise InputError(f"{folder}: the LoRA adapter cannot be loaded: {first_line(e)}") from None

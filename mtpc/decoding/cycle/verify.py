@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import MAX_CONTEXT  # what `max_context` may ask for: the longest context a model may have
-from .backbone import BackboneState, SplitBackbone, forget_last
-from .drafting import WindowShape
-from .inputs import available_memory, check_memory
+from ...checks import MAX_CONTEXT  # what `max_context` may ask for: the longest context a model may have
+from ...lm.backbone import BackboneState, SplitBackbone, forget_last
+from ..drafts.drafting import WindowShape
+from ..inputs import available_memory, check_memory
 
 __all__ = ["Verifier", "Places", "MIN_CACHE", "attended_slots", "cache_length", "context_reserve", "cache_bytes",
            "check_max_context", "check_reserve", "generation_cache_bytes", "verify_call_seconds"]
@@ -242,7 +242,7 @@ def verify_call_seconds(backbone: SplitBackbone, widths: tuple[int, ...], contex
                         repeats: int = 3) -> dict[int, float]:
     """The verify-cost curve of this model on this machine: the seconds of one eager verify call over each
     width of `widths` after a `context`-token prefix (the median of `repeats`, after one warm-up call), in
-    the slot caches a decoder uses (`mtpc.decoding.trees.auto_tree` sizes a tree from it). A tree call over
+    the slot caches a decoder uses (`mtpc.decoding.drafts.trees.auto_tree` sizes a tree from it). A tree call over
     `w` nodes costs what a chain call over `w` positions does: the mask differs, not the work."""
     device = backbone.parts.lm_head.weight.device
     limit = getattr(backbone.config, "max_position_embeddings", None) or context + max(widths)

@@ -1,7 +1,7 @@
 """`--tree auto` for a head folder, the one path `mtpc generate` and `mtpc bench` both take: the head's
 recorded per-depth acceptance read and checked when the command starts, before any model loads
 (`recorded_acceptance`), the verify call's cost measured on the loaded LM (`verify_costs`), and the tree
-`mtpc.decoding.trees.auto_tree` chooses from the two (`choose_auto_tree`). The same table and costs give
+`mtpc.decoding.drafts.trees.auto_tree` chooses from the two (`choose_auto_tree`). The same table and costs give
 the same tree in both commands, and only a tree `tree_budget` accepts.
 """
 
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import torch
 
-from .. import loading
-from ..errors import InputError
-from .backbone import SplitBackbone
-from .trees import AUTO_TREE_WIDTHS, TreeBudget, auto_tree
-from .verify import verify_call_seconds
+from ...lm import loading
+from ...errors import InputError
+from ...lm.backbone import SplitBackbone
+from ..drafts.trees import AUTO_TREE_WIDTHS, TreeBudget, auto_tree
+from ..cycle.verify import verify_call_seconds
 
 __all__ = ["AutoTree", "choose_auto_tree", "recorded_acceptance", "verify_costs"]
 
 
 def recorded_acceptance(head: str | Path, label: str, flag: str = "--tree auto") -> dict:
-    """The head folder's checked per-depth acceptance (`mtpc.loading.head_depth_topk`: a malformed table is
+    """The head folder's checked per-depth acceptance (`mtpc.lm.loading.head_depth_topk`: a malformed table is
     an `InputError` naming its file); a head that records none is an `InputError` naming `label` and the `flag`
     that asked for it."""
     table = loading.head_depth_topk(head)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..loading import depth_topk_table
-from .trees import TreeBudget, auto_tree, call_cost, checked_call_seconds
+from ...lm.loading import depth_topk_table
+from ..drafts.trees import TreeBudget, auto_tree, call_cost, checked_call_seconds
 
 __all__ = ["DecodingChoice", "choose_decoding", "chain_tokens", "expected_choice", "MARGIN"]
 

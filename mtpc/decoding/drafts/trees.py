@@ -2,15 +2,15 @@
 
 A chain verifies one continuation of each drafted prefix; a tree verifies several in the same backbone call
 (`N` nodes, each at position `P + depth`, attending to the prefix and its own ancestors only: see
-`mtpc.decoding.families.slot_mask`), and acceptance keeps the longest path the verifier agrees with
-(`mtpc.decoding.acceptance.accept_tree`). Verifying more positions costs little where a call's cost is
+`mtpc.lm.families.slot_mask`), and acceptance keeps the longest path the verifier agrees with
+(`mtpc.decoding.cycle.acceptance.accept_tree`). Verifying more positions costs little where a call's cost is
 its weights' reads (a GPU), so the tokens a cycle commits grow; on a CPU each verified node still pays
 its row of the output layer (docs/results.md, "Trees of drafts on SmolLM2").
 
 The circuit chooses the tree (`choose_tree`), depth by depth as EAGLE-2 does with its draft's confidence,
 but with the circuit's exact joint: a node's score is the circuit's probability of the whole path to it,
 `q(d_1 .. d_j | h, x_0)`, the product of the exact conditionals `q(d_i | d_<i)` along it
-(`circuitc.draft.DraftProgram.conditionals`). At each depth the `expand` best-scored nodes are
+(`circuitc.runtime.draft.DraftProgram.conditionals`). At each depth the `expand` best-scored nodes are
 expanded into their `branching` most probable children; of all the nodes expanded the best `nodes - 1`
 by score are kept with the root. A child never scores above its parent, so the kept set holds every
 kept node's ancestors. For a circuit whose conditionals follow the branch (CP, HMM, BTree) the children
@@ -20,7 +20,7 @@ Greedy decoding keeps each expanded node's most probable children, a function of
 `x_0` alone, and acceptance keeps the deepest path of argmaxes. Sampling draws each expanded node's
 children from the circuit's exact conditional (at the draft temperature) without replacement, in
 order (`without_replacement`), and acceptance tests them in that order by recursive rejection sampling
-(`mtpc.decoding.acceptance.accept_tree`), which needs every node's tested children to be the first ones
+(`mtpc.decoding.cycle.acceptance.accept_tree`), which needs every node's tested children to be the first ones
 drawn, however many: so a sampled child is scored by its rank, the parent's score plus the log of the
 conditional's rank-th largest probability, never by the token drawn, and siblings score strictly by
 rank. The proposals travel as the circuit's conditionals over its own states (`[N, v]`, 16 KiB a node
@@ -37,9 +37,9 @@ import torch
 
 from circuitc.runtime.kernels import inverse_cdf
 
-from ..checks import MAX_TREE_NODES
-from ..loading import depth_topk_table
-from .acceptance import proposal_rows
+from ...checks import MAX_TREE_NODES
+from ...lm.loading import depth_topk_table
+from ..cycle.acceptance import proposal_rows
 from .drafting import Drafter, Window, WindowShape
 
 __all__ = ["TreeBudget", "auto_tree", "call_cost", "checked_call_seconds", "choose_tree", "tree_budget", "tree_draws", "with_branch", "without_replacement"]
@@ -222,7 +222,7 @@ def auto_tree(depth_topk: dict, call_seconds: dict[int, float], n: int, states: 
     `n - 1`, at most `MAX_TREE_NODES` nodes; so costs that fall with the width (timing noise on a small
     model) or acceptance near 1 never choose a larger tree. A depth-0 row (a head that drafts `x_0` too)
     is skipped, the root being the verifier's token; its later rows, which also ask `x_0` to be within
-    the top `k`, then bound the tokens from below. A table that breaks `mtpc.loading.depth_topk_table`'s
+    the top `k`, then bound the tokens from below. A table that breaks `mtpc.lm.loading.depth_topk_table`'s
     rules, costs that are not finite seconds >= 0 by widths in 1..2^31, or an `n` or `states` that is not
     an integer, are a `ValueError`."""
     table = depth_topk_table(depth_topk)
@@ -270,7 +270,7 @@ def checked_call_seconds(call_seconds) -> dict[int, float]:
 
     if not isinstance(call_seconds, dict) or not call_seconds or not all(fine(w, s) for w, s in call_seconds.items()):
         raise ValueError("call_seconds must map verify widths (integers in 1..2^31) to finite seconds >= 0 "
-                         "(`mtpc.decoding.verify.verify_call_seconds`)")
+                         "(`mtpc.decoding.cycle.verify.verify_call_seconds`)")
     return {w: float(s) for w, s in call_seconds.items()}
 
 
