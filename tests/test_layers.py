@@ -194,3 +194,36 @@ def test_a_re_export_counts_as_an_import_of_its_defining_module(tmp_path, monkey
     plant(tmp_path, {"mtpc/stage/a.py": "A = 1\nfrom mtpc.stage import Bee\n"})
     with pytest.raises(AssertionError, match="mtpc.stage.a -> mtpc.stage.b -> mtpc.stage.a"):
         test_no_import_cycles_between_files()
+
+
+OWNED_IMPORTS = {"peft": "mtpc.lm", "gguf": "mtpc.lm"}  # a library: the one package that may import it
+
+
+def imported_libraries(path: Path) -> set[str]:
+    """The top-level names of every library the file imports, at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def stray_imports(modules_by_name: dict[str, Path]) -> list[str]:
+    return [f"{module} imports {library} (only {OWNED_IMPORTS[library]} may)" for module, path in sorted(modules_by_name.items())
+            for library in sorted(imported_libraries(path) & set(OWNED_IMPORTS))
+            if not (module == OWNED_IMPORTS[library] or module.startswith(OWNED_IMPORTS[library] + "."))]
+
+
+def test_peft_and_gguf_are_imported_only_where_a_model_comes_from():
+    """Loading a LoRA adapter or reading a GGUF file happens in `mtpc.lm` alone (one place to check what is
+    read, and how), so no other module imports peft or gguf."""
+    assert stray_imports(modules()) == []
+
+
+def test_the_library_check_sees_a_planted_import(tmp_path):
+    planted = tmp_path / "trainer.py"
+    planted.write_text("def load():\n    from peft import PeftModel\n")
+    assert stray_imports({"mtpc.training.trainer": planted}) == ["mtpc.training.trainer imports peft (only mtpc.lm may)"]
+    assert stray_imports({"mtpc.lm.lora": planted}) == []
