@@ -82,11 +82,11 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
     and of the decoder's whole cycle (its verify and decide steps: two graphs when compiled); with
     `evict` (a function that empties the caches), each also timed right after it (`*_cold_ms`)."""
     ids = torch.tensor([list(PROMPT)])
-    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
+    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.layout.span)
     first = (target.probs(logits) if not target.greedy else logits).argmax(-1)  # [1]
     n, W = decoder.n, decoder.width
     eos = torch.tensor([-1])
-    uniforms = cycle_uniforms(1, 2 * n + decoder.span, None, h.device) if not target.greedy else None
+    uniforms = cycle_uniforms(1, 2 * n + decoder.layout.span, None, h.device) if not target.greedy else None
     places = decoder.verifier.places(W)  # nothing is committed here: every call writes the same slots
     limit = torch.tensor([min(n, W)])
 
@@ -121,7 +121,7 @@ def step_times(decoder: SpeculativeDecoder, target: Sampling, repeats: int, comp
         return verify_call(tokens, places)
 
     def accept_step():
-        return accept(target, decoder.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
+        return accept(target, decoder.settings.acceptance, tokens, verified_logits, hidden, limit, eos, rows, tests)
 
     def cycle():
         cycle_logits, cycle_hidden = verify_step(window.tokens, window.shape, places)

@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def cycle_arguments(decoder: SpeculativeDecoder, target: Sampling) -> tuple[tuple, tuple]:
     """The arguments of one sampled cycle's verify and decide steps at the full width after `PROMPT`."""
     ids = torch.tensor([list(PROMPT)])
-    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.span)
-    uniforms = cycle_uniforms(1, 2 * decoder.n + decoder.span, None, h.device)
+    logits, h = decoder.verifier.start(ids, [0], 4 * decoder.layout.span)
+    uniforms = cycle_uniforms(1, 2 * decoder.n + decoder.layout.span, None, h.device)
     first = target.probs(logits).argmax(-1)  # [1]
     window = decoder.drafter.circuit_window(h, first, target, uniforms[:, :decoder.n])
     width = decoder.width

@@ -153,7 +153,7 @@ def test_sampling_mode_and_decoder_variants(setup):
     class Recorded(SpeculativeDecoder):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            built.append(self.draft_temperature)
+            built.append(self.settings.draft_temperature)
 
     heats = run_bench(config(setup, mode="sample", temperature=0.7, heads=[setup["heads"]["cp"]],
                              draft_temperatures=(None, 1.0)), decoder_cls=Recorded)

@@ -237,7 +237,7 @@ def test_adaptive_widths_follow_the_drafts_confidence_and_stay_lossless():
     widths = {}
     for name, head in (("right", right), ("unsure", unsure)):
         decoder = SpeculativeDecoder(model, head, window=AdaptiveWidth(position_cost=0.3))
-        assert decoder.widths == (2, 3, 5, 6)
+        assert decoder.layout.widths == (2, 3, 5, 6)
         used = []
         for ids in prompts(vocab, 3, seed=5):
             out = decoder.generate(ids, 23)
@@ -270,9 +270,9 @@ def test_a_window_outside_the_circuit_is_refused():
     for window in (1, 5, 2.0, True, "3"):
         with pytest.raises(ValueError, match="window must be an integer from 2 to the circuit's 4"):
             SpeculativeDecoder(model, head, window=window)
-    assert SpeculativeDecoder(model, head, window=4).widths == (4,)
-    assert SpeculativeDecoder(model, head).widths == (4,)
-    assert SpeculativeDecoder(model, head, window=AdaptiveWidth()).widths == (2, 3, 4)
+    assert SpeculativeDecoder(model, head, window=4).layout.widths == (4,)
+    assert SpeculativeDecoder(model, head).layout.widths == (4,)
+    assert SpeculativeDecoder(model, head, window=AdaptiveWidth()).layout.widths == (2, 3, 4)
 
 
 @pytest.mark.slow
@@ -458,7 +458,7 @@ def test_each_cycle_step_traces_as_one_graph(sample):
     decoder = SpeculativeDecoder(model, head)
     target = Sampling(0.7) if sample else GREEDY  # sampling: the circuit drafts at 0.7 too
     logits, h = decoder.verifier.start(torch.tensor([[1, 2, 3], [0, 4, 5]]), [0, 1], 16)  # a batch of 2
-    uniforms = torch.rand(2, 2 * n + decoder.span, dtype=torch.float64) if sample else None
+    uniforms = torch.rand(2, 2 * n + decoder.layout.span, dtype=torch.float64) if sample else None
     window = decoder.drafter.circuit_window(h, logits.argmax(-1), target, None if uniforms is None else uniforms[:, :n])
     places = decoder.verifier.places(n)
     verify_args = (window.tokens, window.shape, places)

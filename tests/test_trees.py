@@ -84,7 +84,7 @@ def test_prompt_lookup_matches_become_branches_of_the_tree():
     head = random_head("hmm", n, vocab, seed=1)  # a poor draft: the lookup branch carries the long cycles
     ids = torch.tensor([list(range(vocab)) * 2 + [0, 1]])  # the cyclic LM repeats what it saw
     decoder = SpeculativeDecoder(model, head, tree=5, lookup=6)
-    assert decoder.tree_depth == 6 and decoder.span == 5 + 6
+    assert decoder.layout.depth == 6 and decoder.layout.span == 5 + 6
     out = decoder.generate(ids, 40)
     assert torch.equal(out.sequences, PlainDecoder(model).generate(ids, 40).sequences)
     assert out.stats.proposer_windows.get("lookup", 0) > 3 and max(out.stats.accepted_per_cycle) == 7
@@ -142,7 +142,7 @@ def test_the_circuit_keeps_its_most_probable_prefixes(structure):
     decoder = SpeculativeDecoder(model, head, tree=TreeBudget(7, branching=v))
     h = torch.randn(2, head.hidden_size, dtype=torch.float64)
     first = torch.tensor([2, 5])  # 5 is no circuit state: x_0 is summed out (the head reads the last state's row)
-    window = choose_tree(decoder.drafter, decoder.tree, h, first)
+    window = choose_tree(decoder.drafter, decoder.layout.tree, h, first)
     for b in range(2):
         x0s = [int(first[b])] if first[b] < v else list(range(v))
         theta = decoder.drafter.theta(h[b:b + 1], torch.tensor([min(int(first[b]), v - 1)]))
@@ -190,8 +190,8 @@ def test_a_first_token_without_a_state_is_summed_out_of_the_draft(structure):
     uniforms = torch.rand(1, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     chain = decoder.drafter.circuit_window(h, first, Sampling(1.0), uniforms)
     torch.testing.assert_close(chain.rows[0, 1, :v], summed, rtol=1e-9, atol=1e-12)
-    draws = torch.rand(1, tree_draws(decoder.tree, n), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    tree = choose_tree(decoder.drafter, decoder.tree, h, first, draws=draws)
+    draws = torch.rand(1, tree_draws(decoder.layout.tree, n), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tree = choose_tree(decoder.drafter, decoder.layout.tree, h, first, draws=draws)
     torch.testing.assert_close(tree.rows[0, 0], summed, rtol=1e-9, atol=1e-12)
     assert tree.tokens[0, 0] == 5 and chain.tokens[0, 0] == 5
 
@@ -223,7 +223,7 @@ def test_a_sampled_trees_kept_children_are_the_first_drawn():
     h = torch.randn(64, head.hidden_size, dtype=torch.float64)
     first = torch.randint(0, v, (64,), generator=torch.Generator().manual_seed(1))
     draws = torch.rand(64, tree_draws(budget, n), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    window = choose_tree(decoder.drafter, decoder.tree, h, first, draws=draws)
+    window = choose_tree(decoder.drafter, decoder.layout.tree, h, first, draws=draws)
     assert window.rows.shape == (64, 5, v) and torch.allclose(window.rows[:, 0].sum(-1), torch.ones(64).double())
     drawn = without_replacement(window.rows[:, 0], draws[:, :3])  # [64, 3] the root's draws, in order
     kinds = set()

@@ -151,9 +151,10 @@ def _auto_budget(entry: HeadEntry, call_seconds: Callable[[], dict[int, float]] 
 def _longest(decoder: SpeculativeDecoder, entry: HeadEntry, lookup: bool) -> int:
     """The most tokens one cycle of `decoder` can commit: a tree's deepest path and its root, else the lookup's
     span or the chain's width (at most the head's n)."""
-    if decoder.tree is not None:
-        return decoder.tree_depth + 1
-    return decoder.span if lookup else min(decoder.width, entry.info["n"])
+    layout = decoder.layout
+    if layout.tree is not None:
+        return layout.depth + 1
+    return layout.span if lookup else min(layout.widest, entry.info["n"])
 
 
 def _width_label(width: int | str | None) -> str:

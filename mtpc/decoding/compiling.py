@@ -26,7 +26,7 @@ import inspect
 import io
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Callable, Sequence
@@ -36,7 +36,8 @@ import torch
 from ..step_store import UntrustedStore, check_store, read_stored_step, step_store
 
 __all__ = ["CPU_OPTIONS", "CompiledStep", "PlainVariant", "StepVariant", "StepVariants", "VerifyVariant",
-           "compile_step", "known_code", "model_configuration", "dynamic_length", "isolation_options",
+           "Undescribable", "compile_step", "derived_identity", "described", "module_configuration",
+           "dynamic_length", "isolation_options",
            "precompiled_step", "savable_guards", "steps_can_be_stored", "tensor_layout"]
 
 log = logging.getLogger(__name__)
@@ -312,17 +313,76 @@ def announce_compiling(label: str, stored: bool) -> None:
     log.warning("mtpc: compiling %s; %s", label, later)
 
 
-def known_code(*parts) -> bool:
-    """Whether every one of `parts` is an object of a class of mtpc, transformers or peft: code whose changes
-    a stored step's key notices (the library's source and those packages' versions), unlike a user's own."""
-    return all(type(part).__module__.startswith(("mtpc.", "transformers.", "peft.")) for part in parts)
+KNOWN_CODE = ("mtpc.", "circuitc.", "transformers.", "peft.", "torch.")  # code a stored step's key follows
+MAX_DESCRIBED_DEPTH = 32
 
 
-def model_configuration(model: torch.nn.Module) -> list:
-    """`model`'s configuration as a stored step's key holds it: every field but the folder it came from."""
-    config = model.config.to_dict()
-    config.pop("_name_or_path", None)
-    return sorted(config.items(), key=repr)
+class Undescribable(Exception):
+    """A value a compiled step's key cannot describe: an object of a class outside mtpc, circuitc, transformers,
+    peft and torch (a user's acceptance rule or model family, a model's remote code), whose code could change
+    without the key noticing."""
+
+
+def derived_identity(variant, layout: tuple, *values) -> str | None:
+    """A compiled step's identity (see `precompiled_step`), derived from what the step closes over: `values`
+    (a decoder's `CycleSettings`, its model, family and head, its caches' length), the tensors' `layout`
+    (`tensor_layout`) and the variant less its allocation (which only tells this process's caches apart).
+    Everything is described whole (`described`), so a setting added to any of them is in the key. None when
+    a value cannot be described: the step is then kept in this process only."""
+    try:
+        return repr(described((values, layout, replace(variant, allocation=0))))
+    except Undescribable:
+        return None
+
+
+def described(value, depth: int = 0):
+    """`value` as plain data for a compiled step's key: None, numbers and strings as they are; dtypes and devices
+    by name; a tensor by its shape, dtype and device (its values are the step's inputs, not constants); tuples,
+    lists, dicts and sets item by item; a dataclass by its class and every field; a module by its class and
+    its configuration (a transformers model's `config`, a head's `config()`: its graph, options, dtype and
+    vocabulary; every submodule's class known); any other object by its class and attributes. `Undescribable`
+    for an object of a class outside `KNOWN_CODE`, a head that cannot describe itself, or data nested deeper than
+    `MAX_DESCRIBED_DEPTH`."""
+    if depth > MAX_DESCRIBED_DEPTH:
+        raise Undescribable(f"nested deeper than {MAX_DESCRIBED_DEPTH}")
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype), str(value.device))
+    if isinstance(value, (tuple, list)):
+        return tuple(described(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((repr(key), described(item, depth + 1)) for key, item in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(repr(described(item, depth + 1)) for item in value))
+    kind = type(value)
+    if not kind.__module__.startswith(KNOWN_CODE):
+        raise Undescribable(f"{kind.__module__}.{kind.__qualname__}")
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if is_dataclass(value):
+        return name, tuple((f.name, described(getattr(value, f.name), depth + 1)) for f in fields(value))
+    if isinstance(value, torch.nn.Module):
+        foreign = [m for m in value.modules() if not type(m).__module__.startswith(KNOWN_CODE)]
+        if foreign:  # a user's layer inside a known model: its code is not in the key either
+            raise Undescribable(f"{type(foreign[0]).__module__}.{type(foreign[0]).__qualname__}")
+        return name, described(module_configuration(value), depth + 1)
+    return name, described(vars(value), depth + 1)
+
+
+def module_configuration(module: torch.nn.Module):
+    """A module's configuration as a key holds it: a transformers model's `config` less the folder it came
+    from, a head's `config()`; None for a module without one."""
+    config = getattr(module, "config", None)
+    if callable(config):
+        try:
+            config = config()
+        except ValueError as e:  # a head whose circuit keeps no graph cannot describe itself
+            raise Undescribable(str(e)) from None
+    if hasattr(config, "to_dict"):
+        config = {key: item for key, item in config.to_dict().items() if key != "_name_or_path"}
+    return config
 
 
 def tensor_layout(*modules: torch.nn.Module) -> tuple:

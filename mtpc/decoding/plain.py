@@ -30,7 +30,7 @@ from torch import nn
 from ..sampling import GREEDY, Sampling
 from ..lm.backbone import BackboneState, SplitBackbone
 from ..lm.lora import lora_depth
-from .compiling import PlainVariant, StepVariants, known_code, model_configuration, tensor_layout
+from .compiling import PlainVariant, StepVariants, derived_identity, tensor_layout
 from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
 from .stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
 from .cycle.verify import attended_slots, cache_length, check_reserve, context_reserve, generation_cache_bytes
@@ -198,12 +198,9 @@ class PlainDecoder:
 
 def plain_identity(decoder: PlainDecoder, variant: PlainVariant, layout: tuple) -> str | None:
     """What a compiled variant of the plain step depends on besides the tensors its guards check (see
-    `precompiled_step`): the model's configuration and tensors' layout, the caches' length and the batch; None
-    when the model is a class outside mtpc, transformers and peft (as the speculative decoder's steps)."""
-    model = decoder.backbone.model
-    if not known_code(model):
-        return None
-    return repr((model_configuration(model), layout, decoder.max_len, variant.batch))
+    `precompiled_step`), derived (`derived_identity`) from what it closes over: the model and its caches'
+    length; None for a model of a class outside mtpc, transformers and peft."""
+    return derived_identity(variant, layout, decoder.backbone.model, decoder.max_len)
 
 
 def _choose(sampling: Sampling, logits: torch.Tensor, generator) -> torch.Tensor:

@@ -1,10 +1,10 @@
-"""The named data of a speculative cycle: what the step returns, the one tensor the host reads, and the
-host's view of each row.
+"""The named data of a speculative cycle: its settings, what the step returns, the one tensor the host reads,
+and the host's view of each row.
 
 A cycle's decide step (`SpeculativeDecoder.decide_step`) returns a `StepOutput` on the device; the host reads its
 `packet` once (`CyclePacket.read`) and keeps, per row, a `Row`: the tokens it added, its budget left,
 whether it is live, and its next window's first token and verify width. `Pending` is the next cycle's
-windows as they sit on the device. `CycleDraws` says which of a sampling cycle's uniforms serves which draw.
+windows as they sit on the device.
 """
 
 from __future__ import annotations
@@ -14,37 +14,24 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafts.drafting import Window
+from ..drafts.layout import WindowLayout
+from .acceptance import AcceptanceRule
 from .host import HostReads
 
-__all__ = ["CycleDraws", "CyclePacket", "Pending", "Row", "StepOutput"]
+__all__ = ["CycleSettings", "CyclePacket", "Pending", "Row", "StepOutput"]
 
 
 @dataclass(frozen=True)
-class CycleDraws:
-    """How a sampling cycle's uniforms `[B, draft + fill + decide]` float64 split: `draft` columns draw the
-    next windows (a chain's `n`, a tree's children: `trees.tree_draws`), `fill` a host proposer's circuit fill
-    after its own tokens, `decide` this cycle's acceptance (a chain's first `W` of them test its verified
-    positions and draw the next `x_0`; a tree's walk reads all of them). Each draw has columns of its own."""
+class CycleSettings:
+    """What a decoder's cycle steps read besides their arguments and the model's and head's tensors: the window
+    `layout`, the `acceptance` rule, the `draft_temperature` setting (None: the target's) and the draft path's
+    `lora_layers`. A compiled step's key holds it whole (`compiling.derived_identity`), so a setting added
+    here cannot leave a stale stored step loadable."""
 
-    draft: int
-    fill: int
-    decide: int
-    tree: bool = False
-
-    @property
-    def total(self) -> int:
-        return self.draft + self.fill + self.decide
-
-    def of_draft(self, uniforms: torch.Tensor | None) -> torch.Tensor | None:
-        return None if uniforms is None else uniforms[:, :self.draft]
-
-    def of_fill(self, uniforms: torch.Tensor | None, row: int) -> torch.Tensor | None:
-        return None if uniforms is None else uniforms[row, self.draft:self.draft + self.fill]
-
-    def of_decide(self, uniforms: torch.Tensor | None, width: int) -> torch.Tensor | None:
-        """The acceptance's columns for a verify `width` (all of them for a tree)."""
-        start = self.draft + self.fill
-        return None if uniforms is None else uniforms[:, start:start + (self.decide if self.tree else width)]
+    layout: WindowLayout
+    acceptance: AcceptanceRule
+    draft_temperature: float | None
+    lora_layers: int
 
 
 @dataclass

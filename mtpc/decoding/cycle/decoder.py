@@ -70,9 +70,10 @@ from ...sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
                          cycle_uniforms)
 from ...lm.backbone import SplitBackbone
-from ..compiling import StepVariant, StepVariants, VerifyVariant, known_code, model_configuration, tensor_layout
-from .data import CyclePacket, Pending, Row, StepOutput
-from ..drafts.drafting import AdaptiveWidth, Drafter, Window, WindowShape, window_widths
+from ..compiling import StepVariant, StepVariants, VerifyVariant, derived_identity, tensor_layout
+from .data import CyclePacket, CycleSettings, Pending, Row, StepOutput
+from ..drafts.drafting import AdaptiveWidth, Drafter, Window, WindowShape
+from ..drafts.layout import WindowLayout
 from .host import HostReads
 from ..inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
                      checked_switch, eos_set)
@@ -112,27 +113,27 @@ class SpeculativeDecoder:
         self.backbone = SplitBackbone(model, lora_layers, family=family)
         check_head(head, self.backbone)
         self.head, self.n = head, head.num_variables
-        self.draft_temperature = checked_draft_temperature(draft_temperature)
-        self.acceptance = checked_acceptance(acceptance)
         self.lookup = PromptLookup.of(lookup)
-        self.tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
-        reserve = self.lookup.tokens if self.tree and self.lookup else 0  # a tree's nodes for a lookup branch
-        self.tree_depth = 0 if self.tree is None else max(min(self.n, self.tree.nodes) - 1, reserve)  # deepest path
-        self.widths, position_cost = ((self.tree.nodes,), 0.0) if self.tree else window_widths(window, self.n)
-        spans = [1 + self.lookup.tokens if self.lookup is not None else 0, *(p.span for p in checked_proposers(proposers))]
-        self.span = max(self.widths[-1] + reserve, *spans)  # the tokens of every window
-        self.drafter = Drafter(head, self.widths, position_cost, self.span, self.backbone.vocab_size)
-        self.circuit = CircuitProposer(self.drafter, self.tree, reserve)
-        self.draws = self.circuit.cycle_draws(self.span, self.tree_depth)  # which uniforms draw what
-        lookups = [LookupProposer(self.lookup, self.drafter, self.widths, self.tree_depth)] if self.lookup is not None else []
+        tree = checked_tree(tree, head, self.backbone, window, self.lookup, proposers)
+        spans = tuple(p.span for p in checked_proposers(proposers))
+        layout = WindowLayout.build(self.n, window, tree, self.lookup.tokens if self.lookup else 0, spans)
+        self.settings = CycleSettings(layout, checked_acceptance(acceptance),
+                                      checked_draft_temperature(draft_temperature), self.backbone.k)
+        self.drafter = Drafter(head, layout.widths, layout.position_cost, layout.span, self.backbone.vocab_size)
+        self.circuit = CircuitProposer(self.drafter, layout)
+        lookups = [LookupProposer(self.lookup, self.drafter, layout)] if self.lookup is not None else []
         self.proposers: list[HostProposer] = lookups + list(proposers)
         self.verifier = Verifier(self.backbone, context_reserve(self.backbone.config, max_context, compile))
         self.compile, self.host_reads = checked_switch("compile", compile), HostReads()
         self.compiled = CompiledCycle(self)
 
     @property
+    def layout(self) -> WindowLayout:
+        return self.settings.layout
+
+    @property
     def width(self) -> int:  # the widest verify width of a circuit window
-        return self.widths[-1]
+        return self.layout.widest
 
     # ----------------------------------------------------------------- public API
 
@@ -192,7 +193,7 @@ class SpeculativeDecoder:
         row's `x_0` from the target at its prompt's last token and the circuit's draft after it."""
         start = time.perf_counter()
         stamp("backbone_start")
-        logits, h = self.verifier.start(prompt, pads, rows[0].left + self.span)
+        logits, h = self.verifier.start(prompt, pads, rows[0].left + self.layout.span)
         self.eos_ids = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=prompt.device)
         if self.compile:
             compiling = time.perf_counter()
@@ -203,13 +204,13 @@ class SpeculativeDecoder:
         stamp("backbone_end")  # after the compiling: the phase clock counts it with the prefill, not a cycle
         for proposer in self.proposers:
             proposer.start([prompt[b, pads[b]:].tolist() for b in range(len(rows))])
-        uniforms = cycle_draws(sampling, generator, h, self.draws.total)
+        uniforms = cycle_draws(sampling, generator, h, self.layout.draws.total)
         if sampling.greedy:
             first = logits.argmax(-1)  # [B]
         else:
-            first = inverse_cdf(sampling.probs(logits), self.draws.of_decide(uniforms, 1)[:, 0])  # [B]
-        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms),
-                                    sampling.draft_temperature(self.draft_temperature))
+            first = inverse_cdf(sampling.probs(logits), self.layout.draws.of_decide(uniforms, 1)[:, 0])  # [B]
+        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(uniforms),
+                                    sampling.draft_temperature(self.settings.draft_temperature))
         firsts, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         for row, first_token, width in zip(rows, firsts, widths):
             row.first, row.width = first_token, width
@@ -226,7 +227,7 @@ class SpeculativeDecoder:
         committed = [[row.first] if end else [] for row, end in zip(rows, ends)]
         if not any(verify):
             return committed, 0, pending
-        uniforms = cycle_draws(sampling, generator, pending.hidden, self.draws.total)
+        uniforms = cycle_draws(sampling, generator, pending.hidden, self.layout.draws.total)
         window, widths, lengths, drafted_by = self._windows(pending, rows, verify, sampling, uniforms)
         stats.count_windows([name for name, v in zip(drafted_by, verify) if v])
         W = max(w for w, v in zip(widths, verify) if v)
@@ -257,14 +258,14 @@ class SpeculativeDecoder:
         lengths = [min(w, self.n) for w in widths]
         if not self.proposers:  # the circuit's windows as drafted: no per-row views to build
             return window, widths, lengths, drafted_by
-        temperature = sampling.draft_temperature(self.draft_temperature)
+        temperature = sampling.draft_temperature(self.settings.draft_temperature)
         for b in (b for b, v in enumerate(verify) if v):
-            draws = self.draws.of_fill(uniforms, b)  # never the next window's draws
+            draws = self.layout.draws.of_fill(uniforms, b)  # never the next window's draws
             view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature, pending.window)
             for proposer in self.proposers:
                 proposal = proposer.propose(view)
                 if proposal is not None:
-                    window = window.with_row(b, proposal.window.padded(self.span))
+                    window = window.with_row(b, proposal.window.padded(self.layout.span))
                     widths[b], lengths[b], drafted_by[b] = proposal.width, proposal.length, proposer.name
                     break
         return window, widths, lengths, drafted_by
@@ -275,7 +276,7 @@ class SpeculativeDecoder:
         of the windows' `tokens` `[B, span]` at `places` (`[B, W]` slots and positions; a tree of `shape`: a
         node at its depth's position, seeing its ancestors) -> logits `[B, W, V]`, draft hidden `[B, W, d]`."""
         W = places.slots.shape[1]
-        places = places if shape is None else places.for_tree(shape, self.tree_depth)
+        places = places if shape is None else places.for_tree(shape, self.layout.depth)
         return self.verifier.forward(tokens[:, :W], places)
 
     def decide_step(self, sampling: Sampling, window: Window, slots: torch.Tensor, logits: torch.Tensor,
@@ -284,21 +285,21 @@ class SpeculativeDecoder:
         """A cycle's second step (compiled: one graph) after `verify_step` of `window` at `slots` `[B, W]`:
         accept (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`)
         and draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
-        `self.draws` (`CycleDraws`) says."""
+        the layout's `draws` (`CycleDraws`) says."""
         W = slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
-        verdict = decide(sampling, self.acceptance, window, logits, hidden, limit, eos_ids,
-                         self.draws.of_decide(uniforms, W), self.tree_depth, self.circuit.tree_proposals(window, W))
+        verdict = decide(sampling, self.settings.acceptance, window, logits, hidden, limit, eos_ids,
+                         self.layout.draws.of_decide(uniforms, W), self.layout.depth, self.circuit.tree_proposals(window, W))
         if verdict.path is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
             self.verifier.keep_path(slots, verdict.path)
             tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
-        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.draws.of_draft(uniforms),
-                                 sampling.draft_temperature(self.draft_temperature))
+        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.layout.draws.of_draft(uniforms),
+                                 sampling.draft_temperature(self.settings.draft_temperature))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
     def check_batch(self, B: int, T: int, max_new_tokens: int, device: torch.device, generator=None) -> None:
         """Refuse (`ValueError`, `refuse_batch`) a batch `[B, T]` this decoder cannot run, before allocating."""
-        refuse_batch(self.verifier, self.span, B, T, max_new_tokens, device, generator)
+        refuse_batch(self.verifier, self.layout.span, B, T, max_new_tokens, device, generator)
 
     # ----------------------------------------------------------------- compiled steps
 
@@ -306,11 +307,11 @@ class SpeculativeDecoder:
         """Make ready, on this generation's caches and cycle-shaped inputs, the steps of every verify width (the
         growing attended length is their one dynamic dimension); the first cycle overwrites rows written here."""
         B = h.shape[0]
-        uniforms = cycle_draws(sampling, None, h, self.draws.total)
+        uniforms = cycle_draws(sampling, None, h, self.layout.draws.total)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
-        window = self.circuit.draft(h, first, sampling, self.draws.of_draft(uniforms), 1.0)
+        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(uniforms), 1.0)
         self.compiled.start()
-        for width in sorted(set(self.widths).union(*(p.widths for p in self.proposers))):
+        for width in sorted(set(self.layout.widths).union(*(p.widths for p in self.proposers))):
             limit = torch.full((B,), width, device=h.device)
             self.compiled.make_ready(sampling, window, self.verifier.places(width), limit, uniforms)
 
@@ -505,37 +506,29 @@ def announce_compile(verifier: Verifier, seconds: float, variants: int) -> None:
 
 def verify_identity(decoder: SpeculativeDecoder, variant: VerifyVariant, layout: tuple) -> str | None:
     """What a compiled variant of the verify step depends on besides the tensors its guards check (see
-    `precompiled_step`): the model's configuration and tensors' layout, the layers run twice, a tree's depth,
-    the caches' length and the variant's width and batch (not its allocation, which only tells this process's
-    caches apart). None when the model or its family is a class outside mtpc, transformers and peft."""
-    if not known_code(decoder.backbone.model, decoder.backbone.family):
-        return None
-    return repr((model_configuration(decoder.backbone.model), layout, decoder.backbone.k, decoder.tree_depth,
-                 decoder.verifier.max_len, variant.width, variant.batch))
+    `precompiled_step`), derived (`derived_identity`) from what it closes over: the model and its family, the
+    window layout (a tree's depth), the draft path's layers and the caches' length; not the head or the
+    acceptance, so decoders of one model and layout share it. None for code outside mtpc, transformers and
+    peft (a user's model family, a model's remote code)."""
+    settings = decoder.settings
+    return derived_identity(variant, layout, decoder.backbone.model, decoder.backbone.family, settings.layout,
+                            settings.lora_layers, decoder.verifier.max_len)
 
 
 def step_identity(decoder: SpeculativeDecoder, variant: StepVariant, layout: tuple) -> str | None:
-    """What a compiled variant of the step depends on besides the tensors its guards check (see
-    `precompiled_step`): the model's and the head's configurations and tensors' layout, the decoder's
-    settings, the variant (less its allocation count, which only tells this process's caches apart).
-    None when the step runs code of a class outside mtpc, transformers and peft (a user's acceptance
-    rule or model family, a model's remote code), whose changes a stored step would not notice."""
-    if not known_code(decoder.backbone.model, decoder.backbone.family, decoder.acceptance, decoder.head):
-        return None
-    head = decoder.head
-    return repr((model_configuration(decoder.backbone.model), layout, type(head).__name__, head.options, head.hidden_size,
-                 str(head.dtype), head.circ.plan.to_json(), decoder.backbone.k, type(decoder.acceptance).__name__,
-                 vars(decoder.acceptance), decoder.draft_temperature, decoder.widths, decoder.tree,
-                 decoder.drafter.position_cost,
-                 decoder.span, decoder.verifier.max_len, variant.sampling, variant.eos_count, variant.width,
-                 variant.batch))
+    """What a compiled variant of the acceptance-and-draft step depends on besides the tensors its guards check,
+    derived from what it closes over: the decoder's `CycleSettings` whole, the model, its family and the head
+    (their configurations), the caches' length. None for code outside mtpc, transformers and peft (a user's
+    acceptance rule or model family, a model's remote code), whose changes a stored step would not notice."""
+    return derived_identity(variant, layout, decoder.settings, decoder.backbone.model, decoder.backbone.family,
+                            decoder.head, decoder.verifier.max_len)
 
 
 def decide_savable(decoder: SpeculativeDecoder, variant: StepVariant) -> bool:
     """Whether torch can save a decide step: not one that drafts under `torch.func.vmap` (a tree's draft, a
     batch's), whose pytree flattening puts a guard on pytree's registry that torch 2.13 cannot serialize; such
     a step is compiled for its process straight away (an attempt traced the SmolLM2 tree's step twice)."""
-    return decoder.tree is None and variant.batch == 1
+    return decoder.layout.tree is None and variant.batch == 1
 
 
 def batch_bytes(verifier: Verifier, span: int, B: int, T: int, max_new_tokens: int) -> int:

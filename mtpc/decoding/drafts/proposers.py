@@ -24,10 +24,10 @@ import torch
 
 from ...sampling import Sampling
 from ..cycle.acceptance import TreeProposals
-from ..cycle.data import CycleDraws
 from .drafting import Drafter, Window
 from .proposals import LookupState, PromptLookup
-from .trees import TreeBudget, choose_tree, tree_draws, with_branch
+from .layout import WindowLayout
+from .trees import choose_tree, with_branch
 
 __all__ = ["CircuitProposer", "HostProposer", "LookupProposer", "Outcome", "RowView", "RowWindow", "point_mass_window"]
 
@@ -109,26 +109,17 @@ class CircuitProposer:
 
     name = "circuit"
 
-    def __init__(self, drafter: Drafter, tree: TreeBudget | None = None, reserve: int = 0):
-        self.drafter, self.tree, self.reserve = drafter, tree, reserve  # `reserve`: a tree's nodes for a lookup branch
+    def __init__(self, drafter: Drafter, layout: WindowLayout):
+        self.drafter, self.layout = drafter, layout
 
     def draft(self, h: torch.Tensor, first: torch.Tensor, sampling: Sampling, draws: torch.Tensor | None,
               temperature: float) -> Window:
         """`h` `[B, d]`, `first` `[B]` long, `draws` (sampling) `[B, n]` or a tree's `[B, tree_draws]` -> the
         batch's windows."""
-        if self.tree is not None:
-            return choose_tree(self.drafter, self.tree, h, first, self.reserve, None if sampling.greedy else draws,
-                               temperature)
+        if self.layout.tree is not None:
+            return choose_tree(self.drafter, self.layout.tree, h, first, self.layout.reserve,
+                               None if sampling.greedy else draws, temperature)
         return self.drafter.circuit_window(h, first, sampling, draws, temperature)
-
-    def cycle_draws(self, span: int, tree_depth: int) -> CycleDraws:
-        """How a sampling cycle's uniforms split for this circuit (`span`: the windows' tokens; `tree_depth`: the
-        deepest path a tree verifies): a chain's draft takes `n`, a tree's `tree_draws`; a chain's acceptance
-        up to `span`, a tree's walk `branching + 2` per depth (its stages' tests and the final draw)."""
-        n = self.drafter.n
-        if self.tree is None:
-            return CycleDraws(n, n, span)
-        return CycleDraws(tree_draws(self.tree, n), n, (tree_depth + 1) * (self.tree.children() + 2), tree=True)
 
     def tree_proposals(self, window: Window, width: int) -> TreeProposals | None:
         """What a sampled tree's first `width` nodes were drawn from (None: greedy, or a chain)."""
@@ -137,25 +128,22 @@ class CircuitProposer:
         head = self.drafter.head
         row_tokens = head.state_tokens if head.state_tokens is not None else torch.arange(
             head.num_states, device=window.rows.device)
-        return TreeProposals(window.rows[:, :width], row_tokens, self.tree.nodes, self.tree.children(),
-                             min(self.drafter.n, self.tree.nodes) - 1)
+        tree = self.layout.tree
+        return TreeProposals(window.rows[:, :width], row_tokens, tree.nodes, tree.children(), self.layout.circuit_depth)
 
 
 class LookupProposer:
     """Prompt lookup as a host proposer: the tokens that followed the latest earlier occurrence of the row's
     last few tokens, chosen over the circuit by `LookupState.use` (the past only), and the circuit's draft
-    after them when they end inside its `n` positions. With `tree_depth` > 0 (a tree decoder: the deepest path
-    its trees verify; 0: chains) every match is a branch of the row's tree instead (`trees.with_branch`): no choice
-    between sources, the verifier keeps whichever path it agrees with."""
+    after them when they end inside its `n` positions. In a tree's layout every match is a branch of the row's
+    tree instead (`trees.with_branch`): no choice between sources, the verifier keeps whichever path it agrees
+    with."""
 
     name = "lookup"
 
-    def __init__(self, lookup: PromptLookup, drafter: Drafter, circuit_widths: tuple[int, ...],
-                 tree_depth: int = 0):
-        self.lookup, self.drafter, self.circuit_widths, self.tree_depth = lookup, drafter, circuit_widths, tree_depth
-        # a tree's branch fills `lookup.tokens` nodes after the circuit's
-        self.span = circuit_widths[-1] + lookup.tokens if tree_depth else max(circuit_widths[-1], 1 + lookup.tokens)
-        self.widths = tuple(sorted(set(circuit_widths) | {self.span}))
+    def __init__(self, lookup: PromptLookup, drafter: Drafter, layout: WindowLayout):
+        self.lookup, self.drafter, self.layout = lookup, drafter, layout
+        self.span, self.widths = layout.lookup_span, layout.lookup_widths  # a tree's branch: nodes after the circuit's
         self.states: list[LookupState] = []
         self.first_added: list[bool] = []  # per row: this cycle's x_0 is in its text already (`propose` saw it)
 
@@ -170,14 +158,14 @@ class LookupProposer:
         state.extend([row.first])  # x_0 is committed: the match may end with it
         self.first_added[row.row] = True
         proposal = state.propose()
-        if proposal is not None and self.tree_depth:
-            tree = with_branch(row.circuit, row.row, proposal.tokens, self.circuit_widths[-1])
-            return RowWindow(tree, self.span, self.tree_depth + 1)
+        if proposal is not None and self.layout.tree is not None:
+            tree = with_branch(row.circuit, row.row, proposal.tokens, self.layout.widest)
+            return RowWindow(tree, self.span, self.layout.depth + 1)
         if proposal is None or not state.use(proposal):
             return None
-        tokens = proposal.tokens[:state.length(proposal, self.circuit_widths[-1])]
+        tokens = proposal.tokens[:state.length(proposal, self.layout.widest)]
         length = self.drafter.lookup_length(tokens)
-        width = next((w for w in self.circuit_widths if w >= length), self.span)
+        width = next((w for w in self.layout.widths if w >= length), self.span)
         window = self.drafter.lookup_window(row.hidden, row.first, tokens, width, row.sampling, row.draws,
                                             row.temperature)
         return RowWindow(window, width, length)
