@@ -266,8 +266,15 @@ def test_a_model_without_a_family_adapter_decodes_one_row_at_a_time():
     assert decoder.backbone.whole_model
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(decoder.generate(ids, 6).sequences, PlainDecoder(model).generate(ids, 6).sequences)
-    with pytest.raises(ValueError, match="a batch of 2 prompts needs the split loop's per-row caches"):
-        decoder.generate(ids.expand(2, 3), 6)
+    padded = {"attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    refusals = {"a batch of 2 prompts": lambda: decoder.generate(ids.expand(2, 3), 6),
+                "a tree of drafts": lambda: SpeculativeDecoder(model, head, tree=4),
+                "compiled plain decoding": lambda: PlainDecoder(model, compile=True),
+                "a batch of padded prompts": lambda: PlainDecoder(model).generate(ids.expand(2, 3), 2, **padded)}
+    for what, refused in refusals.items():  # one rule, one wording (`SplitBackbone.require_slot_caches`)
+        with pytest.raises(ValueError, match=f"^{what} needs the split loop's slot caches, and mtpc has no adapter "
+                                             "for model_type 'unknown-family': "):
+            refused()
     batched = SpeculativeDecoder(model, head, family=LlamaFamily())
     assert_rows_equal_plain(model, batched, [[1, 2, 3], [4]], 6)
 

@@ -93,10 +93,11 @@ def _batch(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch
 
 
 def _plain_decoder(base, compile: bool) -> PlainDecoder:
-    decoder = PlainDecoder(base, compile=compile)
-    if decoder.backbone.whole_model:
-        raise InputError(f"batched plain decoding needs a family adapter; mtpc has none for model_type "
-                         f"{getattr(base.config, 'model_type', None)!r}")
+    try:
+        decoder = PlainDecoder(base, compile=compile)
+        decoder.backbone.require_slot_caches("batched plain decoding", "bench it with --batch-size 1")
+    except ValueError as e:
+        raise InputError(str(e)) from None
     return decoder
 
 

@@ -52,9 +52,8 @@ class PlainDecoder:
             weight = self.backbone.parts.lm_head.weight
             check_reserve(self.backbone.config, self.backbone.num_layers, self.reserve, weight.element_size(),
                           weight.device)
-        if compile and self.backbone.whole_model:
-            raise ValueError(f"compiled plain decoding needs preallocated caches, and mtpc has no adapter for "
-                             f"model_type {getattr(self.backbone.config, 'model_type', None)!r}: decode it eagerly")
+        if compile:
+            self.backbone.require_slot_caches("compiled plain decoding", "decode it eagerly")
         self.compile = compile
         self.state: BackboneState | None = None
         self.max_len, self.batch = 0, 0
@@ -83,9 +82,8 @@ class PlainDecoder:
         B, T = prompt.shape
         if isinstance(generator, (list, tuple)) and len(generator) != B:
             raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
-        if backbone.whole_model and any(pads):
-            raise ValueError("padded prompts need preallocated per-row caches, and mtpc has no adapter for this "
-                             "model's family: decode prompts of equal lengths, or one at a time")
+        if any(pads):
+            backbone.require_slot_caches("a batch of padded prompts", "decode prompts of equal lengths, or one at a time")
         self._check_memory(B, T, max_new_tokens, prompt.device)
         eos = eos_set(eos_token_id)
         if streamer is not None:

@@ -104,6 +104,14 @@ class SplitBackbone:
         self.k = lora_layers
         self._check_adapters()
 
+    def require_slot_caches(self, what: str, instead: str) -> None:
+        """The one refusal of everything that needs the split loop's preallocated per-row caches (a tree, a
+        batch, padded prompts, a compiled step) on a model without a family adapter: `what` needs them, and
+        `instead` says what the user can do. A `ValueError`; the command line says it as one line."""
+        if self.whole_model:
+            raise ValueError(f"{what} needs the split loop's slot caches, and mtpc has no adapter for model_type "
+                             f"{getattr(self.config, 'model_type', None)!r}: {instead}")
+
     # ----------------------------------------------------------------- properties
 
     @property

@@ -37,9 +37,10 @@ def verify_costs(model: torch.nn.Module, instead: str) -> dict[int, float]:
     """The LM's verify call seconds by width (`AUTO_TREE_WIDTHS`), measured now; a model without a family
     adapter (no slot caches, so no tree) is an `InputError` that ends with `instead`."""
     backbone = SplitBackbone(model)
-    if backbone.whole_model:
-        raise InputError(f"--tree: a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
-                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: {instead}")
+    try:
+        backbone.require_slot_caches("--tree: a tree of drafts", instead)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     return verify_call_seconds(backbone, AUTO_TREE_WIDTHS)
 
 

@@ -413,10 +413,7 @@ def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, p
     if proposers:
         raise ValueError("tree with host proposers is not supported yet (prompt lookup is: its matches become "
                          "branches of the tree): decode with one of them")
-    if backbone.whole_model:
-        raise ValueError(f"a tree of drafts needs the split loop's slot caches, and mtpc has no adapter for "
-                         f"model_type {getattr(backbone.config, 'model_type', None)!r}: decode chains (no tree), or "
-                         "pass family=LlamaFamily() if its decoder follows the Llama layout")
+    backbone.require_slot_caches("a tree of drafts", "decode chains (no tree), or pass family=LlamaFamily() if its decoder follows the Llama layout")
     return budget
 
 
@@ -481,11 +478,8 @@ def refuse_batch(verifier: Verifier, span: int, B: int, T: int, max_new_tokens: 
     caches (those `verifier` allocates for it) and cycle tensors that would not fit in the device's
     available memory."""
     backbone = verifier.backbone
-    if B > 1 and backbone.whole_model:
-        raise ValueError(f"a batch of {B} prompts needs the split loop's per-row caches, and mtpc has no "
-                         f"adapter for model_type {getattr(backbone.config, 'model_type', None)!r}: "
-                         "decode its prompts one at a time, or pass family=LlamaFamily() if its decoder "
-                         "follows the Llama layout")
+    if B > 1:
+        backbone.require_slot_caches(f"a batch of {B} prompts", "decode its prompts one at a time, or pass family=LlamaFamily() if its decoder follows the Llama layout")
     if isinstance(generator, (list, tuple)) and len(generator) != B:
         raise ValueError(f"generator: a list of generators needs one per row, got {len(generator)} for {B} rows")
     check_memory(batch_bytes(verifier, span, B, T, max_new_tokens), available_memory(device), f"a batch of {B} prompts",
