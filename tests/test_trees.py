@@ -125,7 +125,7 @@ def test_each_node_of_a_tree_gets_the_logits_of_its_own_path():
 
 
 def test_a_chain_shape_is_a_chain():
-    shape = WindowShape.chain(2, 4, "cpu")
+    shape = WindowShape.chain(2, 4, device="cpu")
     assert shape.parents.tolist() == [[0, 0, 1, 2]] * 2 and shape.depths.tolist() == [[0, 1, 2, 3]] * 2
     assert torch.equal(shape.ancestors(3), torch.ones(4, 4).tril().bool().expand(2, 4, 4))
 
@@ -191,7 +191,7 @@ def test_a_first_token_without_a_state_is_summed_out_of_the_draft(structure):
     chain = decoder.drafter.circuit_window(h, first, Sampling(1.0), uniforms)
     torch.testing.assert_close(chain.rows[0, 1, :v], summed, rtol=1e-9, atol=1e-12)
     draws = torch.rand(1, tree_draws(decoder.layout.tree, n), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    tree = choose_tree(decoder.drafter, decoder.layout.tree, h, first, draws=draws)
+    tree = choose_tree(decoder.drafter, decoder.layout.tree, h, first, Sampling(1.0), draws=draws)
     torch.testing.assert_close(tree.rows[0, 0], summed, rtol=1e-9, atol=1e-12)
     assert tree.tokens[0, 0] == 5 and chain.tokens[0, 0] == 5
 
@@ -223,7 +223,7 @@ def test_a_sampled_trees_kept_children_are_the_first_drawn():
     h = torch.randn(64, head.hidden_size, dtype=torch.float64)
     first = torch.randint(0, v, (64,), generator=torch.Generator().manual_seed(1))
     draws = torch.rand(64, tree_draws(budget, n), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    window = choose_tree(decoder.drafter, decoder.layout.tree, h, first, draws=draws)
+    window = choose_tree(decoder.drafter, decoder.layout.tree, h, first, Sampling(1.0), draws=draws)
     assert window.rows.shape == (64, 5, v) and torch.allclose(window.rows[:, 0].sum(-1), torch.ones(64).double())
     drawn = without_replacement(window.rows[:, 0], draws[:, :3])  # [64, 3] the root's draws, in order
     kinds = set()

@@ -208,8 +208,8 @@ class SpeculativeDecoder:
         if sampling.greedy:
             first = logits.argmax(-1)  # [B]
         else:
-            first = inverse_cdf(sampling.probs(logits), self.layout.draws.of_decide(uniforms, 1)[:, 0])  # [B]
-        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(uniforms),
+            first = inverse_cdf(sampling.probs(logits), self.layout.draws.of_decide(sampling, uniforms, 1)[:, 0])  # [B]
+        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(sampling, uniforms),
                                     sampling.draft_temperature(self.settings.draft_temperature))
         firsts, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
         for row, first_token, width in zip(rows, firsts, widths):
@@ -260,7 +260,7 @@ class SpeculativeDecoder:
             return window, widths, lengths, drafted_by
         temperature = sampling.draft_temperature(self.settings.draft_temperature)
         for b in (b for b, v in enumerate(verify) if v):
-            draws = self.layout.draws.of_fill(uniforms, b)  # never the next window's draws
+            draws = self.layout.draws.of_fill(sampling, uniforms, b)  # never the next window's draws
             view = RowView(b, rows[b].first, pending.hidden[b], draws, sampling, temperature, pending.window)
             for proposer in self.proposers:
                 proposal = proposer.propose(view)
@@ -270,13 +270,14 @@ class SpeculativeDecoder:
                     break
         return window, widths, lengths, drafted_by
 
-    def verify_step(self, tokens: torch.Tensor, shape: WindowShape | None, places: Places
+    def verify_step(self, tokens: torch.Tensor, shape: WindowShape, places: Places
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A cycle's first step (compiled: one graph, which greedy and sampling cycles share): the first `W`
-        of the windows' `tokens` `[B, span]` at `places` (`[B, W]` slots and positions; a tree of `shape`: a
-        node at its depth's position, seeing its ancestors) -> logits `[B, W, V]`, draft hidden `[B, W, d]`."""
+        of the windows' `tokens` `[B, span]` at `places` (`[B, W]` slots and positions; in a tree's layout, of
+        `shape`: a node at its depth's position, seeing its ancestors) -> logits `[B, W, V]`, draft hidden
+        `[B, W, d]`."""
         W = places.slots.shape[1]
-        places = places if shape is None else places.for_tree(shape, self.layout.depth)
+        places = places if self.layout.tree is None else places.for_tree(shape, self.layout.depth)
         return self.verifier.forward(tokens[:, :W], places)
 
     def decide_step(self, sampling: Sampling, window: Window, slots: torch.Tensor, logits: torch.Tensor,
@@ -289,11 +290,11 @@ class SpeculativeDecoder:
         W = slots.shape[1]
         tokens = window.tokens[:, :W]  # [B, W]
         verdict = decide(sampling, self.settings.acceptance, window, logits, hidden, limit, eos_ids,
-                         self.layout.draws.of_decide(uniforms, W), self.layout.depth, self.circuit.tree_proposals(window, W))
-        if verdict.path is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
+                         self.layout.draws.of_decide(sampling, uniforms, W), self.layout, self.circuit.tree_proposals(window, W, sampling))
+        if self.layout.tree is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
             self.verifier.keep_path(slots, verdict.path)
             tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
-        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.layout.draws.of_draft(uniforms),
+        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.layout.draws.of_draft(sampling, uniforms),
                                  sampling.draft_temperature(self.settings.draft_temperature))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
@@ -309,7 +310,7 @@ class SpeculativeDecoder:
         B = h.shape[0]
         uniforms = cycle_draws(sampling, None, h, self.layout.draws.total)
         first = torch.zeros(B, dtype=torch.long, device=h.device)
-        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(uniforms), 1.0)
+        window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(sampling, uniforms), 1.0)
         self.compiled.start()
         for width in sorted(set(self.layout.widths).union(*(p.widths for p in self.proposers))):
             limit = torch.full((B,), width, device=h.device)
@@ -418,17 +419,17 @@ def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, p
 
 
 def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: torch.Tensor, hidden: torch.Tensor,
-           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, tree_depth: int,
+           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, layout: WindowLayout,
            proposals: TreeProposals | None = None) -> Verdict:
     """A cycle's acceptance of its verified `window` (the first `W` tokens of each row, `logits` `[B, W, V]`):
     a chain's by `accept_window` and `rule`, a tree's by `accept_tree` (its verdict carries the path;
     `proposals`: what a sampled tree was drawn from)."""
     W = logits.shape[1]
     tokens = window.tokens[:, :W]
-    if window.shape is not None:
+    if layout.tree is not None:
         shape = window.shape.first(W)
         return accept_tree(sampling, rule, tokens, shape.parents, shape.depths, logits, hidden, limit, eos_ids, uniforms,
-                           min(tree_depth, W - 1), proposals)  # a call without a lookup branch: shallower trees
+                           min(layout.depth, W - 1), proposals)  # a call without a lookup branch: shallower trees
     rows = None if window.rows is None else window.rows[:, :W]
     return accept_window(sampling, rule, tokens, logits, hidden, limit, eos_ids, rows, uniforms, window.width)
 

@@ -39,14 +39,16 @@ class WindowShape:
     """Where each of a window's `N` tokens hangs: `parents` `[B, N]` long (node 0, the committed `x_0`, is its
     own parent; every other node's parent comes before it) and `depths` `[B, N]` long (0 at `x_0`). A chain is
     the special case `parents[j] = j - 1`, `depths[j] = j` (`chain`); a tree verifies several continuations
-    of each prefix in one call (`mtpc.decoding.drafts.trees`). Every row of a batch has its own shape."""
+    of each prefix in one call (`mtpc.decoding.drafts.trees`). Every row of a batch has its own shape. Whether a
+    decoder verifies chains or trees is its layout's to say (`WindowLayout.tree`), never the shape's."""
 
     parents: torch.Tensor
     depths: torch.Tensor
 
     @staticmethod
-    def chain(B: int, N: int, device) -> "WindowShape":
-        depths = torch.arange(N, device=device).expand(B, N)  # [B, N]
+    def chain(*size: int, device=None) -> "WindowShape":
+        """A chain of `size[-1]` tokens, for a batch (`B, N`) or one row (`N`): each token under the one before."""
+        depths = torch.arange(size[-1], device=device).expand(*size)  # [B, N] or [N]
         return WindowShape((depths - 1).clamp_min(0), depths)
 
     def first(self, nodes: int) -> "WindowShape":
@@ -73,36 +75,37 @@ class Window:
     """A batch of windows on the device, one per row. `tokens` `[B, S]` long (`tokens[:, 0]` = the
     committed `x_0`, padding after the real tokens); `rows` `[B, S, V]` float64 (sampling; None when
     greedy): `rows[b, j]` is the proposal of position `j` (the circuit's exact conditional, or a point
-    mass at a lookup token); `width` `[B]` long: how many positions each row verifies (2 .. S); `shape`: a
-    tree's `WindowShape` (None: a chain, the tokens in order)."""
+    mass at a lookup token); `width` `[B]` long: how many positions each row verifies (2 .. S); `shape`: where
+    each token hangs (`WindowShape`: a tree's, or a chain's, the tokens in order)."""
 
     tokens: torch.Tensor
     rows: torch.Tensor | None
     width: torch.Tensor
-    shape: WindowShape | None = None
+    shape: WindowShape
 
     def with_row(self, b: int, row: "Window") -> "Window":
         """This batch with row `b` replaced by `row` (a one-row window: `[S]`, `[S, V]`, `[]`, a shape's `[S]`).
         Eager."""
         tokens, width = self.tokens.clone(), self.width.clone()
         tokens[b], width[b] = row.tokens, row.width
-        rows = shape = None
+        rows = None
         if self.rows is not None:
             rows = self.rows.clone()
             rows[b] = row.rows
-        if self.shape is not None:
-            shape = WindowShape(self.shape.parents.clone(), self.shape.depths.clone())
-            shape.parents[b], shape.depths[b] = row.shape.parents, row.shape.depths
+        shape = WindowShape(self.shape.parents.clone(), self.shape.depths.clone())
+        shape.parents[b], shape.depths[b] = row.shape.parents, row.shape.depths
         return Window(tokens, rows, width, shape)
 
     def padded(self, span: int) -> "Window":
-        """One row's window `[m]` (a host proposer's) padded to `span` tokens (zeros, and zero proposal rows)."""
+        """One row's window `[m]` (a host proposer's) padded to `span` tokens (zeros, and zero proposal rows; as a
+        tree's empty nodes, each under the root at depth 0: never verified, the width ends before them)."""
         missing = span - self.tokens.shape[-1]
         if missing <= 0:
             return self
         tokens = torch.cat([self.tokens, self.tokens.new_zeros(missing)])
         rows = None if self.rows is None else torch.cat([self.rows, self.rows.new_zeros(missing, self.rows.shape[-1])])
-        return Window(tokens, rows, self.width)
+        shape = WindowShape(*(torch.cat([t, t.new_zeros(missing)]) for t in (self.shape.parents, self.shape.depths)))
+        return Window(tokens, rows, self.width, shape)
 
 
 torch.utils._pytree.register_dataclass(Window)  # a compiled step takes and returns it as one graph's tensors
@@ -203,9 +206,10 @@ class Drafter:
             if width.device != h.device:  # made on the head's device at first, where `h` is
                 width = width.to(h.device)
             width = width.expand(h.shape[0])
+        chain = WindowShape.chain(*tokens.shape, device=tokens.device)
         if sampling.greedy:
-            return Window(tokens, None, width)
-        return Window(tokens, self._rows(conditionals, h.device), width)
+            return Window(tokens, None, width, chain)
+        return Window(tokens, self._rows(conditionals, h.device), width, chain)
 
     def _drafts(self, theta: torch.Tensor, prefix: torch.Tensor, uniforms: torch.Tensor | None, temperature: float):
         """Every row's draft `[B, n]` and, when sampling or choosing widths, its conditionals `[B, n, v]`.
@@ -247,12 +251,13 @@ class Drafter:
             tokens = torch.cat([prefix[:1], self.head.tokens_of(drafted[1:])])
         tokens = self._padded(tokens)
         width_t = torch.tensor(width, device=device)
+        chain = WindowShape.chain(tokens.shape[-1], device=device)
         if sampling.greedy:
-            return Window(tokens, None, width_t)
+            return Window(tokens, None, width_t, chain)
         rows = self._rows(conditionals, device)
         rows[1:len(given)] = 0
         rows[1:len(given)].scatter_(1, tokens[1:len(given), None], 1.0)
-        return Window(tokens, rows, width_t)
+        return Window(tokens, rows, width_t, chain)
 
     def lookup_length(self, proposal: list[int]) -> int:
         """The real tokens of the lookup window of `proposal`: `x_0` and the proposal, or the circuit's

@@ -15,6 +15,7 @@ from functools import cached_property
 
 import torch
 
+from ...sampling import Sampling
 from .drafting import AdaptiveWidth, window_widths
 from .trees import TreeBudget, tree_draws
 
@@ -26,7 +27,8 @@ class CycleDraws:
     """How a sampling cycle's uniforms `[B, draft + fill + decide]` float64 split: `draft` columns draw the
     next windows (a chain's `n`, a tree's children: `trees.tree_draws`), `fill` a host proposer's circuit fill
     after its own tokens, `decide` this cycle's acceptance (a chain's first `W` of them test its verified
-    positions and draw the next `x_0`; a tree's walk reads all of them). Each draw has columns of its own."""
+    positions and draw the next `x_0`; a tree's walk reads all of them). Each draw has columns of its own; a
+    greedy cycle (its `sampling` says so) draws nothing."""
 
     draft: int
     fill: int
@@ -37,16 +39,16 @@ class CycleDraws:
     def total(self) -> int:
         return self.draft + self.fill + self.decide
 
-    def of_draft(self, uniforms: torch.Tensor | None) -> torch.Tensor | None:
-        return None if uniforms is None else uniforms[:, :self.draft]
+    def of_draft(self, sampling: Sampling, uniforms: torch.Tensor | None) -> torch.Tensor | None:
+        return None if sampling.greedy else uniforms[:, :self.draft]
 
-    def of_fill(self, uniforms: torch.Tensor | None, row: int) -> torch.Tensor | None:
-        return None if uniforms is None else uniforms[row, self.draft:self.draft + self.fill]
+    def of_fill(self, sampling: Sampling, uniforms: torch.Tensor | None, row: int) -> torch.Tensor | None:
+        return None if sampling.greedy else uniforms[row, self.draft:self.draft + self.fill]
 
-    def of_decide(self, uniforms: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    def of_decide(self, sampling: Sampling, uniforms: torch.Tensor | None, width: int) -> torch.Tensor | None:
         """The acceptance's columns for a verify `width` (all of them for a tree)."""
         start = self.draft + self.fill
-        return None if uniforms is None else uniforms[:, start:start + (self.decide if self.tree else width)]
+        return None if sampling.greedy else uniforms[:, start:start + (self.decide if self.tree else width)]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 
 from ...sampling import Sampling
 from ..cycle.acceptance import TreeProposals
-from .drafting import Drafter, Window
+from .drafting import Drafter, Window, WindowShape
 from .proposals import LookupState, PromptLookup
 from .layout import WindowLayout
 from .trees import choose_tree, with_branch
@@ -75,12 +75,12 @@ def point_mass_window(row: RowView, tokens: list[int], vocab: int) -> RowWindow:
     1 (when sampling, a point-mass proposal row; greedy needs none), verified over all of them."""
     device = row.hidden.device
     ids = torch.tensor([row.first, *tokens], dtype=torch.long, device=device)  # [S]
-    width = torch.tensor(len(ids), device=device)
+    width, chain = torch.tensor(len(ids), device=device), WindowShape.chain(len(ids), device=device)
     if row.sampling.greedy:
-        return RowWindow(Window(ids, None, width), len(ids), len(ids))
+        return RowWindow(Window(ids, None, width, chain), len(ids), len(ids))
     rows = torch.zeros(len(ids), vocab, dtype=torch.float64, device=device)  # [S, V]
     rows[1:].scatter_(1, ids[1:, None], 1.0)
-    return RowWindow(Window(ids, rows, width), len(ids), len(ids))
+    return RowWindow(Window(ids, rows, width, chain), len(ids), len(ids))
 
 
 class HostProposer(Protocol):
@@ -117,13 +117,13 @@ class CircuitProposer:
         """`h` `[B, d]`, `first` `[B]` long, `draws` (sampling) `[B, n]` or a tree's `[B, tree_draws]` -> the
         batch's windows."""
         if self.layout.tree is not None:
-            return choose_tree(self.drafter, self.layout.tree, h, first, self.layout.reserve,
-                               None if sampling.greedy else draws, temperature)
+            return choose_tree(self.drafter, self.layout.tree, h, first, sampling, self.layout.reserve, draws,
+                               temperature)
         return self.drafter.circuit_window(h, first, sampling, draws, temperature)
 
-    def tree_proposals(self, window: Window, width: int) -> TreeProposals | None:
+    def tree_proposals(self, window: Window, width: int, sampling: Sampling) -> TreeProposals | None:
         """What a sampled tree's first `width` nodes were drawn from (None: greedy, or a chain)."""
-        if window.shape is None or window.rows is None:
+        if self.layout.tree is None or sampling.greedy:
             return None
         head = self.drafter.head
         row_tokens = head.state_tokens if head.state_tokens is not None else torch.arange(

@@ -39,6 +39,7 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ...checks import MAX_TREE_NODES
 from ...lm.loading import depth_topk_table
+from ...sampling import GREEDY, Sampling
 from ..cycle.acceptance import proposal_rows
 from .drafting import Drafter, Window, WindowShape
 
@@ -100,15 +101,16 @@ def tree_budget(tree: int | TreeBudget | None, n: int, states: int) -> TreeBudge
 
 
 def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: torch.Tensor,
-                reserve: int = 0, draws: torch.Tensor | None = None, temperature: float = 1.0) -> Window:
+                sampling: Sampling = GREEDY, reserve: int = 0, draws: torch.Tensor | None = None,
+                temperature: float = 1.0) -> Window:
     """Every row's tree after its committed `first` `[B]` long, from the draft hidden state `h` `[B, d]`:
     tokens `[B, N + R]` (node 0 = `first`), its `WindowShape`, width `N`. Fixed shapes: the compiled
     cycle step traces it. `reserve` `R`: nodes `N .. N + R - 1` are left empty (depth 0, never tested) for
     a branch the host may graft before the cycle (`with_branch`: prompt lookup's tokens, which widens the
-    row to `N + R`); a cycle in which no row has one verifies the first `N` only. `draws` (sampling)
-    `[B, tree_draws(budget, n)]` float64 uniforms: the children are drawn from the circuit's conditionals at
-    `temperature`, and the window's `rows` `[B, N + R, v]` float64 hold each node's (zero where it has no
-    children); None: the most probable children, no rows."""
+    row to `N + R`); a cycle in which no row has one verifies the first `N` only. `sampling` greedy: the most
+    probable children, no rows; else `draws` `[B, tree_draws(budget, n)]` float64 uniforms: the children are
+    drawn from the circuit's conditionals at `temperature`, and the window's `rows` `[B, N + R, v]` float64
+    hold each node's (zero where it has no children)."""
     head, program = drafter.head, drafter.program
     n, b, e, N = drafter.n, budget.children(), budget.expanded(), budget.nodes
     B = h.shape[0]
@@ -132,7 +134,7 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
         # [B, E, v] q(d_depth | the path), empty where the head's is no distribution (a NaN or an overflow): its
         # children then score IMPOSSIBLE, never NaN (which `topk` ranks first), and are never tested
         rows = proposal_rows(conditional(theta, paths)[:, :, depth])
-        if draws is None:
+        if sampling.greedy:
             top, child = rows.clamp_min(0).log().clamp_min(IMPOSSIBLE).topk(b, dim=-1)  # [B, E, b]
         else:
             q = tempered(rows, temperature)  # [B, E, v]
@@ -163,7 +165,7 @@ def choose_tree(drafter: Drafter, budget: TreeBudget, h: torch.Tensor, first: to
     tokens = torch.cat([first[:, None], tokens[:, 1:]], 1)  # node 0 is x_0 itself, even off the vocabulary
     depths = depths.gather(1, chosen)
     node_rows = None
-    if draws is not None:  # each kept node's children's distribution: the one expanded candidate it is, or none
+    if not sampling.greedy:  # each kept node's children's distribution: the one expanded candidate it is, or none
         node_rows = sum(torch.bmm((chosen[:, :, None] == ids[:, None, :]).to(q.dtype), q) for ids, q in drawn_from)
     if reserve:  # empty nodes N .. N + R - 1: token 0 at depth 0 under the root, never tested
         empty = torch.zeros(B, reserve, dtype=torch.long, device=h.device)
