@@ -115,15 +115,16 @@ def lookup_k(text: str) -> int:
 
 
 def tree_and_window(trees, windows) -> None:
-    """One rule for `mtpc generate` (one value each) and `mtpc bench` (lists): `--window K` sets a chain's
-    verify width and a tree (`--tree N` or `auto`) has none (its width is its node budget), so a --window with
-    no chain to apply to is refused. `trees`: the window shapes asked for (None: a chain); `windows`: the
-    verify widths (None: the head's n)."""
+    """One rule for `SpeculativeDecoder(tree=, window=)` (one value each), `mtpc generate` and `mtpc bench`
+    (lists): a window (`--window K`) sets a chain's verify width and a tree (`--tree N` or `auto`) has none (its
+    width is its node budget), so a window with no chain to apply to is refused. `trees`: the window shapes
+    asked for (None: a chain); `windows`: the verify widths (None: the head's n)."""
     window = next((w for w in windows if w is not None), None)
     tree = next((t for t in trees if t is not None), None)
     if window is not None and None not in trees:
-        raise InputError(f"--tree {tree} verifies a tree of drafted tokens per cycle, --window {window} sets a "
-                         "chain's verify width: give one (in mtpc bench, --tree chain N compares both)")
+        raise InputError(f"tree {tree} (--tree) verifies a tree of drafted tokens per cycle, window {window} "
+                         "(--window) sets a chain's verify width: give one of them (in mtpc bench, --tree chain N "
+                         "compares both)")
 
 
 def target_or_temperature(text: str) -> float | None:

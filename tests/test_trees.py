@@ -334,7 +334,7 @@ def test_trees_the_decoder_cannot_run_are_refused_in_one_line():
         ({"tree": TreeBudget(4, branching=13)}, "tree branching must be an integer from 1 to the circuit's 12"),
         ({"tree": "8"}, "tree must be a node budget"),
         ({"tree": TreeBudget(10**6, branching=100)}, "tree must have at most 1,024 nodes, got 1,000,000"),
-        ({"tree": 4, "window": 2}, "tree and window"),
+        ({"tree": 4, "window": 2}, "give one of them"),
         ({"tree": 4, "proposers": [object()]}, "tree with host proposers is not supported yet"),
     ]:
         with pytest.raises(ValueError, match=message):

@@ -64,7 +64,7 @@ from torch import nn
 
 from circuitc.runtime.kernels import inverse_cdf
 
-from ...checks import MAX_LOOKUP_TOKENS
+from ...checks import MAX_LOOKUP_TOKENS, tree_and_window
 from ...heads import MTPHead
 from ...sampling import GREEDY, Sampling, check_draft_temperature
 from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
@@ -409,8 +409,7 @@ def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, p
     budget = tree_budget(tree, head.num_variables, head.num_states)
     if budget is None:
         return None
-    if window is not None:
-        raise ValueError("tree and window: a tree's verify width is its node budget; give one of them")
+    tree_and_window((budget.nodes,), (window,))  # the rule mtpc generate and mtpc bench check before loading
     if proposers:
         raise ValueError("tree with host proposers is not supported yet (prompt lookup is: its matches become "
                          "branches of the tree): decode with one of them")
