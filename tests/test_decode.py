@@ -365,8 +365,8 @@ def test_sampling_at_a_draft_temperature_is_exact_and_untempered_rows_are_caught
     head = random_head("btree", 3, VOCAB, seed=12, std=1.0)
     joint = exact_joint(model, PROMPT, Sampling(**{"temperature": 1.0, **target}))
     right = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
-    assert Sampling(**{"temperature": 1.0, **target}).draft_temperature(right.draft_temperature) == 3.0
-    assert GREEDY.draft_temperature(right.draft_temperature) == 1.0  # greedy: an argmax ignores it
+    assert Sampling(**{"temperature": 1.0, **target}).draft_temperature(right.settings.draft_temperature) == 3.0
+    assert GREEDY.draft_temperature(right.settings.draft_temperature) == 1.0  # greedy: an argmax ignores it
     assert chi_square_pvalue(speculative_samples(right, PROMPT, 600, seed=6, **target), joint) > 1e-3
     wrong = SpeculativeDecoder(model, head, draft_temperature=draft_temperature)
     wrong.drafter.program = TemperedDrawsUntemperedRows(head.graph, head.circ.param_layout)

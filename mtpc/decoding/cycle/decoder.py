@@ -66,21 +66,21 @@ from circuitc.runtime.kernels import inverse_cdf
 
 from ...checks import MAX_LOOKUP_TOKENS, tree_and_window
 from ...heads import MTPHead
-from ...sampling import GREEDY, Sampling, check_draft_temperature
-from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
-                         cycle_uniforms)
 from ...lm.backbone import SplitBackbone
+from ...sampling import GREEDY, Sampling, check_draft_temperature
 from ..compiling import StepVariant, StepVariants, VerifyVariant, derived_identity, tensor_layout
-from .data import CyclePacket, CycleSettings, Pending, Row, StepOutput
 from ..drafts.drafting import AdaptiveWidth, Drafter, Window, WindowShape
 from ..drafts.layout import WindowLayout
-from .host import HostReads
-from ..inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
-                     checked_switch, eos_set)
 from ..drafts.proposals import PromptLookup
 from ..drafts.proposers import CircuitProposer, HostProposer, LookupProposer, Outcome, RowView
-from ..stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
 from ..drafts.trees import TreeBudget, tree_budget
+from ..inputs import (available_memory, check_batch, check_budget, check_eval, check_memory, check_processors,
+                      checked_switch, eos_set)
+from ..stats import DecodeStats, GenerateOutput, pad_id, padded_sequences
+from .acceptance import (AcceptanceRule, BlockVerification, TreeProposals, Verdict, accept_tree, accept_window,
+                         cycle_uniforms)
+from .data import CyclePacket, CycleSettings, Pending, Row, StepOutput
+from .host import HostReads
 from .verify import Places, Verifier, context_reserve
 
 __all__ = ["AdaptiveWidth", "SpeculativeDecoder"]
@@ -208,7 +208,7 @@ class SpeculativeDecoder:
         if sampling.greedy:
             first = logits.argmax(-1)  # [B]
         else:
-            first = inverse_cdf(sampling.probs(logits), self.layout.draws.of_decide(sampling, uniforms, 1)[:, 0])  # [B]
+            first = inverse_cdf(sampling.probs(logits), self.layout.draws.of_decide(sampling, uniforms, 1)[:, 0])
         window = self.circuit.draft(h, first, sampling, self.layout.draws.of_draft(sampling, uniforms),
                                     sampling.draft_temperature(self.settings.draft_temperature))
         firsts, widths = self.host_reads(torch.stack([window.tokens[:, 0], window.width]))
@@ -287,14 +287,13 @@ class SpeculativeDecoder:
         accept (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`)
         and draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
         the layout's `draws` (`CycleDraws`) says."""
-        W = slots.shape[1]
-        tokens = window.tokens[:, :W]  # [B, W]
-        verdict = decide(sampling, self.settings.acceptance, window, logits, hidden, limit, eos_ids,
-                         self.layout.draws.of_decide(sampling, uniforms, W), self.layout, self.circuit.tree_proposals(window, W, sampling))
-        if self.layout.tree is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
+        W, tokens, layout, draws = slots.shape[1], window.tokens[:, :slots.shape[1]], self.layout, self.layout.draws
+        verdict = decide(sampling, self.settings.acceptance, window, logits, hidden, limit, eos_ids, layout,
+                         draws.of_decide(sampling, uniforms, W), self.circuit.tree_proposals(window, W, sampling))
+        if layout.tree is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
             self.verifier.keep_path(slots, verdict.path)
             tokens = tokens.gather(1, verdict.path)  # [B, D + 1]
-        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, self.layout.draws.of_draft(sampling, uniforms),
+        nxt = self.circuit.draft(verdict.hidden, verdict.next_first, sampling, draws.of_draft(sampling, uniforms),
                                  sampling.draft_temperature(self.settings.draft_temperature))
         return StepOutput(CyclePacket.pack(verdict.accepted, nxt, tokens), nxt, verdict.hidden)
 
@@ -418,7 +417,7 @@ def checked_tree(tree, head: MTPHead, backbone: SplitBackbone, window, lookup, p
 
 
 def decide(sampling: Sampling, rule: AcceptanceRule, window: Window, logits: torch.Tensor, hidden: torch.Tensor,
-           limit: torch.Tensor, eos_ids: torch.Tensor, uniforms: torch.Tensor | None, layout: WindowLayout,
+           limit: torch.Tensor, eos_ids: torch.Tensor, layout: WindowLayout, uniforms: torch.Tensor | None,
            proposals: TreeProposals | None = None) -> Verdict:
     """A cycle's acceptance of its verified `window` (the first `W` tokens of each row, `logits` `[B, W, V]`):
     a chain's by `accept_window` and `rule`, a tree's by `accept_tree` (its verdict carries the path;
