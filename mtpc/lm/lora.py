@@ -95,6 +95,7 @@ def load_lora(model, folder: Path, trainable: bool = False):
 
 
 def is_peft(model) -> bool:
+    """Whether `model` is a peft model (False where peft is not installed)."""
     try:
         from peft import PeftModel
     except ImportError:  # peft is a dependency, but the split works without it
@@ -107,14 +108,14 @@ def lora_layer_indices(base, layers) -> tuple[set[int], list[str]]:
     from peft.tuners.lora import LoraLayer
 
     owner = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
-    inside, outside = set(), []
+    adapted, outside = set(), []
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
             if id(module) in owner:
-                inside.add(owner[id(module)])
+                adapted.add(owner[id(module)])
             else:
                 outside.append(name)
-    return inside, outside
+    return adapted, outside
 
 
 def lora_depth(model) -> int:
@@ -125,8 +126,8 @@ def lora_depth(model) -> int:
         return 0
     base = model.get_base_model()
     layers = decoder_layers(base)
-    inside, _ = lora_layer_indices(base, layers)
-    return len(layers) - min(inside) if inside else 0
+    adapted, _ = lora_layer_indices(base, layers)
+    return len(layers) - min(adapted) if adapted else 0
 
 
 def attach_draft_lora(model, lora_layers: int, rank: int = 8, alpha: float = 16.0,
