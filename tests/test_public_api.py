@@ -35,3 +35,17 @@ def test_help_documents_every_public_class_and_function():
         if name != "__version__":
             assert f"\n    {name}" in text or f"class {name}" in text or f"{name}(" in text, name
     assert f"VERSION\n    {mtpc.__version__}" in text
+
+
+def test_the_model_packages_names_resolve_from_their_modules_and_importing_it_needs_no_torch():
+    """`mtpc.lm` exports its names lazily: each is the object its module defines, and importing the package (as
+    every loader's `from ..lm import loading` does, on the command line's quick path) pulls in no torch."""
+    import importlib
+
+    import mtpc.lm as lm
+
+    for name in lm.__all__:
+        module = importlib.import_module(f"mtpc.lm.{lm._EXPORTS[name]}")
+        assert getattr(lm, name) is getattr(module, name), name
+    code = "import sys, mtpc.lm, mtpc.lm.loading, mtpc.lm.lora; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
