@@ -287,7 +287,8 @@ class SpeculativeDecoder:
         accept (`limit` `[B]`: the tokens each row may commit, 1 for a row that tests nothing; `eos_ids` `[E]`)
         and draft the next windows. `uniforms` (sampling; None when greedy): every draw of the cycle, split as
         the layout's `draws` (`CycleDraws`) says."""
-        W, tokens, layout, draws = slots.shape[1], window.tokens[:, :slots.shape[1]], self.layout, self.layout.draws
+        W, layout, draws = slots.shape[1], self.layout, self.layout.draws
+        tokens = window.tokens[:, :W]  # [B, W]
         verdict = decide(sampling, self.settings.acceptance, window, logits, hidden, limit, eos_ids, layout,
                          draws.of_decide(sampling, uniforms, W), self.circuit.tree_proposals(window, W, sampling))
         if layout.tree is not None:  # the accepted path to consecutive slots; its tokens are the committed ones
