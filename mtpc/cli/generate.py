@@ -350,7 +350,7 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
     with _quiet_loading():  # stderr is for the stats; the text goes to stdout
         dtype = loading.torch_dtype(cfg.dtype)
         base = loading.load_model(cfg.model, dtype, device, trust_remote_code=cfg.trust_remote_code)
-        decode = _plain(base, sampling, eos)
+        decode, fallback = _plain(base, sampling, eos), None
         if head is not None:
             head = head.to(device).eval()
             plan = _head_plan(cfg, base, head, depth_topk, dtype, device, dtype_note, err)
@@ -358,9 +358,10 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
                 head = None
                 decode = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
             else:
+                fallback = _fallback(cfg, base, len(ids)) if cfg.pace and rows is None else None
                 decode, decoder = _speculative(cfg.model, head, adapter, k, device, sampling, eos, cfg.lookup,
                                                plan.window, cfg.compile, cfg.trust_remote_code,
-                                               cfg.draft_temperature, dtype, cfg.max_context, plan.tree)
+                                               cfg.draft_temperature, dtype, cfg.max_context, plan.tree, fallback)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)
     check_logits(base, prompt)
     if rows is not None:
@@ -373,13 +374,16 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
         out.write(tok.decode(new) + "\n")
         out.flush()
     summary = {"prompt_ids": ids, "new_tokens": new, "text": tok.decode(new), "stats": run}
+    if run.get("handover"):
+        err.write(format_handover(run["handover"]) + "\n")
     if cfg.stats:
         err.write(format_stats("speculative" if head is not None else "plain", run, tok) + "\n")
     if cfg.compare:
         # compiled decoding is compared with plain decoding compiled the same way (static cache, one graph)
         # when auto chose plain decoding, the same decoder again (a second decoder's first run pays its warm-up)
         baseline = decode if head is None else _plain(base, sampling, eos, compile=cfg.compile,
-                                                      max_context=cfg.max_context)
+                                                      max_context=cfg.max_context,
+                                                      decoder=fallback[0] if fallback else None)
         plain = _measure(baseline, prompt, cfg, None, _warm_up(cfg, speculative=False))
         summary["plain"] = plain
         summary["compare"] = comparison(run, plain, greedy=cfg.sampling().greedy,
@@ -470,16 +474,15 @@ def check_logits(model, prompt: torch.Tensor) -> None:
         raise MtpcError("the model's logits are not finite (NaN or inf); its weights are damaged")
 
 
-def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_context: int | None = None):
+def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_context: int | None = None,
+           decoder=None):
     """`(ids, budget, generator, streamer) -> (GenerateOutput, PhaseClock)` for plain decoding (`compile`: its
     step compiled as the speculative cycle is, preallocated caches: what a compiled decoder is measured
-    against; the phase clock then has no hooks, which a compiled step would trace)."""
-    from ..decoding import PhaseClock, PlainDecoder, backbone_marks
+    against; the phase clock then has no hooks, which a compiled step would trace); `decoder`: a
+    `PlainDecoder` made so already (the paced decoder's fallback), else a new one."""
+    from ..decoding import PhaseClock, backbone_marks
 
-    try:  # its checks of memory, after the model took its share (the flags were checked before loading)
-        decoder = PlainDecoder(base, compile=compile, max_context=max_context)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    decoder = decoder or _plain_decoder(base, compile, max_context)
     embed, ends = backbone_marks(base) if not compile else (None, [])
 
     def decode(ids, budget, generator, streamer):
@@ -491,14 +494,35 @@ def _plain(base, sampling: Sampling, eos: set[int], compile: bool = False, max_c
     return decode
 
 
+def _plain_decoder(base, compile: bool, max_context: int | None):
+    from ..decoding import PlainDecoder
+
+    try:  # its checks of memory, after the model took its share (the flags were checked before loading)
+        return PlainDecoder(base, compile=compile, max_context=max_context)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
+def _fallback(cfg: GenerateConfig, base, prompt_length: int):
+    """`--pace`: the plain decoder a paced generation hands over to (compiled as the speculative decoder is) and
+    its `PaceCheck`, from a plain step measured now at the prompt's length (said only by a hand-over's line)."""
+    from ..decoding.pace import measured_pace
+
+    decoder = _plain_decoder(base, cfg.compile, cfg.max_context)
+    pace = measured_pace(decoder, prompt_length)
+    return decoder, pace
+
+
 def _speculative(model_path: str, head, adapter: Path | None, k: int, device, sampling: Sampling, eos: set[int],
                  lookup: int | None = None, window: int | None = None, compile: bool = False,
                  trust_remote_code: bool = False, draft_temperature: float | None = None, dtype=None,
-                 max_context: int | None = None, tree: int | None = None):
+                 max_context: int | None = None, tree: int | None = None, fallback=None):
     """The same for a SpeculativeDecoder (its own model copy when a LoRA adapter wraps it), and the decoder;
     its `decode` also takes a batch's `attention_mask`. `compile`: its cycle step through torch.compile;
-    the decoder then stamps its steps (no hooks in a compiled call)."""
+    the decoder then stamps its steps (no hooks in a compiled call). `fallback`: a `PlainDecoder` and a
+    `PaceCheck`: one prompt decodes paced (`generate_paced`), handing over to it when it falls behind."""
     from ..decoding import PhaseClock, SpeculativeDecoder
+    from ..decoding.pace import generate_paced
 
     model = loading.load_model(model_path, dtype or torch.float32, device, trust_remote_code=trust_remote_code)
     if head.parameterisation == "tied":  # its input units are this model's own output layer
@@ -520,8 +544,12 @@ def _speculative(model_path: str, head, adapter: Path | None, k: int, device, sa
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda=cuda), {}
         with clock:
-            out = decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=generator, streamer=streamer,
-                                   attention_mask=attention_mask, **extra)
+            if fallback is not None and attention_mask is None and ids.shape[0] == 1:
+                out = generate_paced(decoder, fallback[0], ids, budget, sampling, pace=fallback[1],
+                                     eos_token_id=eos, generator=generator, streamer=streamer, **extra)
+            else:
+                out = decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=generator,
+                                       streamer=streamer, attention_mask=attention_mask, **extra)
         return out, clock
 
     return decode, decoder
@@ -587,6 +615,13 @@ def format_stats(label: str, run: dict, tok: ByteTokenizer | SubwordTokenizer | 
     return (f"[{label}] {count} in {run['cycles']} cycles{lookup} ({per_cycle}), "
             f"{run['tokens_per_second']:.1f} tok/s, {1e3 * run['mean_cycle_latency']:.2f} ms/cycle "
             f"(prefill {1e3 * run['prefill_seconds']:.1f} ms{compiling(run)} excluded); per cycle, ms: {phases}")
+
+
+def format_handover(handover: dict) -> str:
+    """The line of a paced generation's hand-over to plain decoding."""
+    return (f"mtpc: pace: handed over to plain decoding after {handover['tokens']} tokens: the head's cycles ran "
+            f"{handover['speculative_tok_s']:.1f} tok/s, plain steps {handover['plain_tok_s']:.1f} tok/s "
+            f"(re-reading the text took {handover['seconds'] * 1e3:.0f} ms)")
 
 
 def compiling(run: dict) -> str:

@@ -65,6 +65,9 @@ class GenerateConfig:
         None, type=positive_float, metavar="T",
         help="with --head and --temperature > 0: the temperature the circuit drafts at (default: --temperature, "
              "as the verifier samples); any value stays lossless")
+    pace: bool = setting(  # decoding.pace: speculative cycles measured against a plain step, one prompt at a time
+        True, help="with --head: hand the rest of a generation to plain decoding when its latest cycles measure "
+                   "fewer tokens a second than a plain step measured at start (one prompt; --no-pace: never)")
     compile: bool = setting(  # torch.compile the speculative decoder's cycle step (compiled in the warm-up)
         False, help="with --head: torch.compile each decoding cycle (the verify call as one graph, acceptance and "
                     "draft as another; static caches, one pair per verify width; compiled before the first cycle)")

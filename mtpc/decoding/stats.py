@@ -6,11 +6,25 @@ reads the speculative and the plain decoder alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
-__all__ = ["DecodeStats", "GenerateOutput", "pad_id", "padded_sequences"]
+__all__ = ["DecodeStats", "Handover", "GenerateOutput", "pad_id", "padded_sequences"]
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Where a paced generation (`mtpc.decoding.pace`) handed over to plain decoding: after `cycles` speculative
+    cycles and `tokens` tokens, when those cycles measured `speculative_tok_s` against plain decoding's
+    `plain_tok_s`; `seconds`: the plain decoder's read of the prompt and the tokens so far (counted in its
+    first step)."""
+
+    cycles: int
+    tokens: int
+    speculative_tok_s: float
+    plain_tok_s: float
+    seconds: float
 
 
 @dataclass
@@ -31,6 +45,7 @@ class DecodeStats:
     width_per_cycle: list[int] = field(default_factory=list)
     rows_per_cycle: list[int] = field(default_factory=list)
     proposer_windows: dict[str, int] = field(default_factory=dict)  # windows (one per row and cycle) by proposer
+    handover: Handover | None = None  # a paced generation's hand-over to plain decoding, if it made one
 
     @property
     def lookup_cycles(self) -> int:
@@ -74,6 +89,20 @@ class DecodeStats:
         self.width_per_cycle.append(width)
         self.rows_per_cycle.append(len(rows))
 
+    def extend(self, later: "DecodeStats", handover: Handover) -> None:
+        """Append the cycles of the plain decoding a paced generation handed over to (`later`), its read of the
+        text so far counted in its first step: the generation's rate pays for the hand-over."""
+        seconds = list(later.cycle_seconds)
+        if seconds:
+            seconds[0] += handover.seconds
+        self.cycle_seconds += seconds
+        self.accepted_per_cycle += later.accepted_per_cycle
+        self.draft_accepted_per_cycle += later.draft_accepted_per_cycle
+        self.width_per_cycle += later.width_per_cycle
+        self.rows_per_cycle += later.rows_per_cycle
+        self.compile_seconds += later.compile_seconds
+        self.handover = handover
+
     def as_dict(self) -> dict:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
@@ -81,7 +110,8 @@ class DecodeStats:
                 "accepted_per_cycle": list(self.accepted_per_cycle),
                 "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
                 "width_per_cycle": list(self.width_per_cycle), "rows_per_cycle": list(self.rows_per_cycle),
-                "lookup_cycles": self.lookup_cycles, "proposer_windows": dict(self.proposer_windows)}
+                "lookup_cycles": self.lookup_cycles, "proposer_windows": dict(self.proposer_windows),
+                "handover": asdict(self.handover) if self.handover is not None else None}
 
 
 @dataclass

@@ -29,7 +29,7 @@ from ...lm.backbone import SplitBackbone
 from ..drafts.trees import AUTO_TREE_WIDTHS, call_cost, checked_call_seconds
 from ..cycle.verify import verify_call_seconds
 
-__all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "cost_key"]
+__all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "PlainCosts", "plain_costs", "cost_key"]
 
 COSTS_FOLDER = "costs"  # below the step store
 MAX_COST_BYTES = 64 * 1024  # a cost file holds a few widths' seconds
@@ -99,17 +99,42 @@ def cycle_costs(model: torch.nn.Module, head: MTPHead, call_seconds: dict[int, f
     from ..cycle.decoder import SpeculativeDecoder
     from ..plain import PlainDecoder
 
-    device = next(model.parameters()).device
-    vocab = model.get_output_embeddings().weight.shape[0]
-    prompt = torch.randint(0, vocab, (1, prompt_length), generator=torch.Generator().manual_seed(0)).to(device)
-    medians = []
-    for decoder in (PlainDecoder(model), SpeculativeDecoder(model, head)):
-        decoder.generate(prompt, tokens)  # warm, every shape of the timed run included
-        seconds = decoder.generate(prompt, tokens).stats.cycle_seconds
-        medians.append(statistics.median(seconds[1:] or seconds))
+    step = plain_costs(PlainDecoder(model), prompt_length, tokens).step
+    cycle = _timed(SpeculativeDecoder(model, head), _random_prompt(model, prompt_length), tokens)
+    cycle = statistics.median(cycle.cycle_seconds[1:] or cycle.cycle_seconds)
     width = max(head.num_variables, 2)
     relative_call = call_cost(call_seconds, width) / call_cost(call_seconds, 1)
-    return CycleCosts(medians[0], max(medians[1] / medians[0] - relative_call, 0.0))
+    return CycleCosts(step, max(cycle / step - relative_call, 0.0))
+
+
+@dataclass(frozen=True)
+class PlainCosts:
+    """A plain decoder's measured costs: `step`, the median seconds of one step; `read`, seconds per token of
+    its read of a prompt (its prefill over the prompt's length)."""
+
+    step: float
+    read: float
+
+
+def plain_costs(decoder, prompt_length: int = 64, tokens: int = 16) -> PlainCosts:
+    """What a `PlainDecoder` (eager or compiled, as it decodes: a compiled one compiles or loads its step here)
+    costs one row decoding `tokens` tokens after a random prompt of `prompt_length` tokens, after a warm-up of
+    the same (every shape of the timed run met, a compiled step made ready)."""
+    stats = _timed(decoder, _random_prompt(decoder.backbone.model, prompt_length), tokens)
+    return PlainCosts(statistics.median(stats.cycle_seconds[1:] or stats.cycle_seconds),
+                      stats.prefill_seconds / prompt_length)
+
+
+def _random_prompt(model: torch.nn.Module, length: int) -> torch.Tensor:
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _timed(decoder, prompt: torch.Tensor, tokens: int):
+    """The stats of a second generation of `tokens` tokens after `prompt` (the first warms every shape)."""
+    decoder.generate(prompt, tokens)
+    return decoder.generate(prompt, tokens).stats
 
 
 def _read(folder: Path, path: Path, key: dict) -> dict[int, float] | None:

@@ -102,8 +102,7 @@ class SpeculativeDecoder:
     at (None: the target's temperature; any is exact). `max_context`: positions its caches hold from the start (compiled: one compile a process).
     `tree`: verify a tree of drafts per cycle instead of a chain (a node budget, or a `TreeBudget`; see
     `mtpc.decoding.drafts.trees`). `family`: a `BackboneFamily` for a family mtpc does not know. The host reads one
-    small tensor per cycle through `host_reads`, and one after the prefill.
-    """
+    small tensor per cycle through `host_reads`, and one after the prefill."""
 
     def __init__(self, model: nn.Module, head: MTPHead, lora_layers: int = 0, *, lookup: int | PromptLookup | None = None,
                  proposers: Sequence[HostProposer] = (), window: int | AdaptiveWidth | None = None,
@@ -141,20 +140,20 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling = GREEDY, *,
                  eos_token_id: int | Iterable[int] | None = None,
                  generator: torch.Generator | list[torch.Generator] | None = None, streamer=None, phase_clock=None,
-                 attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None) -> GenerateOutput:
+                 attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
+                 pace=None) -> GenerateOutput:
         """Generate up to `max_new_tokens` tokens after each prompt of `input_ids` (`[B, T]`, or `[T]`),
         each row stopping after its first EOS, tokens following `sampling` exactly (greedy by default).
-
         A batch: `attention_mask` `[B, T]` (1 for real tokens, 0 for padding) marks left-padded prompts
-        of different lengths (None: no padding). `sequences` is `[B, T + m]`, `m` the longest row's new
-        tokens: the prompt columns as given, then each row's tokens, then `pad_token_id` (default: the
-        model's pad id, else the first EOS id, else 0). `generator`: one `torch.Generator` for the batch, or
-        a list of one per row (a row's text then depends on its own generator alone).
-
-        `phase_clock`: a `PhaseClock` (for a compiled decoder one without hooks); the decoder stamps the
-        start (`backbone_start`) and end (`step_end`) of every cycle step. `streamer`: any transformers
-        `BaseStreamer`, fed as transformers' loops feed it (the prompt `[1, T]`, each cycle's committed
-        tokens `[1, k]`, `end()`); in a batch, row 0's."""
+        of different lengths. `sequences` is `[B, T + m]`, `m` the longest row's new tokens: the prompt
+        columns as given, then each row's tokens, then `pad_token_id` (default: the model's pad id, else
+        the first EOS id, else 0). `generator`: one `torch.Generator`, or one per row (a row's text then
+        depends on its own alone). `phase_clock`: a `PhaseClock` (compiled: one without hooks), stamped at
+        the start (`backbone_start`) and end (`step_end`) of every cycle step. `streamer`: a transformers
+        `BaseStreamer`, fed as transformers' loops feed it (the prompt `[1, T]`, each cycle's tokens `[1, k]`,
+        `end()`); in a batch, row 0's. `pace`: a `mtpc.decoding.pace.PaceCheck`, asked before each cycle
+        whether the cycles so far fall behind plain decoding (then the generation stops with its rows still
+        live: `mtpc.decoding.pace.generate_paced` hands them to plain decoding; the first row is judged)."""
         if not isinstance(sampling, Sampling):
             raise TypeError(f"sampling must be a mtpc.sampling.Sampling (GREEDY, or Sampling(temperature=...)), "
                             f"got {type(sampling).__name__}")
@@ -172,9 +171,10 @@ class SpeculativeDecoder:
         if max_new_tokens:
             stamp = phase_clock.stamp if phase_clock is not None else _no_stamp
             pending = self._start(prompt, pads, sampling, eos, generator, rows, stats, stamp)
-            while any(row.live for row in rows):
-                start = time.perf_counter()
-                committed, width, pending = self._cycle(pending, rows, eos, sampling, generator, stats, stamp)
+            stop = False  # a pace's stop: the last "cycle" commits each row's decided x_0 (a residual's draw, say)
+            while any(row.live for row in rows) and not stop:
+                start, stop = time.perf_counter(), paced_stop(pace, stats, rows[0], T)
+                committed, width, pending = self._cycle(pending, rows, eos, sampling, generator, stats, stamp, stop)
                 stats.record(time.perf_counter() - start, committed, width)
                 for row, tokens in zip(rows, committed):
                     row.add(tokens, eos)
@@ -218,11 +218,11 @@ class SpeculativeDecoder:
         return Pending(window, h)
 
     def _cycle(self, pending: Pending, rows: list[Row], eos: set[int], sampling: Sampling, generator,
-               stats: DecodeStats, stamp) -> tuple[list[list[int]], int, Pending]:
-        """Verify and accept the live rows' windows, draft the next ones. A row whose `x_0` ends it commits
-        it without verifying. Returns (each row's committed ids, the verified width, 0 when nothing was
-        verified, the next pending windows)."""
-        ends = [row.ends_with_first(eos) for row in rows]
+               stats: DecodeStats, stamp, stop: bool = False) -> tuple[list[list[int]], int, Pending]:
+        """Verify and accept the live rows' windows, draft the next ones. A row whose `x_0` ends it (or every
+        live row, at a `stop`) commits it without verifying. Returns (each row's committed ids, the verified
+        width, 0 when nothing was verified, the next pending windows)."""
+        ends = [row.live and stop or row.ends_with_first(eos) for row in rows]
         verify = [row.live and not end for row, end in zip(rows, ends)]
         committed = [[row.first] if end else [] for row, end in zip(rows, ends)]
         if not any(verify):
@@ -389,6 +389,12 @@ class CompiledCycle:
 
 
 # --------------------------------------------------------------------------- checks and sizes
+
+def paced_stop(pace, stats: DecodeStats, row: Row, T: int) -> bool:
+    """Whether `pace` (a `PaceCheck`, or None: never) says the generation's first row falls behind plain decoding
+    for the rest of its budget, a hand-over's read of its text (the prompt's `T` tokens and its own) included."""
+    return pace is not None and row.live and pace.behind(stats, row.left, T + len(row.new))
+
 
 def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
     """The head fits the model: its hidden size, and every token it can draft is in the model's vocabulary."""
