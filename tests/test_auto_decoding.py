@@ -29,7 +29,7 @@ from mtpc.lm import loading
 from mtpc.cli.commands import main
 from mtpc.decoding.choice.auto_decoding import MARGIN, chain_tokens, choose_decoding, expected_choice
 from mtpc.lm.backbone import SplitBackbone
-from mtpc.decoding.choice.costs import MachineCosts, machine_costs
+from mtpc.decoding.choice.costs import MachineCosts, cost_key, machine_costs
 from mtpc.decoding.drafts.trees import AUTO_TREE_WIDTHS, tree_budget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +97,8 @@ def test_a_forced_tree_is_scored_from_below_by_the_full_trees_that_fit():
 @pytest.mark.parametrize("flags, native", [({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True),
                                            ({"amx_bf16", "amx_tile"}, True), ({"fp", "asimd", "bf16"}, True)])
 def test_dtype_auto_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch, flags, native):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
     assert hardware.native_bf16("cpu") is native
     assert loading.resolve_dtype("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
@@ -104,10 +106,31 @@ def test_dtype_auto_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch
     assert ("no native bf16" in hardware.machine_summary()) is not native
 
 
+@pytest.mark.parametrize("variable, limit, native", [("ONEDNN_MAX_CPU_ISA", "avx2", False),
+                                                     ("DNNL_MAX_CPU_ISA", "AVX512_CORE", False),
+                                                     ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", True),
+                                                     ("ONEDNN_MAX_CPU_ISA", "ALL", True)])
+def test_onednn_limited_below_its_bf16_kernels_is_no_native_bf16(monkeypatch, variable, limit, native):
+    """`ONEDNN_MAX_CPU_ISA=AVX2` on a CPU with AMX: its bf16 products run as an AVX2-only CPU's (measured 7.5x for 8
+    rows), so bf16 is not native there, the summary says why, and a verify curve is another cost key."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16", "avx512_bf16"}))
+    plain_key = cost_key({"a": 1}, torch.bfloat16, torch.device("cpu"), 1, (1, 2))
+    monkeypatch.setenv(variable, limit)
+    assert hardware.native_bf16("cpu") is native and hardware.isa_limit() == limit.upper()
+    assert f"oneDNN limited to {limit.upper()}" in hardware.machine_summary()
+    assert ("no native bf16" in hardware.machine_summary()) is not native
+    assert loading.resolve_dtype("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+    assert cost_key({"a": 1}, torch.bfloat16, torch.device("cpu"), 1, (1, 2)) != plain_key
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_dtype_auto_keeps_a_float32_checkpoint_in_float32(monkeypatch, tmp_path, native):
     """A checkpoint stored in float32 (the shipped byte and subword LMs) decodes in float32 on any machine, so the
     docs' texts hold there too; a bf16 checkpoint, or a GGUF file's quantized weights, follow the hardware."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"amx_bf16"} if native else {"avx2"}))
     cpu = torch.device("cpu")
     byte_lm = ROOT / "models" / "byte-lm"

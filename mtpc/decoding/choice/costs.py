@@ -52,12 +52,13 @@ class MachineCosts:
 
 def cost_key(config: dict, dtype: torch.dtype, device: torch.device, threads: int, widths: tuple[int, ...]) -> dict:
     """What a verify curve depends on: the model's shape (its config, less where it was loaded from), the dtype,
-    the device (the CPU's name and flags, or the GPU's name), the torch threads, torch's version, the widths."""
+    the device (the CPU's name, flags and oneDNN's instruction-set limit, or the GPU's name), the torch threads,
+    torch's version, the widths."""
     shape = {k: v for k, v in sorted(config.items()) if not k.startswith("_") and k not in ("name_or_path",)}
     if device.type == "cuda":
         where = {"gpu": torch.cuda.get_device_name(device)}
     else:
-        where = {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags())}
+        where = {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags()), "isa_limit": hardware.isa_limit()}
     return {"model": shape, "dtype": str(dtype), "device": where, "threads": threads, "torch": torch.__version__,
             "widths": list(widths)}
 
