@@ -10,11 +10,13 @@ code (spans of an installed package the head never saw).
 Settings (each a list of `mtpc generate` flags): `readme` (the README's example: `--lookup 10`, every other
 choice `auto`), `auto` (the head's defaults: `auto` chooses dtype, plain, chain or tree), `bf16` (`--dtype bf16
 --lookup 10` forced: `auto` still chooses the width), `chain` (`--dtype bf16 --window 4 --lookup 10`: every
-choice forced, as the README's example was before) and `head+lookup` (`--window 2 --lookup 10`: the head forced
+choice forced, as the README's example was before; `chain-unpaced` the same with `--no-pace`, so a generation
+that falls behind plain decoding is not handed over to it) and `head+lookup` (`--window 2 --lookup 10`: the head forced
 at its cheapest chain, with prompt lookup, in the dtype `auto` picks); and forced shapes to hold `auto`'s choice
 against: `window4` (the head's chain of 4), `tree8` and `tree21` (trees of 8 and 21 nodes), `fp32` (float32, the
-shape chosen). Prints the Markdown table (median speed-up per setting and
-kind, the tokens a cycle, what `auto` said), with `--costs` the verify curves `auto` chose by (float32 and
+shape chosen). Every setting but `chain-unpaced` paces (`mtpc generate`'s default). Prints the Markdown table
+(median speed-up per setting and kind, the tokens a cycle, how many runs handed over to plain decoding, what
+`auto` said), with `--costs` the verify curves `auto` chose by (float32 and
 bf16), and writes every run as JSON.
 """
 
@@ -34,6 +36,7 @@ from mtpc.errors import InputError  # noqa: E402
 
 SETTINGS = {"readme": ["--lookup", "10"], "auto": [], "bf16": ["--dtype", "bf16", "--lookup", "10"],
             "chain": ["--dtype", "bf16", "--window", "4", "--lookup", "10"],
+            "chain-unpaced": ["--dtype", "bf16", "--window", "4", "--lookup", "10", "--no-pace"],
             "head+lookup": ["--window", "2", "--lookup", "10"], "window4": ["--window", "4"], "tree8": ["--tree", "8"],
             "tree21": ["--tree", "21"], "fp32": ["--dtype", "fp32"]}
 CODE_BYTES = 600  # a code prompt's length, from a line start a third of the way into its file
@@ -89,12 +92,13 @@ def decode(args, kind: str, text: str, flags: list[str]) -> dict:
     stats = summary["stats"]
     return {"kind": kind, "speedup": summary["compare"]["speedup"], "tok_s": summary["compare"]["speculative_tok_s"],
             "plain_tok_s": summary["compare"]["plain_tok_s"], "tokens_a_cycle": stats.get("mean_accepted"),
-            "identical": summary["compare"]["greedy_identical"], "said": said}
+            "identical": summary["compare"]["greedy_identical"], "said": said,
+            "handed_over_after": (stats.get("handover") or {}).get("tokens")}
 
 
 def table(runs: dict[str, list[dict]]) -> str:
-    lines = ["| setting | flags | kind | speed-up vs plain (median) | each | tokens a cycle | auto said |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| setting | flags | kind | speed-up vs plain (median) | each | tokens a cycle | handed over | auto said |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, cells in runs.items():
         for kind in ("chat", "code"):
             mine = [c for c in cells if c["kind"] == kind]
@@ -103,8 +107,10 @@ def table(runs: dict[str, list[dict]]) -> str:
             each = ", ".join(f"{c['speedup']:.2f}" for c in mine)
             cycle = statistics.median(c["tokens_a_cycle"] or 1.0 for c in mine)
             said = mine[0]["said"][-1].removeprefix("mtpc: ")[:160] if mine[0]["said"] else ""
+            handed = sum(c.get("handed_over_after") is not None for c in mine)
             lines.append(f"| {name} | `{' '.join(SETTINGS[name]) or '(none)'}` | {kind} | "
-                         f"{statistics.median(c['speedup'] for c in mine):.2f}x | {each} | {cycle:.2f} | {said} |")
+                         f"{statistics.median(c['speedup'] for c in mine):.2f}x | {each} | {cycle:.2f} | "
+                         f"{handed} of {len(mine)} | {said} |")
     return "\n".join(lines)
 
 

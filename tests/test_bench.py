@@ -441,6 +441,7 @@ def test_window_auto_is_the_row_mtpc_generate_would_decode_with(setup, tmp_path,
     assert label.startswith(("right/auto-w", "right/auto-tree")) and row["width"] == "auto"
     assert row["auto"]["kind"] in ("chain", "tree") and row["auto"]["expected_speedup"] > 1.15
     assert row["auto"]["expected_tokens"] > 1
+    assert row["paced"] is True and all(s["handed_over"] in (0, 1, 2, 3) for s in row["per_set"])  # as generate
     said = [r.getMessage() for r in caplog.records]
     assert said == [m for m in said if m.startswith("mtpc bench: --window auto for wrong: plain decoding (")]
     assert len(said) == 1 and said[0].endswith("; the plain row is its choice")

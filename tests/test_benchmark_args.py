@@ -50,6 +50,13 @@ CASES = {
                        ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--threads", "0"],
                        ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--out", "{folder}"],
                        ["--model", "m", "--head", "{folder}", "--code", "{folder}"]],  # no .py there: no prompts
+    "pace_rules.py": [["--model", "m", "--head", "{missing}", "--code", "{folder}"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--prompts", "0"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--flags", "--no-pace"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--flags", "--window 'x"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--flags", "--window 1"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}", "--flags", "--dtype fp8"],
+                      ["--model", "m", "--head", "{folder}", "--code", "{folder}"]],  # no .py there: no prompts
     "vllm_speed.py": [["--model", "{missing}", "--head", "{folder}", "--code", "{folder}", "--out", "{file}"],
                       ["--model", "{folder}", "--head", "{folder}", "--code", "{folder}", "--out", "{folder}"],
                       ["--model", "{folder}", "--head", "{folder}", "--code", "{folder}", "--out", "{file}",

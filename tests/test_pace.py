@@ -108,29 +108,30 @@ def test_a_streamer_sees_one_generation(pace):
     assert (out.stats.handover is not None) == (pace is not NEVER)
 
 
-def test_the_check_judges_every_cycle_so_far_and_the_hand_overs_cost():
+def test_the_check_judges_every_cycle_so_far_against_a_margin():
     stats = DecodeStats()
-    pace = PaceCheck(plain_step=0.01, read=0.001, cycles=2)  # plain: 100 tokens a second; a read: 1 ms a token
-    assert pace.rate(stats) is None and not pace.behind(stats, left=100, length=10)
+    pace = PaceCheck(plain_step=0.01, cycles=2)  # plain: 100 tokens a second; behind below 95
+    assert pace.rate(stats) is None and not pace.behind(stats)
     stats.record(0.01, [[1, 2, 3]], 3)  # 300 tokens a second
-    assert not pace.behind(stats, left=100, length=10)  # one cycle: not judged yet
+    assert not pace.behind(stats)  # one cycle: not judged yet
     stats.record(0.03, [[4]], 3)
-    assert pace.rate(stats) == pytest.approx(100.0) and not pace.behind(stats, left=100, length=10)  # even
-    stats.record(0.04, [[5]], 3)  # every cycle so far: 5 tokens in 80 ms, 62.5 a second
-    assert pace.rate(stats) == pytest.approx(62.5) and pace.rate(stats, upto=2) == pytest.approx(100.0)
-    # the rest plainly saves 6 ms a token: worth it when it outweighs re-reading the text (1 ms a token)
-    assert pace.behind(stats, left=100, length=10) and pace.behind(stats, left=2, length=11)
-    assert not pace.behind(stats, left=1, length=10) and not pace.behind(stats, left=100, length=700)
-    assert not PaceCheck(plain_step=0.01, cycles=2, margin=0.5).behind(stats, left=100, length=10)  # 62.5 >= 50
-    assert not PaceCheck(plain_step=0.01, cycles=4).behind(stats, left=100, length=10)  # three cycles: too few
+    assert pace.rate(stats) == pytest.approx(100.0) and not pace.behind(stats)  # even
+    stats.record(0.0125, [[5]], 3)  # every cycle so far: 5 tokens in 52.5 ms, 95.2 a second: within the margin
+    assert pace.rate(stats) == pytest.approx(5 / 0.0525) and not pace.behind(stats)
+    stats.record(0.0275, [[6]], 3)  # 6 tokens in 80 ms: 75 a second
+    assert pace.rate(stats) == pytest.approx(75.0) and pace.rate(stats, upto=2) == pytest.approx(100.0)
+    assert pace.behind(stats) and not PaceCheck(plain_step=0.01, cycles=2, margin=0.7).behind(stats)
+    assert not PaceCheck(plain_step=0.01, cycles=5).behind(stats)  # four cycles: too few
+    latest = PaceCheck(plain_step=0.01, cycles=1)  # the latest cycle: 1 token in 27.5 ms
+    assert latest.recent_rate(stats) == pytest.approx(1 / 0.0275) and latest.behind(stats)
+    stats.record(0.005, [[7, 8]], 3)  # all: 8 tokens in 85 ms, 94 a second; the latest: 400 a second
+    assert latest.rate(stats) < 95 < latest.recent_rate(stats) and not latest.behind(stats)  # getting better
 
 
 @pytest.mark.parametrize("fields, message", [
     ({"plain_step": 0.0}, "plain_step must be a positive"), ({"plain_step": float("nan")}, "plain_step"),
     ({"plain_step": "1"}, "plain_step"), ({"plain_step": 1.0, "cycles": 0}, "cycles must be an int >= 1"),
     ({"plain_step": 1.0, "cycles": True}, "cycles"), ({"plain_step": 1.0, "margin": -1.0}, "margin must be"),
-    ({"plain_step": 1.0, "read": -0.1}, "read must be a number of seconds >= 0"),
-    ({"plain_step": 1.0, "read": float("inf")}, "read"),
 ])
 def test_a_bad_check_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -197,7 +198,25 @@ def test_generate_hands_a_head_that_drafts_badly_over_to_plain_decoding(tmp_path
     out, err = generate("--head", str(tmp_path / "scrambled"), "--window", "8", "--stats")
     assert out == plain
     lines = err.splitlines()
-    assert lines[0].startswith("mtpc: pace: handed over to plain decoding after ") and "re-reading" in lines[0]
+    assert lines[0].startswith("mtpc: pace: handed over to plain decoding after ") and "taking over its caches" in lines[0]
     assert lines[1].startswith("[speculative] 96 bytes in ")
     out, err = generate("--head", str(tmp_path / "scrambled"), "--window", "8", "--no-pace")
     assert out == plain and "mtpc: pace" not in err
+
+
+def test_a_plain_decoder_refuses_a_cache_it_cannot_continue_from():
+    model = cyclic_lm(12)
+    speculative, plain = decoders(model, random_head("cp", 3, 12, seed=1))
+    speculative.generate(torch.tensor([[1, 2], [3, 4]]), 4)  # a batch of two in its caches
+    cache = speculative.verifier.state.verifier
+    with pytest.raises(ValueError, match="continues one row"):
+        plain.continue_from(cache, 3, 5, 4)
+    text = speculative.generate(torch.tensor([[1, 2]]), 4).sequences[0, :3].tolist()  # [1, 2, first new token]
+    cache = speculative.verifier.state.verifier
+    with pytest.raises(ValueError, match="length must be 1 .. the cache's"):
+        plain.continue_from(cache, 0, 5, 4)
+    with pytest.raises(ValueError, match="needs the SlotCache of this model's 2 layers"):
+        plain.continue_from(object(), 3, 5, 4)
+    out = plain.continue_from(cache, 3, 5, 4)  # its caches hold `text`; 5 follows it
+    assert out.sequences.shape == (1, 4) and out.stats.new_tokens == 4
+    assert out.sequences[0].tolist() == plain.generate(torch.tensor([text + [5]]), 4).sequences[0, 4:].tolist()

@@ -120,5 +120,6 @@ class Variant:
     tree: int | None = None  # a tree's node budget (None: a chain)
     tree_auto: dict | None = None  # `--tree auto`: what the choice expected (tokens a cycle, cost), and from what
     auto: dict | None = None  # `--window auto`: what `choose_decoding` chose and expected
+    pace: tuple | None = None  # `--window auto`: (PlainDecoder, PaceCheck): paced as `mtpc generate` paces a prompt
     acceptance: str = "block"  # the speculative-sampling rule, one of ACCEPTANCE_RULES
     draft_temperature: float | None = None  # the circuit's sampling temperature (None: the target's)

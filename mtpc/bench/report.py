@@ -40,6 +40,7 @@ def set_metrics(runs: Sequence[Run], byte_lengths: Sequence[int] | None = None) 
             "tok_s": tokens / seconds if seconds > 0 else 0.0,
             "phases_per_cycle": {p: phases[p] / cycles if cycles else 0.0 for p in PHASES},
             "lookup_share": sum(r.lookup_cycles for r in runs) / cycles if cycles else 0.0,
+            "handed_over": sum(r.handed_over_after is not None for r in runs),
             "repetition": statistics.fmean(run_repetition(r) for r in runs) if runs else 0.0,
             "position_counts": position_counts(runs)}
 
@@ -157,7 +158,7 @@ def build_report(cfg: BenchConfig, base, variants: Sequence[Variant], peers: Seq
         sets = [set_metrics(r, lengths) for r in runs[v.label]]
         ff = ff_reference(v, variants)
         row = {"label": v.label, "head": v.entry.path, "lookup": v.lookup, "width": v.width or v.decoder.width,
-               "tree": v.tree, "tree_auto": v.tree_auto, "auto": v.auto,
+               "tree": v.tree, "tree_auto": v.tree_auto, "auto": v.auto, "paced": v.pace is not None,
                "acceptance": v.acceptance, "draft_temperature": v.draft_temperature, "compiled": v.compiled,
                **v.entry.info, "per_set": sets, **_aggregate(sets),
                **speedups(sets), "ff_reference": ff.label if ff else None}

@@ -57,7 +57,7 @@ import torch
 
 from .. import checks
 from ..lm import loading
-from ..decoding import PhaseClock, PlainDecoder, SpeculativeDecoder, backbone_marks
+from ..decoding import PhaseClock, PlainDecoder, SpeculativeDecoder, backbone_marks, generate_paced
 from ..decoding.choice.auto_trees import recorded_acceptance
 from ..errors import InputError, MtpcError
 from .config import DTYPES, MODES, BenchConfig, Variant
@@ -220,6 +220,11 @@ def _spec_task(cfg: BenchConfig, variant: Variant, eos: set[int], cuda: bool) ->
             extra = {"phase_clock": clock}
         else:
             clock, extra = PhaseClock(decoder.head, parts.embed, [parts.norm, parts.lm_head], cuda), {}
+        if variant.pace is not None:  # `--window auto`: paced, as mtpc generate decodes one prompt
+            plain, pace = variant.pace
+            return run_one(lambda: generate_paced(decoder, plain, ids, budget, sampling, pace=pace, eos_token_id=eos,
+                                                  generator=gen, **extra),
+                           clock, stats_clock=not cuda, prompt_tokens=ids.shape[1])
         return run_one(lambda: decoder.generate(ids, budget, sampling, eos_token_id=eos, generator=gen, **extra),
                        clock, stats_clock=not cuda, prompt_tokens=ids.shape[1])
 

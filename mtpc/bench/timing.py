@@ -40,6 +40,7 @@ class Run:
     lookup_cycles: int = 0  # cycles whose draft came from prompt lookup
     accepted_per_cycle: list[int] = field(default_factory=list)  # tokens each cycle committed
     width_per_cycle: list[int] = field(default_factory=list)  # positions each cycle verified (speculative only)
+    handed_over_after: int | None = None  # a paced run's tokens before it handed over to plain decoding
 
 
 def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tokens: int) -> Run:
@@ -51,6 +52,7 @@ def run_one(generate: Callable, clock: PhaseClock, stats_clock: bool, prompt_tok
     stats = out.stats
     seconds = sum(stats.cycle_seconds) if stats_clock else hooked
     return Run(stats.new_tokens, stats.cycles, seconds, phases, out.sequences[0].tolist(), prompt_tokens,
-               stats.lookup_cycles, list(stats.accepted_per_cycle), list(stats.width_per_cycle))
+               stats.lookup_cycles, list(stats.accepted_per_cycle), list(stats.width_per_cycle),
+               stats.handover.tokens if stats.handover is not None else None)
 
 

@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..lm import loading
-from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PromptLookup, SpeculativeDecoder,
-                        load_head_entry)
+from ..decoding import (AcceptanceRule, AdaptiveWidth, BlockVerification, HeadEntry, PlainDecoder, PromptLookup,
+                        SpeculativeDecoder, load_head_entry, measured_pace)
 from ..decoding.choice.auto_decoding import DecodingChoice, choose_decoding
 from ..decoding.choice.auto_trees import AutoTree, choose_auto_tree, recorded_acceptance, verify_costs
 from ..decoding.choice.costs import cycle_costs
@@ -106,8 +106,9 @@ def _auto_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                    call_seconds: Callable[[], dict[int, float]] | None) -> list[Variant]:
     """`--window auto`: per head, the chain or tree `mtpc generate` chooses with neither --window nor --tree
     (`choose_decoding`, from the head's recorded acceptance, `call_seconds()` and a cycle's other work measured
-    now), with and without lookup and compiled as asked; a head for which plain decoding is chosen has no row
-    (the plain row is its choice), and a line on stderr says so."""
+    now), with and without lookup and compiled as asked, and paced as `mtpc generate` paces (`mtpc.decoding.pace`:
+    against a plain decoder compiled alike, whose step is measured here); a head for which plain decoding is
+    chosen has no row (the plain row is its choice), and a line on stderr says so."""
     variants = []
     for entry in entries:
         choice = _auto_choice(entry, call_seconds)
@@ -122,9 +123,11 @@ def _auto_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
             decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, window=choice.window, tree=choice.tree,
                                   lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                                   **({"compile": True} if c else {}))
+            plain = PlainDecoder(entry.model, compile=c)
             variants.append(Variant(f"{entry.label}/{shape}" + ("/lookup" if use else "") + ("/compile" if c else ""),
                                     entry, use, _longest(decoder, entry, use), decoder, compiled=c, width="auto",
-                                    tree=choice.tree.nodes if choice.tree else None, auto=summary))
+                                    tree=choice.tree.nodes if choice.tree else None, auto=summary,
+                                    pace=(plain, measured_pace(plain))))
     return variants
 
 

@@ -38,6 +38,7 @@ from typing import TextIO
 import torch
 
 from ..lm import loading, lora
+from ..lm.backbone import SplitBackbone
 from ..checks import MAX_THREADS, ROUNDING_DTYPES, ROUNDING_NOTE, check_sampling_settings, tree_and_window
 from ..errors import InputError, MtpcError
 from ..files import regular_file
@@ -50,6 +51,7 @@ __all__ = ["GenerateConfig", "Utf8Streamer", "TokenStreamer", "run_generate", "l
 
 MAX_PROMPT_BYTES = 64 * 2**20
 MAX_BATCH = 4096  # prompts in one batch (--batch-size); the decoder also refuses a batch the memory cannot hold
+PACE_PROMPT = 512  # the longest random prompt a plain step is measured after (a step's cost grows slowly with it)
 
 
 class Utf8Streamer:
@@ -358,7 +360,8 @@ def run_generate(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | N
                 head = None
                 decode = _plain(base, sampling, eos, compile=cfg.compile, max_context=cfg.max_context)
             else:
-                fallback = _fallback(cfg, base, len(ids)) if cfg.pace and rows is None else None
+                paced = cfg.pace and rows is None and not SplitBackbone(base).whole_model
+                fallback = _fallback(cfg, base, min(len(ids), PACE_PROMPT)) if paced else None
                 decode, decoder = _speculative(cfg.model, head, adapter, k, device, sampling, eos, cfg.lookup,
                                                plan.window, cfg.compile, cfg.trust_remote_code,
                                                cfg.draft_temperature, dtype, cfg.max_context, plan.tree, fallback)
@@ -505,7 +508,8 @@ def _plain_decoder(base, compile: bool, max_context: int | None):
 
 def _fallback(cfg: GenerateConfig, base, prompt_length: int):
     """`--pace`: the plain decoder a paced generation hands over to (compiled as the speculative decoder is) and
-    its `PaceCheck`, from a plain step measured now at the prompt's length (said only by a hand-over's line)."""
+    its `PaceCheck`, from a plain step measured now after a prompt of the prompt's length (said only by a
+    hand-over's line)."""
     from ..decoding.pace import measured_pace
 
     decoder = _plain_decoder(base, cfg.compile, cfg.max_context)
@@ -621,7 +625,7 @@ def format_handover(handover: dict) -> str:
     """The line of a paced generation's hand-over to plain decoding."""
     return (f"mtpc: pace: handed over to plain decoding after {handover['tokens']} tokens: the head's cycles ran "
             f"{handover['speculative_tok_s']:.1f} tok/s, plain steps {handover['plain_tok_s']:.1f} tok/s "
-            f"(re-reading the text took {handover['seconds'] * 1e3:.0f} ms)")
+            f"(taking over its caches took {handover['seconds'] * 1e3:.0f} ms)")
 
 
 def compiling(run: dict) -> str:

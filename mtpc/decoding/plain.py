@@ -29,6 +29,7 @@ from torch import nn
 
 from ..sampling import GREEDY, Sampling
 from ..lm.backbone import BackboneState, SplitBackbone
+from ..lm.families import SlotCache
 from ..lm.lora import lora_depth
 from .compiling import PlainVariant, StepVariants, derived_identity, tensor_layout
 from .inputs import available_memory, check_batch, check_budget, check_eval, check_memory, checked_switch, eos_set
@@ -99,6 +100,60 @@ class PlainDecoder:
         if streamer is not None:
             streamer.end()
         return GenerateOutput(padded_sequences(prompt, new, pad_id(backbone.config, eos, pad_token_id)), stats)
+
+    @torch.no_grad()
+    def continue_from(self, cache, length: int, token: int, max_new_tokens: int, sampling: Sampling = GREEDY, *,
+                      eos_token_id=None, generator: torch.Generator | list[torch.Generator] | None = None,
+                      streamer=None) -> GenerateOutput:
+        """Continue one row whose text so far is the `length` tokens whose keys and values `cache` holds (a
+        `SlotCache` of this model: a speculative decoder's verifier caches, `SpeculativeDecoder.verifier`) and
+        then `token`, decided but not yet read. The cache's slots are copied into this decoder's own caches, so
+        the text is not read again; `token` is fed, and up to `max_new_tokens` tokens follow it. `sequences`
+        `[1, m]`: the new tokens only; `prefill_seconds`: the copy and the feeding of `token`; a `streamer` gets
+        the new tokens and `end()`, no prompt."""
+        self._check_cache(cache, length)
+        check_budget(max_new_tokens)
+        eos = eos_set(eos_token_id)
+        device = cache.layers[0].keys.device
+        self._check_memory(1, length + 1, max_new_tokens, device)
+        stats, new = DecodeStats(), [[]]
+        if max_new_tokens:
+            start = time.perf_counter()
+            self._adopt(cache, length, max_new_tokens)
+            stats.compile_seconds = self._warm(1, length, device)
+            logits = self._next(torch.tensor([token], device=device), length)
+            stats.prefill_seconds = time.perf_counter() - start - stats.compile_seconds
+            self._decode(logits, length + 1, max_new_tokens, sampling, eos, generator, streamer, new, stats)
+        if streamer is not None:
+            streamer.end()
+        return GenerateOutput(torch.tensor(new, dtype=torch.long, device=device), stats)
+
+    def _check_cache(self, cache, length: int) -> None:
+        """Refuse a cache this decoder cannot continue from: another kind, batch or layer count, or fewer slots."""
+        if self.backbone.whole_model:
+            raise ValueError("continue_from needs a model mtpc has a family adapter for (preallocated caches)")
+        layers = getattr(cache, "layers", None)
+        if not isinstance(cache, SlotCache) or len(layers) != self.backbone.num_layers:
+            raise ValueError(f"continue_from needs the SlotCache of this model's {self.backbone.num_layers} layers")
+        if not layers[0].is_initialized or layers[0].keys.shape[0] != 1:
+            raise ValueError("continue_from continues one row: a cache of batch 1 that holds its text")
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= cache.max_len:
+            raise ValueError(f"continue_from: length must be 1 .. the cache's {cache.max_len} slots, got {length!r}")
+
+    def _adopt(self, cache, length: int, budget: int) -> None:
+        """Caches of this decoder for one row and `length + 1 + budget` slots (new ones, or the ones it has),
+        holding `cache`'s first `length` slots."""
+        need = cache_length(length + 1 + budget, self.reserve)
+        if not self._reuses(1, need):
+            self.max_len, self.batch = need, 1
+            self.state = self.backbone.new_state(draft=False, max_len=self.max_len)
+            self.allocations += 1
+        for own, theirs in zip(self.state.verifier.layers, cache.layers):
+            if not own.is_initialized:
+                own.lazy_initialization(theirs.keys[:, :, :1], theirs.values[:, :, :1])
+            own.keys[:, :, :length].copy_(theirs.keys[:, :, :length])
+            own.values[:, :, :length].copy_(theirs.values[:, :, :length])
+        self.starts = torch.zeros(1, dtype=torch.long, device=own.keys.device)  # [1]: no padding
 
     def _decode(self, logits: torch.Tensor, T: int, budget: int, sampling: Sampling, eos: set[int], generator,
                 streamer, new: list[list[int]], stats: DecodeStats) -> None:

@@ -107,7 +107,7 @@ class DecodeStats:
         return {"cycles": self.cycles, "new_tokens": self.new_tokens, "mean_accepted": self.mean_accepted,
                 "mean_cycle_latency": self.mean_cycle_latency, "tokens_per_second": self.tokens_per_second,
                 "prefill_seconds": self.prefill_seconds, "compile_seconds": self.compile_seconds,
-                "accepted_per_cycle": list(self.accepted_per_cycle),
+                "cycle_seconds": list(self.cycle_seconds), "accepted_per_cycle": list(self.accepted_per_cycle),
                 "draft_accepted_per_cycle": list(self.draft_accepted_per_cycle),
                 "width_per_cycle": list(self.width_per_cycle), "rows_per_cycle": list(self.rows_per_cycle),
                 "lookup_cycles": self.lookup_cycles, "proposer_windows": dict(self.proposer_windows),

@@ -173,7 +173,7 @@ class SpeculativeDecoder:
             pending = self._start(prompt, pads, sampling, eos, generator, rows, stats, stamp)
             stop = False  # a pace's stop: the last "cycle" commits each row's decided x_0 (a residual's draw, say)
             while any(row.live for row in rows) and not stop:
-                start, stop = time.perf_counter(), paced_stop(pace, stats, rows[0], T)
+                start, stop = time.perf_counter(), paced_stop(pace, stats, rows[0])
                 committed, width, pending = self._cycle(pending, rows, eos, sampling, generator, stats, stamp, stop)
                 stats.record(time.perf_counter() - start, committed, width)
                 for row, tokens in zip(rows, committed):
@@ -390,10 +390,10 @@ class CompiledCycle:
 
 # --------------------------------------------------------------------------- checks and sizes
 
-def paced_stop(pace, stats: DecodeStats, row: Row, T: int) -> bool:
-    """Whether `pace` (a `PaceCheck`, or None: never) says the generation's first row falls behind plain decoding
-    for the rest of its budget, a hand-over's read of its text (the prompt's `T` tokens and its own) included."""
-    return pace is not None and row.live and pace.behind(stats, row.left, T + len(row.new))
+def paced_stop(pace, stats: DecodeStats, row: Row) -> bool:
+    """Whether `pace` (a `PaceCheck`, or None: never) says the generation, its first row live, is behind plain
+    decoding."""
+    return pace is not None and row.live and pace.behind(stats)
 
 
 def check_head(head: MTPHead, backbone: SplitBackbone) -> None:
