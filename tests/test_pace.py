@@ -68,7 +68,7 @@ def test_paced_sampling_is_exact_and_a_wrong_rule_is_caught(options, wrong_rule)
     model, head = sampling_setup(2, VOCAB)
     joint = exact_joint(model, PROMPT, Sampling(temperature=1.0))
     plain = PlainDecoder(model)
-    count = 600  # as test_decode's: the right rule gives p ~ 0.5 here, the wrong residual p < 1e-10 (measured)
+    count = 400  # measured on the chain: the right rule p = 0.59, the wrong residual p = 5e-9 (at 300: 4e-7)
 
     def samples(speculative, seed):
         gen, sampling = torch.Generator().manual_seed(seed), Sampling(temperature=1.0)
@@ -151,6 +151,7 @@ def test_bad_arguments_get_clear_errors():
         generate_paced(speculative, speculative, torch.tensor([[1, 2]]), 4, pace=NEVER)
 
 
+@pytest.mark.slow  # the default run's chain chi-square above fails too when the decided token is dropped
 def test_a_hand_over_that_drops_the_decided_token_is_caught():
     """The control for the hand-over itself: the speculative decoder's next token, decided before the stop (after
     a rejected draft, the residual's draw), dropped and drawn again from the target by plain decoding."""
