@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import GREEDY, Sampling
-from .choice.costs import plain_costs
+from .choice.costs import plain_step_seconds
 from .cycle.decoder import SpeculativeDecoder
 from .inputs import eos_set
 from .plain import PlainDecoder
@@ -88,9 +88,9 @@ def _rate(stats: DecodeStats, start: int, end: int) -> float:
 
 def measured_pace(plain: PlainDecoder, prompt_length: int = 64, cycles: int = 16, margin: float = 0.9
                   ) -> PaceCheck:
-    """A `PaceCheck` from `plain`'s step measured now (`plain_costs`: a few tokens after a random prompt of
+    """A `PaceCheck` from `plain`'s step measured now (`plain_step_seconds`: a few tokens after a random prompt of
     `prompt_length` tokens, as it decodes: a compiled decoder compiles or loads its step here)."""
-    return PaceCheck(plain_step=plain_costs(plain, prompt_length).step, cycles=cycles, margin=margin)
+    return PaceCheck(plain_step=plain_step_seconds(plain, prompt_length), cycles=cycles, margin=margin)
 
 
 def generate_paced(speculative: SpeculativeDecoder, plain: PlainDecoder, input_ids: torch.Tensor,

@@ -29,7 +29,7 @@ from ...lm.backbone import SplitBackbone
 from ..drafts.trees import AUTO_TREE_WIDTHS, call_cost, checked_call_seconds
 from ..cycle.verify import verify_call_seconds
 
-__all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "PlainCosts", "plain_costs", "cost_key"]
+__all__ = ["MachineCosts", "machine_costs", "CycleCosts", "cycle_costs", "plain_step_seconds", "cost_key"]
 
 COSTS_FOLDER = "costs"  # below the step store
 MAX_COST_BYTES = 64 * 1024  # a cost file holds a few widths' seconds
@@ -108,23 +108,12 @@ def cycle_costs(model: torch.nn.Module, head: MTPHead, call_seconds: dict[int, f
     return CycleCosts(step, max(cycle / step - relative_call, 0.0))
 
 
-@dataclass(frozen=True)
-class PlainCosts:
-    """A plain decoder's measured costs: `step`, its seconds a token (the timed steps' mean, as a generation's
-    tokens a second count them: a median was 10% faster than SmolLM2's 128-token runs, whose slow steps count);
-    `read`, seconds per token of its read of a prompt (its prefill over the prompt's length)."""
-
-    step: float
-    read: float
-
-
-def plain_costs(decoder, prompt_length: int = 64, tokens: int = 16) -> PlainCosts:
-    """What a `PlainDecoder` (eager or compiled, as it decodes: a compiled one compiles or loads its step here)
-    costs one row decoding `tokens` tokens after a random prompt of `prompt_length` tokens, after a warm-up of
-    the same (every shape of the timed run met, a compiled step made ready)."""
+def plain_step_seconds(decoder, prompt_length: int = 64, tokens: int = 16) -> float:
+    """A `PlainDecoder`'s seconds a token (eager or compiled, as it decodes: a compiled one compiles or loads its
+    step here), one row decoding `tokens` tokens after a random prompt of `prompt_length` tokens, after a
+    warm-up of the same: the timed steps' mean, as a generation's tokens a second count them."""
     stats = _timed(decoder, _random_prompt(decoder.backbone.model, prompt_length), tokens)
-    return PlainCosts(statistics.fmean(stats.cycle_seconds[1:] or stats.cycle_seconds),
-                      stats.prefill_seconds / prompt_length)
+    return statistics.fmean(stats.cycle_seconds[1:] or stats.cycle_seconds)
 
 
 def _random_prompt(model: torch.nn.Module, length: int) -> torch.Tensor:
