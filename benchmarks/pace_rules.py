@@ -75,8 +75,7 @@ def mtpc_refusal(flags: list[str]) -> str | None:
 
 
 def record(args, kind: str, text: str) -> dict:
-    """One unpaced generation and the plain one beside it: the cycles' tokens and seconds, the plain step, the
-    read of a token."""
+    """One unpaced generation and the plain one beside it: the cycles' tokens and seconds, the plain step."""
     from mtpc.cli.commands import build_parser
     from mtpc.cli.generate import run_generate
     from mtpc.cli.generate_config import GenerateConfig
@@ -91,7 +90,7 @@ def record(args, kind: str, text: str) -> dict:
     prompt = len(summary["prompt_ids"])
     return {"kind": kind, "prompt_tokens": prompt, "cycle_seconds": spec["cycle_seconds"],
             "accepted_per_cycle": spec["accepted_per_cycle"], "plain_step": 1.0 / plain["tokens_per_second"],
-            "read": plain["prefill_seconds"] / prompt, "unpaced_speedup": summary["compare"]["speedup"]}
+            "unpaced_speedup": summary["compare"]["speedup"]}
 
 
 def replay(run: dict, cycles: int, margin: float) -> dict:

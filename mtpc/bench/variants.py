@@ -119,15 +119,15 @@ def _auto_variants(entries: Sequence[HeadEntry], decoder_cls: Callable[..., Spec
                         choice.describe())
             continue
         shape = f"auto-w{choice.window}" if choice.kind == "chain" else f"auto-tree{choice.tree.nodes}"
+        plains = {c: PlainDecoder(entry.model, compile=c) for c in compiled}  # one per mode, measured once
+        paces = {c: (plain, measured_pace(plain)) for c, plain in plains.items()}
         for use, c in itertools.product(lookup, compiled):
             decoder = decoder_cls(entry.model, entry.head, entry.lora_layers, window=choice.window, tree=choice.tree,
                                   lookup=PromptLookup(tokens=lookup_tokens) if use else None,
                                   **({"compile": True} if c else {}))
-            plain = PlainDecoder(entry.model, compile=c)
             variants.append(Variant(f"{entry.label}/{shape}" + ("/lookup" if use else "") + ("/compile" if c else ""),
                                     entry, use, _longest(decoder, entry, use), decoder, compiled=c, width="auto",
-                                    tree=choice.tree.nodes if choice.tree else None, auto=summary,
-                                    pace=(plain, measured_pace(plain))))
+                                    tree=choice.tree.nodes if choice.tree else None, auto=summary, pace=paces[c]))
     return variants
 
 
